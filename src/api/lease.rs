@@ -1,0 +1,151 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::token::Token;
+
+/// Default lease duration when `spec.leaseDurationSeconds` is not given.
+pub const DEFAULT_LEASE_DURATION_SECONDS: u32 = 15;
+
+/// The clients' side of a lease: who wants it, for how long, and their heartbeat.
+///
+/// The kube-fence controller alone writes `status` (who holds it, the token of the grant, and
+/// when it expires on the controller's own clock). A write to an object labelled
+/// `kubefence.io/lease: <name>` is admitted only when its `kubefence.io/token` annotation is
+/// newer than the one the object already records.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "kubefence.io",
+    version = "v1alpha1",
+    kind = "Lease",
+    plural = "leases",
+    singular = "lease",
+    shortname = "flease",
+    category = "kubefence",
+    namespaced,
+    status = "LeaseStatus",
+    doc = "A lease that grants each holder a strictly increasing fencing token. Clients write spec (holder, duration, heartbeat); the kube-fence controller writes status (holder, token, phase, times on its own clock).",
+    printcolumn = r#"{"name":"Holder","type":"string","jsonPath":".status.holder","description":"Who holds the lease now"}"#,
+    printcolumn = r#"{"name":"Token","type":"integer","jsonPath":".status.token","description":"Fencing token of the newest grant"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Held or Unheld"}"#,
+    printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".status.expireTime","description":"When the holder's lease expires unless renewed (controller clock)"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase != 'Held' || !has(oldSelf.status.holder) || !has(self.spec.holder) || self.spec.holder == oldSelf.status.holder").message("the lease is held by another holder: wait until it is released or expires").reason(Reason::FieldValueForbidden)
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseSpec {
+    /// Who claims the lease: a stable identity of the worker (for example its pod name). Set it
+    /// to claim an unheld lease; clear it to release the lease. While the lease is held by
+    /// someone else the API server rejects a change of holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub holder: Option<String>,
+
+    /// How long, in seconds, the holder keeps the lease after the controller last observed its
+    /// heartbeat. Defaults to 15.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub lease_duration_seconds: Option<u32>,
+
+    /// The holder's heartbeat: it writes its own current time here to renew. Only the change
+    /// matters: expiry is judged from when the controller observed the change, so a client
+    /// whose clock is wrong can neither expire nor extend its lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_time: Option<MicroTime>,
+
+    /// How writes to the objects this lease guards are judged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing: Option<FencingPolicy>,
+}
+
+/// How the webhook judges writes to the objects bound to this lease.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FencingPolicy {
+    /// `Strict` (default) admits a write only when its token is greater than the recorded one:
+    /// one write per grant. `AllowEqual` also admits an equal token, so a holder may write the
+    /// same object several times under one grant; still safe, because a token belongs to
+    /// exactly one grant and a later grant always has a greater token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comparison: Option<Comparison>,
+
+    /// `Enforce` (default) denies stale writes. `Warn` admits them with an admission warning,
+    /// counts and logs them: for rolling fencing out onto a running system.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforcement: Option<Enforcement>,
+}
+
+/// Token comparison for writes to guarded objects.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Comparison {
+    /// Admit only `presented > recorded`.
+    #[default]
+    Strict,
+    /// Admit `presented >= recorded`.
+    AllowEqual,
+}
+
+/// What happens to a write the fencing rules reject.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Enforcement {
+    /// Deny it (HTTP 409).
+    #[default]
+    Enforce,
+    /// Admit it with a warning, and count it.
+    Warn,
+}
+
+/// The lease as the controller sees it. Written only by the kube-fence controller.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseStatus {
+    /// `Held` while a holder has the lease, `Unheld` otherwise.
+    #[serde(default)]
+    pub phase: Phase,
+
+    /// The holder of the current grant (empty while unheld).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+
+    /// The fencing token of the newest grant. Strictly greater than every token this lease
+    /// name ever had in this namespace; kept while unheld so writers can compare against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<Token>,
+
+    /// When the current grant was made (controller clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquire_time: Option<Time>,
+
+    /// When the controller last observed the holder's heartbeat (controller clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_time: Option<Time>,
+
+    /// When the grant expires unless renewed: renewTime + leaseDurationSeconds (controller clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expire_time: Option<Time>,
+
+    /// How many grants this lease object has made.
+    #[serde(default)]
+    pub lease_transitions: u64,
+
+    /// The spec generation the controller last acted on. A claim is new when
+    /// metadata.generation is greater.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Standard conditions: `Held` (a holder has the lease) with reasons Granted, Renewed,
+    /// Released, Expired.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Whether the lease has a holder.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Phase {
+    /// Nobody holds the lease; the next claim gets a new, greater token.
+    #[default]
+    Unheld,
+    /// `status.holder` holds the lease with `status.token` until `status.expireTime`.
+    Held,
+}

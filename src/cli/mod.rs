@@ -1,0 +1,29 @@
+//! The `kube-fence` command line. Each subcommand lives in a file of its own.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod crd;
+
+/// Fencing tokens for Kubernetes: leases that grant strictly increasing tokens, and a validating
+/// webhook that rejects every write carrying a stale one.
+#[derive(Debug, Parser)]
+#[command(name = "kube-fence", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the CustomResourceDefinitions generated from kube-fence's Rust types (what crds/ holds).
+    Crd(crd::CrdArgs),
+}
+
+/// Runs one parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Crd(args) => crd::run(args),
+    }
+}

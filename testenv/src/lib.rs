@@ -1,0 +1,411 @@
+//! A real Kubernetes control plane on loopback — etcd, kube-apiserver and
+//! kube-controller-manager built from pinned Go modules (`hack/build-control-plane.sh`) — for
+//! kube-fence's tests and for people trying kube-fence without a cluster.
+//!
+//! Two ways in:
+//! - [`ControlPlane::start`] starts one and stops it (removing its files) when dropped.
+//! - [`shared_kubeconfig`] gives every test in a test binary the same cluster: the one in
+//!   `KUBECONFIG` when that is set (kind, a real cluster, or one `kf-env up` started), otherwise a
+//!   control plane started on first use and stopped when the test process exits — however it
+//!   exits: its processes are bound to the test process with `PR_SET_PDEATHSIG`.
+
+mod pki;
+
+use std::fs;
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// Where the control-plane binaries come from.
+pub fn binaries() -> Result<PathBuf> {
+    if let Ok(dir) = std::env::var("KUBE_FENCE_BIN_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-control-plane.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed ({}); see its messages above", script.display(), out.status);
+    }
+    let dir = String::from_utf8(out.stdout)?.lines().last().unwrap_or_default().trim().to_string();
+    if dir.is_empty() {
+        bail!("{} printed no binary directory", script.display());
+    }
+    Ok(PathBuf::from(dir))
+}
+
+/// Options for [`ControlPlane::start`].
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Directory that holds the binaries (default: build or reuse them with [`binaries`]).
+    pub bin_dir: Option<PathBuf>,
+    /// State directory (default: a fresh temporary directory, removed on stop).
+    pub state_dir: Option<PathBuf>,
+    /// Also run kube-controller-manager (garbage collection, namespace deletion).
+    pub controller_manager: bool,
+    /// Kill the processes when the process that started them dies (`PR_SET_PDEATHSIG`). That
+    /// signal follows the *thread* that spawned them, so start from a thread that lives as long
+    /// as the process (see [`shared_kubeconfig`]).
+    pub die_with_parent: bool,
+    /// Print progress to stderr.
+    pub verbose: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { bin_dir: None, state_dir: None, controller_manager: true, die_with_parent: false, verbose: true }
+    }
+}
+
+struct Component {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+/// A running control plane. Dropping it stops every process and removes its state directory.
+pub struct ControlPlane {
+    dir: PathBuf,
+    remove_dir: bool,
+    components: Vec<Component>,
+    /// `https://127.0.0.1:<port>`
+    pub server: String,
+    /// Admin kubeconfig (bearer token, group system:masters).
+    pub kubeconfig: PathBuf,
+    /// The CA that signed the API server's certificate, PEM.
+    pub ca_pem: String,
+    /// Versions of the binaries.
+    pub bin_dir: PathBuf,
+}
+
+fn free_port() -> Result<u16> {
+    // The port is free now; the component binds it a moment later. A clash fails the start
+    // with the component's own message, never silently.
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn random_hex(bytes: usize) -> Result<String> {
+    let mut buf = vec![0u8; bytes];
+    std::io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn write_private(path: &Path, contents: &str) -> Result<()> {
+    fs::write(path, contents).with_context(|| format!("writing {}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver and (optionally) kube-controller-manager on free loopback
+    /// ports and waits until the API answers `/readyz` and namespace `default` exists.
+    pub fn start(opts: Options) -> Result<ControlPlane> {
+        let bin_dir = match &opts.bin_dir {
+            Some(d) => d.clone(),
+            None => binaries()?,
+        };
+        for b in ["etcd", "kube-apiserver", "kube-controller-manager"] {
+            if !bin_dir.join(b).is_file() {
+                bail!("{} is missing: run hack/build-control-plane.sh", bin_dir.join(b).display());
+            }
+        }
+        let (dir, remove_dir) = match &opts.state_dir {
+            Some(d) => {
+                fs::create_dir_all(d)?;
+                (d.clone(), false)
+            }
+            None => (tempfile::Builder::new().prefix("kube-fence-cp.").tempdir()?.keep(), true),
+        };
+        let mut cp = ControlPlane {
+            dir: dir.clone(),
+            remove_dir,
+            components: Vec::new(),
+            server: String::new(),
+            kubeconfig: dir.join("kubeconfig"),
+            ca_pem: String::new(),
+            bin_dir: bin_dir.clone(),
+        };
+        // On any error below, dropping `cp` stops what was started.
+        cp.start_components(&opts)?;
+        Ok(cp)
+    }
+
+    fn say(&self, opts: &Options, msg: &str) {
+        if opts.verbose {
+            eprintln!("[control plane] {msg}");
+        }
+    }
+
+    fn start_components(&mut self, opts: &Options) -> Result<()> {
+        let started = Instant::now();
+        let dir = self.dir.clone();
+        let pki = pki::generate()?;
+        let token = random_hex(24)?;
+        for (name, contents) in [
+            ("ca.crt", &pki.ca_cert_pem),
+            ("ca.key", &pki.ca_key_pem),
+            ("apiserver.crt", &pki.serving_cert_pem),
+            ("apiserver.key", &pki.serving_key_pem),
+            ("sa.key", &pki.sa_key_pem),
+            ("sa.pub", &pki.sa_pub_pem),
+        ] {
+            write_private(&dir.join(name), contents)?;
+        }
+        write_private(&dir.join("tokens.csv"), &format!("{token},admin,admin,system:masters\n"))?;
+        self.ca_pem = pki.ca_cert_pem.clone();
+
+        let etcd_port = free_port()?;
+        let peer_port = free_port()?;
+        let api_port = free_port()?;
+        self.server = format!("https://127.0.0.1:{api_port}");
+        self.write_kubeconfig(&token)?;
+
+        self.say(opts, &format!("starting etcd on 127.0.0.1:{etcd_port} (state in {})", dir.display()));
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        self.spawn(opts, "etcd", Command::new(self.bin_dir.join("etcd")).args([
+            "--name", "kube-fence",
+            "--data-dir", &dir.join("etcd").to_string_lossy(),
+            "--listen-client-urls", &etcd_url,
+            "--advertise-client-urls", &etcd_url,
+            "--listen-peer-urls", &format!("http://127.0.0.1:{peer_port}"),
+            "--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer_port}"),
+            "--initial-cluster", &format!("kube-fence=http://127.0.0.1:{peer_port}"),
+            "--unsafe-no-fsync",
+            "--log-level", "warn",
+        ]))?;
+        self.wait_until(opts, "etcd", Duration::from_secs(30), |cp| cp.curl_ok(&format!("{etcd_url}/health"), false))?;
+
+        self.say(opts, &format!("starting kube-apiserver on {}", self.server));
+        let p = |n: &str| dir.join(n).to_string_lossy().into_owned();
+        self.spawn(opts, "kube-apiserver", Command::new(self.bin_dir.join("kube-apiserver")).args([
+            "--etcd-servers", &etcd_url,
+            "--bind-address", "127.0.0.1",
+            "--advertise-address", "127.0.0.1",
+            "--secure-port", &api_port.to_string(),
+            "--tls-cert-file", &p("apiserver.crt"),
+            "--tls-private-key-file", &p("apiserver.key"),
+            "--client-ca-file", &p("ca.crt"),
+            "--token-auth-file", &p("tokens.csv"),
+            "--authorization-mode", "RBAC",
+            "--service-account-issuer", &format!("{}/", self.server),
+            "--service-account-key-file", &p("sa.pub"),
+            "--service-account-signing-key-file", &p("sa.key"),
+            "--service-cluster-ip-range", "10.0.0.0/24",
+            // Required on 1.37 with a loopback advertise address (see shared CONTROL-PLANE.md).
+            "--endpoint-reconciler-type", "none",
+            "--allow-privileged=true",
+            "--v", "0",
+        ]))?;
+        let readyz = format!("{}/readyz", self.server);
+        let default_ns = format!("{}/api/v1/namespaces/default", self.server);
+        self.wait_until(opts, "kube-apiserver", Duration::from_secs(90), |cp| {
+            cp.curl_ok(&readyz, true) && cp.curl_ok(&default_ns, true)
+        })?;
+
+        if opts.controller_manager {
+            self.say(opts, "starting kube-controller-manager (garbage collector, namespace controller)");
+            let kc = p("kubeconfig");
+            self.spawn(opts, "kube-controller-manager", Command::new(self.bin_dir.join("kube-controller-manager")).args([
+                "--kubeconfig", &kc,
+                "--authentication-kubeconfig", &kc,
+                "--authorization-kubeconfig", &kc,
+                "--bind-address", "127.0.0.1",
+                "--secure-port", "0",
+                "--service-account-private-key-file", &p("sa.key"),
+                "--root-ca-file", &p("ca.crt"),
+                "--use-service-account-credentials=false",
+                "--leader-elect=false",
+                "--controllers", "*,-node-ipam-controller,-node-lifecycle-controller,-persistentvolume-binder-controller",
+                "--v", "0",
+            ]))?;
+        }
+        self.say(opts, &format!("ready in {:.1}s; KUBECONFIG={}", started.elapsed().as_secs_f64(), self.kubeconfig.display()));
+        Ok(())
+    }
+
+    fn write_kubeconfig(&self, token: &str) -> Result<()> {
+        use std::fmt::Write as _;
+        use base64::Engine as _;
+        let ca_b64 = base64::engine::general_purpose::STANDARD.encode(self.ca_pem.as_bytes());
+        let mut kc = String::new();
+        writeln!(kc, "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-fence-local\n  cluster:\n    server: {}\n    certificate-authority-data: {ca_b64}", self.server)?;
+        writeln!(kc, "users:\n- name: admin\n  user:\n    token: {token}")?;
+        writeln!(kc, "contexts:\n- name: kube-fence-local\n  context:\n    cluster: kube-fence-local\n    user: admin\n    namespace: default\ncurrent-context: kube-fence-local")?;
+        write_private(&self.kubeconfig, &kc)
+    }
+
+    fn spawn(&mut self, opts: &Options, name: &'static str, cmd: &mut Command) -> Result<()> {
+        let log = self.dir.join(format!("{name}.log"));
+        let file = fs::File::create(&log)?;
+        cmd.stdin(Stdio::null()).stdout(file.try_clone()?).stderr(file);
+        if opts.die_with_parent {
+            // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
+        self.components.push(Component { name, child, log });
+        Ok(())
+    }
+
+    fn wait_until(&mut self, opts: &Options, what: &str, limit: Duration, ready: impl Fn(&ControlPlane) -> bool) -> Result<()> {
+        let start = Instant::now();
+        let mut last_note = Instant::now();
+        loop {
+            if ready(self) {
+                self.say(opts, &format!("{what} is ready ({:.1}s)", start.elapsed().as_secs_f64()));
+                return Ok(());
+            }
+            for c in &mut self.components {
+                if let Some(status) = c.child.try_wait()? {
+                    bail!("{} exited ({status}) while starting; last lines of {}:\n{}", c.name, c.log.display(), tail(&c.log, 25));
+                }
+            }
+            if start.elapsed() > limit {
+                let log = self.components.last().map(|c| c.log.clone()).unwrap_or_default();
+                bail!("{what} was not ready after {limit:?}; last lines of {}:\n{}", log.display(), tail(&log, 25));
+            }
+            if last_note.elapsed() > Duration::from_secs(10) {
+                self.say(opts, &format!("still waiting for {what} ({:.0}s)", start.elapsed().as_secs_f64()));
+                last_note = Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn curl_ok(&self, url: &str, tls: bool) -> bool {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sf", "-o", "/dev/null", "--max-time", "3"]);
+        if tls {
+            cmd.arg("--cacert").arg(self.dir.join("ca.crt"));
+            if let Ok(tokens) = fs::read_to_string(self.dir.join("tokens.csv")) {
+                let token = tokens.split(',').next().unwrap_or_default().to_string();
+                cmd.arg("-H").arg(format!("Authorization: Bearer {token}"));
+            }
+        }
+        cmd.arg(url).stdout(Stdio::null()).stderr(Stdio::null()).status().map(|s| s.success()).unwrap_or(false)
+    }
+
+    /// The state directory (certificates, kubeconfig, logs).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// PIDs of the running components, by name.
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        self.components.iter().map(|c| (c.name, c.child.id())).collect()
+    }
+
+    /// Stops every component (SIGTERM, then SIGKILL after 10 s), newest first, and removes the
+    /// state directory if this control plane created it.
+    pub fn stop(&mut self) {
+        while let Some(mut c) = self.components.pop() {
+            // SAFETY: plain kill(2) on a child we own and have not reaped.
+            unsafe { libc::kill(c.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match c.child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() > deadline => {
+                        let _ = c.child.kill();
+                        let _ = c.child.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        }
+        if self.remove_dir {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+static SHARED: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+static SHARED_CP: Mutex<Option<ControlPlane>> = Mutex::new(None);
+
+extern "C" fn stop_shared_at_exit() {
+    if let Ok(mut guard) = SHARED_CP.lock() {
+        if let Some(mut cp) = guard.take() {
+            cp.stop();
+        }
+    }
+}
+
+/// The kubeconfig every test in this process shares: `KUBECONFIG` when it is set, else a local
+/// control plane started on first call. Panics with the reason when none can be had: a test
+/// that needs a cluster and has none must fail loudly, never pass by skipping.
+pub fn shared_kubeconfig() -> PathBuf {
+    let result = SHARED.get_or_init(|| {
+        if let Ok(path) = std::env::var("KUBECONFIG") {
+            if !path.is_empty() {
+                return Ok(PathBuf::from(path));
+            }
+        }
+        // Start from a thread that lives as long as the process, so PR_SET_PDEATHSIG (which
+        // fires when the *spawning thread* exits) fires only when the test process dies.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("kube-fence-control-plane".into())
+            .spawn(move || {
+                let started = ControlPlane::start(Options { die_with_parent: true, ..Options::default() });
+                match started {
+                    Ok(cp) => {
+                        let path = cp.kubeconfig.clone();
+                        if let Ok(mut guard) = SHARED_CP.lock() {
+                            *guard = Some(cp);
+                        }
+                        // SAFETY: registering a plain extern "C" fn with atexit(3).
+                        unsafe { libc::atexit(stop_shared_at_exit) };
+                        let _ = tx.send(Ok(path));
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("{e:#}")));
+                    }
+                }
+                loop {
+                    std::thread::park();
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        rx.recv().map_err(|e| e.to_string())?
+    });
+    match result {
+        Ok(p) => p.clone(),
+        Err(e) => panic!("no Kubernetes control plane for the tests: {e}"),
+    }
+}
+
+/// Writes `export NAME=value` lines for a shell.
+pub fn write_env(out: &mut impl Write, kubeconfig: &Path, bin_dir: &Path) -> std::io::Result<()> {
+    writeln!(out, "export KUBECONFIG={}", kubeconfig.display())?;
+    writeln!(out, "export PATH={}:$PATH", bin_dir.display())
+}

@@ -1,0 +1,212 @@
+//! `kf-env`: the project's own local Kubernetes control plane, from the shell.
+//!
+//!     kf-env build                 build (or find cached) etcd, kube-apiserver, kube-controller-manager, kubectl, helm
+//!     kf-env up [--foreground]     start one on loopback and print `export KUBECONFIG=...`
+//!     kf-env env                   print the exports again
+//!     kf-env down                  stop it and remove its files
+
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use kube_fence_testenv::{ControlPlane, Options, binaries, write_env};
+
+/// A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) on loopback,
+/// built from pinned Go modules. For kube-fence's tests and for trying kube-fence without a cluster.
+#[derive(Parser)]
+#[command(name = "kf-env", version)]
+struct Cli {
+    /// Where the running control plane keeps its state (certificates, etcd data, kubeconfig, logs).
+    #[arg(long, global = true, env = "KUBE_FENCE_ENV_DIR", default_value_os_t = default_state_dir())]
+    state_dir: PathBuf,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build the control-plane binaries from pinned Go modules (cached by version) and print their directory.
+    Build,
+    /// Start a control plane and print shell exports (eval "$(kf-env up)").
+    Up {
+        /// Stay in the foreground; Ctrl-C stops everything and removes the state directory.
+        #[arg(long)]
+        foreground: bool,
+        /// Leave out kube-controller-manager (no garbage collection or namespace deletion).
+        #[arg(long)]
+        no_controller_manager: bool,
+    },
+    /// Print shell exports for the running control plane.
+    Env,
+    /// Stop the control plane and remove its state directory.
+    Down,
+}
+
+fn default_state_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("kube-fence-env-{}", current_uid()))
+}
+
+fn current_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(0)
+}
+
+fn main() {
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("kf-env: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let dir = cli.state_dir;
+    match cli.command {
+        Cmd::Build => {
+            println!("{}", binaries()?.display());
+            Ok(())
+        }
+        Cmd::Up { foreground: true, no_controller_manager } => foreground(&dir, !no_controller_manager),
+        Cmd::Up { foreground: false, no_controller_manager } => background(&dir, !no_controller_manager),
+        Cmd::Env => {
+            let kubeconfig = dir.join("kubeconfig");
+            if !dir.join("ready").exists() {
+                bail!("no control plane is running in {} (start one with `kf-env up`)", dir.display());
+            }
+            let bin_dir = PathBuf::from(fs::read_to_string(dir.join("bin-dir"))?.trim());
+            write_env(&mut std::io::stdout(), &kubeconfig, &bin_dir)?;
+            Ok(())
+        }
+        Cmd::Down => down(&dir),
+    }
+}
+
+/// Runs the control plane in this process until SIGINT/SIGTERM/SIGHUP.
+fn foreground(dir: &Path, controller_manager: bool) -> Result<()> {
+    if dir.join("supervisor.pid").exists() && alive(&dir.join("supervisor.pid")) {
+        bail!("a control plane is already running in {} (stop it with `kf-env down`)", dir.display());
+    }
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir)?;
+    fs::write(dir.join("supervisor.pid"), std::process::id().to_string())?;
+    // Block the stop signals in this thread (children get a clean mask from std's spawn) and
+    // wait for one of them below.
+    let set = stop_signals();
+    // SAFETY: plain signal-mask calls on this thread.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    let bin_dir = binaries()?;
+    let started = ControlPlane::start(Options {
+        bin_dir: Some(bin_dir.clone()),
+        state_dir: Some(dir.to_path_buf()),
+        controller_manager,
+        die_with_parent: true,
+        verbose: true,
+    });
+    let mut cp = match started {
+        Ok(cp) => cp,
+        Err(e) => {
+            let _ = fs::write(dir.join("failed"), format!("{e:#}"));
+            return Err(e);
+        }
+    };
+    fs::write(dir.join("bin-dir"), bin_dir.display().to_string())?;
+    fs::write(dir.join("ready"), "")?;
+    write_env(&mut std::io::stdout(), &cp.kubeconfig, &bin_dir)?;
+    eprintln!("[control plane] running; stop with Ctrl-C or `kf-env down`");
+    let mut sig: libc::c_int = 0;
+    // SAFETY: sigwait on a set we blocked above.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    eprintln!("[control plane] signal {sig}: stopping");
+    cp.stop();
+    drop(cp);
+    fs::remove_dir_all(dir).ok();
+    Ok(())
+}
+
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: sigset manipulation on a local value.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        set
+    }
+}
+
+/// Starts `kf-env up --foreground` detached (its own session) and waits until it is ready.
+fn background(dir: &Path, controller_manager: bool) -> Result<()> {
+    if dir.join("ready").exists() && alive(&dir.join("supervisor.pid")) {
+        eprintln!("[control plane] already running in {}", dir.display());
+        return run(Cli { state_dir: dir.to_path_buf(), command: Cmd::Env });
+    }
+    // Build first, in the foreground, so progress shows on this terminal.
+    binaries()?;
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir)?;
+    let log_path = std::env::temp_dir().join(format!("kube-fence-env-{}.log", std::process::id()));
+    let log = fs::File::create(&log_path)?;
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("--state-dir").arg(dir).args(["up", "--foreground"]);
+    if !controller_manager {
+        cmd.arg("--no-controller-manager");
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+    // SAFETY: setsid is async-signal-safe; detaches the supervisor from this terminal.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("starting the supervisor")?;
+    let start = Instant::now();
+    loop {
+        if dir.join("ready").exists() {
+            break;
+        }
+        if let Some(status) = child.try_wait()? {
+            let why = fs::read_to_string(dir.join("failed")).unwrap_or_else(|_| fs::read_to_string(&log_path).unwrap_or_default());
+            bail!("the control plane did not start ({status}):\n{why}");
+        }
+        if start.elapsed() > Duration::from_secs(180) {
+            bail!("the control plane was not ready after 180 s; see {}", log_path.display());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("[control plane] running in {} (supervisor log: {}); stop with `kf-env down`", dir.display(), log_path.display());
+    run(Cli { state_dir: dir.to_path_buf(), command: Cmd::Env })
+}
+
+fn alive(pid_file: &Path) -> bool {
+    pid(pid_file).is_some_and(|pid| unsafe { libc::kill(pid, 0) } == 0)
+}
+
+fn pid(pid_file: &Path) -> Option<i32> {
+    fs::read_to_string(pid_file).ok()?.trim().parse().ok()
+}
+
+fn down(dir: &Path) -> Result<()> {
+    let Some(pid) = pid(&dir.join("supervisor.pid")) else {
+        eprintln!("[control plane] none running in {}", dir.display());
+        let _ = fs::remove_dir_all(dir);
+        return Ok(());
+    };
+    // SAFETY: kill(2) with a pid read from our own pid file.
+    if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
+        let start = Instant::now();
+        while unsafe { libc::kill(pid, 0) } == 0 {
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("supervisor {pid} did not stop within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let _ = fs::remove_dir_all(dir);
+    eprintln!("[control plane] stopped");
+    Ok(())
+}
