@@ -42,6 +42,12 @@ if [[ "$first_proxy" == http* ]]; then
 fi
 
 mkdir -p "$bindir"
+# One build at a time per cache: a second caller waits, then finds the binaries cached.
+exec 9>"$cache/build.lock"
+if ! flock -n 9; then say "another build is running; waiting for it"; flock 9; fi
+missing=()
+for b in "${want[@]}"; do [[ -x "$bindir/$b" ]] || missing+=("$b"); done
+if [[ ${#missing[@]} -eq 0 ]]; then say "cached: $bindir"; echo "$bindir"; exit 0; fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/kube-fence-build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 say "building ${missing[*]} into $bindir (cold: ~20 min on 2 cores; Go module and build caches are reused)"
