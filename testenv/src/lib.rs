@@ -151,6 +151,7 @@ impl ControlPlane {
         let dir = self.dir.clone();
         let pki = pki::generate()?;
         let token = random_hex(24)?;
+        let kcm_token = random_hex(24)?;
         for (name, contents) in [
             ("ca.crt", &pki.ca_cert_pem),
             ("ca.key", &pki.ca_key_pem),
@@ -161,14 +162,22 @@ impl ControlPlane {
         ] {
             write_private(&dir.join(name), contents)?;
         }
-        write_private(&dir.join("tokens.csv"), &format!("{token},admin,admin,system:masters\n"))?;
+        // kube-controller-manager runs as its own user (bound by the API server's bootstrap RBAC)
+        // and gives each controller its own service account, as kubeadm clusters do: the
+        // webhook's exemptions name those identities (generic-garbage-collector,
+        // namespace-controller), so tests must see the real ones.
+        write_private(
+            &dir.join("tokens.csv"),
+            &format!("{token},admin,admin,system:masters\n{kcm_token},system:kube-controller-manager,system:kube-controller-manager\n"),
+        )?;
         self.ca_pem = pki.ca_cert_pem.clone();
 
         let etcd_port = free_port()?;
         let peer_port = free_port()?;
         let api_port = free_port()?;
         self.server = format!("https://127.0.0.1:{api_port}");
-        self.write_kubeconfig(&token)?;
+        self.write_kubeconfig(&self.kubeconfig, "admin", &token)?;
+        self.write_kubeconfig(&dir.join("kcm.kubeconfig"), "system:kube-controller-manager", &kcm_token)?;
 
         self.say(opts, &format!("starting etcd on 127.0.0.1:{etcd_port} (state in {})", dir.display()));
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
@@ -214,7 +223,7 @@ impl ControlPlane {
 
         if opts.controller_manager {
             self.say(opts, "starting kube-controller-manager (garbage collector, namespace controller)");
-            let kc = p("kubeconfig");
+            let kc = p("kcm.kubeconfig");
             self.spawn(opts, "kube-controller-manager", Command::new(self.bin_dir.join("kube-controller-manager")).args([
                 "--kubeconfig", &kc,
                 "--authentication-kubeconfig", &kc,
@@ -223,7 +232,7 @@ impl ControlPlane {
                 "--secure-port", "0",
                 "--service-account-private-key-file", &p("sa.key"),
                 "--root-ca-file", &p("ca.crt"),
-                "--use-service-account-credentials=false",
+                "--use-service-account-credentials=true",
                 "--leader-elect=false",
                 "--controllers", "*,-node-ipam-controller,-node-lifecycle-controller,-persistentvolume-binder-controller",
                 "--v", "0",
@@ -233,15 +242,15 @@ impl ControlPlane {
         Ok(())
     }
 
-    fn write_kubeconfig(&self, token: &str) -> Result<()> {
+    fn write_kubeconfig(&self, path: &Path, user: &str, token: &str) -> Result<()> {
         use std::fmt::Write as _;
         use base64::Engine as _;
         let ca_b64 = base64::engine::general_purpose::STANDARD.encode(self.ca_pem.as_bytes());
         let mut kc = String::new();
         writeln!(kc, "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-fence-local\n  cluster:\n    server: {}\n    certificate-authority-data: {ca_b64}", self.server)?;
-        writeln!(kc, "users:\n- name: admin\n  user:\n    token: {token}")?;
-        writeln!(kc, "contexts:\n- name: kube-fence-local\n  context:\n    cluster: kube-fence-local\n    user: admin\n    namespace: default\ncurrent-context: kube-fence-local")?;
-        write_private(&self.kubeconfig, &kc)
+        writeln!(kc, "users:\n- name: {user}\n  user:\n    token: {token}")?;
+        writeln!(kc, "contexts:\n- name: kube-fence-local\n  context:\n    cluster: kube-fence-local\n    user: {user}\n    namespace: default\ncurrent-context: kube-fence-local")?;
+        write_private(path, &kc)
     }
 
     fn spawn(&mut self, opts: &Options, name: &'static str, cmd: &mut Command) -> Result<()> {
