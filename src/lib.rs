@@ -14,6 +14,7 @@ pub mod admission;
 pub mod api;
 pub mod cli;
 pub mod client;
+pub mod history;
 pub mod lease;
 pub mod telemetry;
 pub mod token;

@@ -1,0 +1,154 @@
+//! The history checker: given what a run observed — every grant a lease made and every write
+//! the API server accepted to a guarded object, each with the resourceVersion at which a watch
+//! saw it — find every violation of kube-fence's invariants.
+//!
+//! - per lease: tokens strictly increase from grant to grant, and no token goes to two holders;
+//! - per guarded object: accepted tokens strictly increase (`>=` for leases in `AllowEqual`
+//!   mode), so no write authorised by token n was accepted after one authorised by a greater token.
+//!
+//! Pure: tests and the fault-injection driver record, this judges.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::token::Token;
+
+/// One thing a watch observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observation {
+    /// A Lease status showing `holder` holding `token` (renewals repeat the same grant).
+    Grant { lease: String, holder: String, token: Token, resource_version: u64 },
+    /// A guarded object version the API server accepted, carrying `token`.
+    Write { object: String, token: Token, resource_version: u64 },
+}
+
+/// A broken invariant, with what is needed to find it in the recorded history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Violation {
+    /// A grant's token was not greater than the previous grant's.
+    TokenNotIncreasing { lease: String, previous: Token, next: Token, resource_version: u64 },
+    /// One token was granted to two different holders.
+    TokenGrantedTwice { lease: String, token: Token, first: String, second: String },
+    /// A write was accepted after one with a greater (or, in strict mode, equal) token.
+    StaleWriteAccepted { object: String, recorded: Token, accepted: Token, resource_version: u64 },
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Violation::TokenNotIncreasing { lease, previous, next, resource_version } => {
+                write!(f, "lease {lease}: grant at resourceVersion {resource_version} has token {next}, not greater than the previous grant's {previous}")
+            }
+            Violation::TokenGrantedTwice { lease, token, first, second } => {
+                write!(f, "lease {lease}: token {token} was granted to both {first} and {second}")
+            }
+            Violation::StaleWriteAccepted { object, recorded, accepted, resource_version } => {
+                write!(f, "object {object}: write with token {accepted} accepted at resourceVersion {resource_version} after token {recorded}")
+            }
+        }
+    }
+}
+
+/// Checks a history. `allow_equal(object)` says whether that object's lease admits equal tokens.
+pub fn check(observations: &[Observation], allow_equal: impl Fn(&str) -> bool) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    // Order each stream by resourceVersion: that is the order etcd committed them in.
+    let mut grants: BTreeMap<&str, Vec<(u64, &str, Token)>> = BTreeMap::new();
+    let mut writes: BTreeMap<&str, Vec<(u64, Token)>> = BTreeMap::new();
+    for o in observations {
+        match o {
+            Observation::Grant { lease, holder, token, resource_version } => {
+                grants.entry(lease).or_default().push((*resource_version, holder, *token))
+            }
+            Observation::Write { object, token, resource_version } => writes.entry(object).or_default().push((*resource_version, *token)),
+        }
+    }
+    for (lease, mut seen) in grants {
+        seen.sort_by_key(|(rv, _, _)| *rv);
+        seen.dedup();
+        let mut holder_of: HashMap<Token, &str> = HashMap::new();
+        // The newest grant so far; seeing it again is a renewal, not a new grant.
+        let mut newest: Option<(Token, &str)> = None;
+        for (rv, holder, token) in seen {
+            if newest == Some((token, holder)) {
+                continue;
+            }
+            if let Some(first) = holder_of.get(&token).copied() {
+                if first != holder {
+                    violations.push(Violation::TokenGrantedTwice { lease: lease.to_string(), token, first: first.to_string(), second: holder.to_string() });
+                    continue;
+                }
+            } else {
+                holder_of.insert(token, holder);
+            }
+            match newest {
+                Some((max, _)) if token <= max => {
+                    violations.push(Violation::TokenNotIncreasing { lease: lease.to_string(), previous: max, next: token, resource_version: rv })
+                }
+                _ => newest = Some((token, holder)),
+            }
+        }
+    }
+    for (object, mut seen) in writes {
+        seen.sort_by_key(|(rv, _)| *rv);
+        seen.dedup_by_key(|(rv, _)| *rv);
+        let equal_ok = allow_equal(object);
+        let mut recorded: Option<Token> = None;
+        for (rv, token) in seen {
+            if let Some(r) = recorded {
+                let admitted = if equal_ok { token >= r } else { token > r };
+                if !admitted {
+                    violations.push(Violation::StaleWriteAccepted { object: object.to_string(), recorded: r, accepted: token, resource_version: rv });
+                }
+            }
+            recorded = Some(recorded.map_or(token, |r| r.max(token)));
+        }
+    }
+    violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    fn t(n: u64) -> Token {
+        Token::new(n).expect("test token in range")
+    }
+    fn grant(lease: &str, holder: &str, token: u64, rv: u64) -> Observation {
+        Observation::Grant { lease: lease.into(), holder: holder.into(), token: t(token), resource_version: rv }
+    }
+    fn write(object: &str, token: u64, rv: u64) -> Observation {
+        Observation::Write { object: object.into(), token: t(token), resource_version: rv }
+    }
+
+    #[rstest]
+    #[case::empty(vec![], 0)]
+    #[case::increasing_grants(vec![grant("l", "a", 5, 5), grant("l", "b", 9, 9), grant("l", "a", 12, 12)], 0)]
+    #[case::renewals_repeat_a_grant(vec![grant("l", "a", 5, 5), grant("l", "a", 5, 7), grant("l", "a", 5, 8), grant("l", "b", 10, 10)], 0)]
+    #[case::observed_out_of_order_but_committed_in_order(vec![grant("l", "b", 9, 9), grant("l", "a", 5, 5)], 0)]
+    #[case::planted_regression(vec![grant("l", "a", 5, 5), grant("l", "b", 9, 9), grant("l", "c", 7, 11)], 1)]
+    #[case::planted_reissue(vec![grant("l", "a", 5, 5), grant("l", "b", 5, 6)], 1)]
+    #[case::leases_are_independent(vec![grant("l1", "a", 9, 9), grant("l2", "a", 5, 10)], 0)]
+    #[case::increasing_writes(vec![write("o", 5, 20), write("o", 9, 21), write("o", 12, 22)], 0)]
+    #[case::planted_stale_write(vec![write("o", 5, 20), write("o", 9, 21), write("o", 7, 22)], 1)]
+    #[case::planted_equal_write_in_strict_mode(vec![write("o", 5, 20), write("o", 5, 21)], 1)]
+    #[case::objects_are_independent(vec![write("o1", 9, 20), write("o2", 5, 21)], 0)]
+    #[case::stale_after_a_later_higher_one(vec![write("o", 5, 20), write("o", 12, 21), write("o", 9, 22), write("o", 10, 23)], 2)]
+    fn finds_exactly_the_planted_violations(#[case] history: Vec<Observation>, #[case] expected: usize) {
+        let violations = check(&history, |_| false);
+        assert_eq!(violations.len(), expected, "{violations:#?}");
+    }
+
+    #[test]
+    fn equal_tokens_are_fine_only_where_the_lease_allows_them() {
+        let history = vec![write("relaxed", 5, 1), write("relaxed", 5, 2), write("strict", 5, 3), write("strict", 5, 4)];
+        let violations = check(&history, |o| o == "relaxed");
+        assert_eq!(violations, vec![Violation::StaleWriteAccepted { object: "strict".into(), recorded: t(5), accepted: t(5), resource_version: 4 }]);
+    }
+
+    #[test]
+    fn violations_say_what_broke() {
+        let v = check(&[grant("ns/l", "a", 5, 5), grant("ns/l", "b", 5, 6)], |_| false);
+        assert_eq!(v[0].to_string(), "lease ns/l: token 5 was granted to both a and b");
+    }
+}
