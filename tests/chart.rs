@@ -1,0 +1,162 @@
+//! The Helm chart, checked by helm and by a real API server: it lints, every object it renders is
+//! accepted by a server-side dry run, it installs, what it creates is what the values say, its
+//! ServiceAccount can do exactly what kube-fence needs and nothing more, and uninstalling it
+//! leaves no webhook configuration behind.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::Api;
+
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/kube-fence");
+
+fn tool(name: &str) -> PathBuf {
+    kube_fence_testenv::binaries().expect("control-plane binaries").join(name)
+}
+
+fn run(name: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    use std::io::Write;
+    let kubeconfig = kube_fence_testenv::shared_kubeconfig();
+    let mut cmd = Command::new(tool(name));
+    cmd.args(args).env("KUBECONFIG", &kubeconfig).env("HELM_CACHE_HOME", std::env::temp_dir().join("kube-fence-helm-cache"));
+    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("running {name}: {e}"));
+    if let Some(input) = stdin {
+        child.stdin.take().expect("stdin").write_all(input).expect("write stdin");
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().expect("wait")
+}
+
+fn ok(name: &str, args: &[&str], stdin: Option<&[u8]>) -> String {
+    let out = run(name, args, stdin);
+    assert!(out.status.success(), "{name} {args:?} failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Values that keep a test release from fencing anything but a namespace no test uses: the
+/// chart's webhook fails closed and has no running Pods here (no node), so it must not judge
+/// other tests' guarded objects.
+fn isolated(ns: &str) -> Vec<String> {
+    vec!["--set".into(), format!("webhook.onlyNamespaces={{{ns}-nothing}}")]
+}
+
+#[test]
+fn chart_crds_are_the_generated_crds() {
+    let chart = std::fs::read_to_string(format!("{CHART}/crds/kubefence.io_leases.yaml")).expect("chart CRD");
+    let generated = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crds/kubefence.io_leases.yaml")).expect("crds/");
+    assert!(chart == generated, "charts/kube-fence/crds/ differs from crds/: cp crds/*.yaml charts/kube-fence/crds/");
+}
+
+#[test]
+fn chart_lints_and_the_schema_rejects_bad_values() {
+    ok("helm", &["lint", "--strict", CHART], None);
+    for bad in ["replicaCount=0", "tls.mode=bogus", "webhook.timeoutSeconds=60", "logFormat=xml", "nosuchvalue=1"] {
+        let out = run("helm", &["template", "t", CHART, "--set", bad], None);
+        assert!(!out.status.success(), "values {bad} must be rejected by values.schema.json");
+    }
+}
+
+#[tokio::test]
+async fn rendered_objects_pass_a_server_side_dry_run_in_both_tls_modes() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "chart-dry-run").await;
+    let manifests = ok("helm", &["template", "dry", CHART, "-n", &ns, "--set", &format!("webhook.onlyNamespaces={{{ns}-nothing}}")], None);
+    let out = ok("kubectl", &["apply", "--dry-run=server", "-n", &ns, "-f", "-"], Some(manifests.as_bytes()));
+    for kind in ["deployment.apps/dry-kube-fence", "service/dry-kube-fence-webhook", "validatingwebhookconfiguration.admissionregistration.k8s.io/dry-kube-fence", "clusterrole.rbac.authorization.k8s.io/dry-kube-fence", "poddisruptionbudget.policy/dry-kube-fence"] {
+        assert!(out.contains(kind), "dry run covered {kind}:\n{out}");
+    }
+    // cert-manager mode renders the injection annotation and a Certificate for the Service names.
+    let cm = ok("helm", &["template", "dry", CHART, "-n", &ns, "--set", "tls.mode=certManager"], None);
+    assert!(cm.contains(&format!("cert-manager.io/inject-ca-from: {ns}/dry-kube-fence-webhook")), "{cm}");
+    assert!(cm.contains(&format!("dry-kube-fence-webhook.{ns}.svc")), "{cm}");
+    assert!(cm.contains("--tls-cert-file=/etc/kube-fence/tls/tls.crt") && !cm.contains("--self-managed-tls"));
+}
+
+#[tokio::test]
+async fn install_creates_what_the_values_say_and_uninstall_removes_the_webhook() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "chart-install").await;
+    let release = "inst";
+    let mut args: Vec<String> = ["install", release, CHART, "-n", &ns, "--set", "replicaCount=3", "--set", "webhook.timeoutSeconds=7", "--set", "leaderElection=false"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(isolated(&ns));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok("helm", &args, None);
+
+    let deploy = Api::<Deployment>::namespaced(client.clone(), &ns).get("inst-kube-fence").await.expect("deployment");
+    let spec = deploy.spec;
+    assert_eq!(spec.replicas, Some(3));
+    let pod = spec.template.spec.expect("pod spec");
+    let container = &pod.containers[0];
+    let args = container.args.clone().unwrap_or_default();
+    assert!(args.contains(&"--self-managed-tls".to_string()), "{args:?}");
+    assert!(!args.contains(&"--leader-election".to_string()), "leaderElection=false drops the flag: {args:?}");
+    let sc = container.security_context.clone().expect("container securityContext");
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    let psc = pod.security_context.expect("pod securityContext");
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(psc.seccomp_profile.map(|p| p.type_), Some("RuntimeDefault".to_string()));
+
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let vwc = vwcs.get("inst-kube-fence").await.expect("webhook configuration installed");
+    let hook = &vwc.webhooks.expect("webhooks")[0];
+    assert_eq!(hook.timeout_seconds, Some(7));
+    assert_eq!(hook.failure_policy.as_deref(), Some("Fail"));
+    let excluded = &hook.namespace_selector.as_ref().and_then(|s| s.match_expressions.clone()).expect("namespace selector")[0];
+    assert!(excluded.values.clone().unwrap_or_default().contains(&ns), "the release namespace is never fenced");
+
+    ok("helm", &["uninstall", release, "-n", &ns, "--wait"], None);
+    assert!(vwcs.get_opt("inst-kube-fence").await.expect("get").is_none(), "uninstall leaves no webhook configuration behind");
+}
+
+#[tokio::test]
+async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "chart-rbac").await;
+    let mut args: Vec<String> = ["install", "rbac", CHART, "-n", &ns].iter().map(|s| s.to_string()).collect();
+    args.extend(isolated(&ns));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok("helm", &args, None);
+    let sa = format!("system:serviceaccount:{ns}:rbac-kube-fence");
+
+    let can_i = |who: &str, namespace: &str| -> BTreeSet<String> {
+        let out = ok("kubectl", &["auth", "can-i", "--list", "--as", who, "-n", namespace, "--no-headers"], None);
+        out.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect()
+    };
+    // What every service account may do anyway (discovery, self reviews, ...) is not kube-fence's:
+    // subtract what the namespace's `default` service account, which nothing binds, can do.
+    let rules = |namespace: &str| -> BTreeSet<String> {
+        let baseline = can_i(&format!("system:serviceaccount:{ns}:default"), namespace);
+        can_i(&sa, namespace).difference(&baseline).cloned().collect()
+    };
+    let expected_everywhere = [
+        "events.events.k8s.io [] [] [create patch]",
+        "leases.kubefence.io [] [] [get list watch]",
+        "leases.kubefence.io/status [] [] [get update patch]",
+        "validatingwebhookconfigurations.admissionregistration.k8s.io [] [rbac-kube-fence] [get update]",
+    ];
+    let mut expected_own: BTreeSet<String> = expected_everywhere.iter().map(|s| s.to_string()).collect();
+    expected_own.extend(
+        [
+            "secrets [] [] [create]",
+            "secrets [] [kube-fence-webhook-tls] [get]",
+            "leases.coordination.k8s.io [] [] [create]",
+            "leases.coordination.k8s.io [] [kube-fence-controller] [get update]",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    assert_eq!(rules(&ns), expected_own, "permissions in kube-fence's own namespace");
+    let elsewhere = common::namespace(&client, "chart-rbac-other").await;
+    assert_eq!(rules(&elsewhere), expected_everywhere.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>(), "permissions in any other namespace");
+    ok("helm", &["uninstall", "rbac", "-n", &ns], None);
+}
