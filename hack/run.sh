@@ -28,7 +28,7 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  [[ -n "${KUBE_FENCE_ENV_DIR:-}" ]] && "$kf_env" down || true
+  if [[ -n "${KUBE_FENCE_ENV_DIR:-}" ]]; then "$kf_env" down || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
