@@ -18,7 +18,7 @@ step() { printf '\n\033[1;34m==> %s\033[0m\n' "$*" >&2; }
 bindir=$(hack/build-control-plane.sh)
 export PATH="$bindir:$PATH"
 say "building kube-fence"
-cargo build --quiet --locked --bin kube-fence -p kube-fence -p kube-fence-testenv
+cargo build --quiet --locked -p kube-fence -p kube-fence-testenv --bin kube-fence --bin kf-env
 target=${CARGO_TARGET_DIR:-target}
 kf="$target/debug/kube-fence"
 kf_env="$target/debug/kf-env"
@@ -37,7 +37,8 @@ trap 'exit 130' INT TERM
 if [[ -z "${KUBECONFIG:-}" ]]; then
   step "No KUBECONFIG given: starting a local control plane (etcd, kube-apiserver, kube-controller-manager)"
   export KUBE_FENCE_ENV_DIR="$work/control-plane"
-  eval "$("$kf_env" up)"
+  exports=$("$kf_env" up)
+  eval "$exports"
 else
   say "using the cluster in KUBECONFIG=$KUBECONFIG"
 fi
@@ -50,11 +51,11 @@ step "Starting kube-fence (controller + webhook, local mode; log: $work/kube-fen
 "$kf" run --local >"$work/kube-fence.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 150); do
-  if grep -q "kube-fence is ready" "$work/kube-fence.log" 2>/dev/null; then break; fi
+  if grep -q "registered as ValidatingWebhookConfiguration" "$work/kube-fence.log" 2>/dev/null; then break; fi
   if ! kill -0 "${pids[0]}" 2>/dev/null; then cat "$work/kube-fence.log" >&2; say "kube-fence exited"; exit 1; fi
   sleep 0.2
 done
-grep -q "kube-fence is ready" "$work/kube-fence.log" || { cat "$work/kube-fence.log" >&2; say "kube-fence did not become ready"; exit 1; }
+grep -q "registered as ValidatingWebhookConfiguration" "$work/kube-fence.log" || { cat "$work/kube-fence.log" >&2; say "kube-fence did not become ready"; exit 1; }
 
 ns=kube-fence-demo
 kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null

@@ -22,7 +22,8 @@ if [[ -z "${KUBECONFIG:-}" ]]; then
   KUBE_FENCE_ENV_DIR=$(mktemp -d "${TMPDIR:-/tmp}/kube-fence-test-env.XXXXXX")
   kf_env=(cargo run --quiet --locked -p kube-fence-testenv --)
   trap '"${kf_env[@]}" down || true' EXIT INT TERM
-  eval "$("${kf_env[@]}" up)"
+  exports=$("${kf_env[@]}" up)
+  eval "$exports"
   say "using the local control plane: KUBECONFIG=$KUBECONFIG"
 else
   say "using the cluster in KUBECONFIG=$KUBECONFIG"
