@@ -45,7 +45,7 @@ pub struct LeaseSpec {
     /// How long, in seconds, the holder keeps the lease after the controller last observed its
     /// heartbeat. Defaults to 15.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 86400))]
+    #[schemars(range(min = 1, max = 86400), extend("format" = "int32"))]
     pub lease_duration_seconds: Option<u32>,
 
     /// The holder's heartbeat: it writes its own current time here to renew. Only the change
@@ -127,6 +127,7 @@ pub struct LeaseStatus {
 
     /// How many grants this lease object has made.
     #[serde(default)]
+    #[schemars(extend("format" = "int64"))]
     pub lease_transitions: u64,
 
     /// The spec generation the controller last acted on. A claim is new when
