@@ -121,6 +121,8 @@ pub enum Reason {
     DeletePreconditionRequired,
     /// The request lacks what a well-formed AdmissionReview of this operation carries.
     MalformedRequest,
+    /// The lease could not be read (API server unreachable): failed closed.
+    LeaseReadFailed,
     /// The decision was handed lease facts from the cache where it needs a quorum read: a
     /// bug in the caller, failed closed.
     LeaseReadRequired,
@@ -143,6 +145,7 @@ impl Reason {
             Reason::DeletePreconditionRequired => "DeletePreconditionRequired",
             Reason::MalformedRequest => "MalformedRequest",
             Reason::LeaseReadRequired => "LeaseReadRequired",
+            Reason::LeaseReadFailed => "LeaseReadFailed",
         }
     }
 }
@@ -304,6 +307,13 @@ fn shape<'a>(req: &'a Request, exempt: &Exemptions) -> Shape<'a> {
             }
         }
     }
+}
+
+/// The lease that judges `req`: the one the stored object is bound to, else the one the
+/// incoming object names.
+pub fn bound_lease(req: &Request) -> Option<&str> {
+    let old = req.old.as_ref().and_then(|o| o.lease.as_deref());
+    old.or_else(|| req.new.as_ref().and_then(|n| n.lease.as_deref()))
 }
 
 /// Which read of the bound lease `req` needs. Called first with `cached: None`; when that

@@ -8,3 +8,8 @@
 //! - [`registration`]: the ValidatingWebhookConfiguration.
 
 pub mod decision;
+pub mod leases;
+pub mod local;
+pub mod registration;
+pub mod server;
+pub mod tls;
