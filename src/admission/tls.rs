@@ -122,7 +122,42 @@ impl CertFiles {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SelfSigned {
     pub ca_cert: String,
+    /// Kept (in the Secret) so a serving certificate can be reissued under the same CA.
+    pub ca_key: String,
     pub serving: PemPair,
+}
+
+/// Valid from yesterday (tolerates a little clock skew with the API server) for ten years.
+fn set_validity(params: &mut rcgen::CertificateParams) {
+    let start = chrono::Utc::now().date_naive() - chrono::Days::new(1);
+    params.not_before = rcgen::date_time_ymd(start.year(), start.month() as u8, start.day() as u8);
+    params.not_after = rcgen::date_time_ymd(start.year() + 10, start.month() as u8, start.day().min(28) as u8);
+}
+
+/// The CA's parameters. An issuer rebuilt from these and the CA key signs certificates that
+/// chain to the stored CA certificate (same subject, same key identifier).
+fn ca_params() -> Result<rcgen::CertificateParams, TlsError> {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name.push(rcgen::DnType::CommonName, "kube-fence webhook CA");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    ca.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign, rcgen::KeyUsagePurpose::DigitalSignature];
+    set_validity(&mut ca);
+    Ok(ca)
+}
+
+/// A serving certificate for `dns_names` and `ips`, signed by the kube-fence CA whose key is
+/// given in PEM.
+pub fn issue_serving(ca_key_pem: &str, dns_names: &[String], ips: &[IpAddr]) -> Result<PemPair, TlsError> {
+    let issuer = rcgen::Issuer::new(ca_params()?, rcgen::KeyPair::from_pem(ca_key_pem)?);
+    let key = rcgen::KeyPair::generate()?;
+    let mut leaf = rcgen::CertificateParams::new(dns_names.to_vec())?;
+    leaf.subject_alt_names.extend(ips.iter().map(|ip| rcgen::SanType::IpAddress(*ip)));
+    leaf.distinguished_name.push(rcgen::DnType::CommonName, dns_names.first().cloned().unwrap_or_else(|| "kube-fence".into()));
+    leaf.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature, rcgen::KeyUsagePurpose::KeyEncipherment];
+    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    set_validity(&mut leaf);
+    let cert = leaf.signed_by(&key, &issuer)?;
+    Ok(PemPair { cert: cert.pem().into_bytes(), key: key.serialize_pem().into_bytes() })
 }
 
 impl SelfSigned {
@@ -130,31 +165,12 @@ impl SelfSigned {
     /// CA lives in a Secret and the caBundle, both of which kube-fence keeps; replace the
     /// Secret to rotate).
     pub fn generate(dns_names: &[String], ips: &[IpAddr]) -> Result<SelfSigned, TlsError> {
-        // From yesterday (tolerates a little clock skew between here and the API server).
-        let start = chrono::Utc::now().date_naive() - chrono::Days::new(1);
-        let not_before = rcgen::date_time_ymd(start.year(), start.month() as u8, start.day() as u8);
-        let not_after = rcgen::date_time_ymd(start.year() + 10, start.month() as u8, start.day().min(28) as u8);
-
         let ca_key = rcgen::KeyPair::generate()?;
-        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())?;
-        ca.distinguished_name.push(rcgen::DnType::CommonName, "kube-fence webhook CA");
-        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
-        ca.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign, rcgen::KeyUsagePurpose::DigitalSignature];
-        ca.not_before = not_before;
-        ca.not_after = not_after;
-        let ca_cert = ca.self_signed(&ca_key)?;
-        let issuer = rcgen::Issuer::new(ca, ca_key);
-
-        let key = rcgen::KeyPair::generate()?;
-        let mut leaf = rcgen::CertificateParams::new(dns_names.to_vec())?;
-        leaf.subject_alt_names.extend(ips.iter().map(|ip| rcgen::SanType::IpAddress(*ip)));
-        leaf.distinguished_name.push(rcgen::DnType::CommonName, dns_names.first().cloned().unwrap_or_else(|| "kube-fence".into()));
-        leaf.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature, rcgen::KeyUsagePurpose::KeyEncipherment];
-        leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-        leaf.not_before = not_before;
-        leaf.not_after = not_after;
-        let cert = leaf.signed_by(&key, &issuer)?;
-        Ok(SelfSigned { ca_cert: ca_cert.pem(), serving: PemPair { cert: cert.pem().into_bytes(), key: key.serialize_pem().into_bytes() } })
+        let ca = ca_params()?;
+        let ca_cert = ca.self_signed(&ca_key)?.pem();
+        let ca_key = ca_key.serialize_pem();
+        let serving = issue_serving(&ca_key, dns_names, ips)?;
+        Ok(SelfSigned { ca_cert, ca_key, serving })
     }
 
     pub fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
@@ -162,7 +178,7 @@ impl SelfSigned {
     }
 
     fn to_secret(&self, name: &str, namespace: &str) -> Secret {
-        let data = [("ca.crt", self.ca_cert.as_bytes().to_vec()), ("tls.crt", self.serving.cert.clone()), ("tls.key", self.serving.key.clone())]
+        let data = [("ca.crt", self.ca_cert.as_bytes().to_vec()), ("ca.key", self.ca_key.as_bytes().to_vec()), ("tls.crt", self.serving.cert.clone()), ("tls.key", self.serving.key.clone())]
             .into_iter()
             .map(|(k, v)| (k.to_string(), ByteString(v)))
             .collect();
@@ -184,7 +200,10 @@ impl SelfSigned {
         let get = |key: &'static str| {
             secret.data.as_ref().and_then(|d| d.get(key)).map(|b| b.0.clone()).ok_or_else(|| TlsError::SecretIncomplete(name.clone(), key))
         };
-        Ok(SelfSigned { ca_cert: String::from_utf8_lossy(&get("ca.crt")?).into_owned(), serving: PemPair { cert: get("tls.crt")?, key: get("tls.key")? } })
+        Ok(SelfSigned {
+            ca_cert: String::from_utf8_lossy(&get("ca.crt")?).into_owned(),
+            ca_key: String::from_utf8_lossy(&get("ca.key")?).into_owned(),
+            serving: PemPair { cert: get("tls.crt")?, key: get("tls.key")? } })
     }
 }
 
