@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -151,8 +151,17 @@ fn record(metrics: &Metrics, verdict: &Verdict, started: Instant) {
     metrics.latency.observe(started.elapsed().as_secs_f64());
 }
 
-async fn validate(State(webhook): State<Arc<Webhook>>, body: Bytes) -> Response {
+async fn validate(State(webhook): State<Arc<Webhook>>, headers: http::HeaderMap, body: Body) -> Response {
     let started = Instant::now();
+    // Refuse an oversized body from its declared length, before reading any of it.
+    let declared = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
+        return (StatusCode::PAYLOAD_TOO_LARGE, format!("the body exceeds {MAX_BODY_BYTES} bytes\n")).into_response();
+    }
+    let body: Bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(body) => body,
+        Err(err) => return (StatusCode::PAYLOAD_TOO_LARGE, format!("cannot read the body (at most {MAX_BODY_BYTES} bytes): {err}\n")).into_response(),
+    };
     let value: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(err) => return (StatusCode::BAD_REQUEST, format!("the body is not JSON: {err}\n")).into_response(),
@@ -211,7 +220,6 @@ pub fn router(webhook: Arc<Webhook>, registry: Arc<Registry>) -> Router {
                 async move { ([(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], crate::telemetry::render(&registry)) }
             }),
         )
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(webhook)
 }
 

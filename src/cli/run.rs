@@ -79,6 +79,9 @@ fn lease_controller(client: kube::Client, settings: ControllerSettings, registry
 
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.webhook.log_format);
+    if !args.local {
+        args.webhook.check_tls()?;
+    }
     let client = kube::Client::try_default().await.context("connecting to Kubernetes (KUBECONFIG or in-cluster)")?;
     let shutdown = shutdown_on_signal();
     let mut registry = Registry::default();

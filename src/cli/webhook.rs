@@ -66,8 +66,19 @@ pub struct WebhookArgs {
     pub log_format: LogFormat,
 }
 
+impl WebhookArgs {
+    /// HTTPS only: some source of certificates must be given.
+    pub fn check_tls(&self) -> anyhow::Result<()> {
+        if self.tls_cert_file.is_none() && !self.self_managed_tls {
+            anyhow::bail!("the webhook serves HTTPS only: give --tls-cert-file and --tls-key-file, or --self-managed-tls");
+        }
+        Ok(())
+    }
+}
+
 pub async fn run(args: WebhookArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
+    args.check_tls()?;
     let client = kube::Client::try_default().await.context("connecting to Kubernetes (KUBECONFIG or in-cluster)")?;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
