@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod crd;
+pub mod run;
+pub mod webhook;
 
 /// Fencing tokens for Kubernetes: leases that grant strictly increasing tokens, and a validating
 /// webhook that rejects every write carrying a stale one.
@@ -19,11 +21,18 @@ pub struct Cli {
 pub enum Command {
     /// Print the CustomResourceDefinitions generated from kube-fence's Rust types (what crds/ holds).
     Crd(crd::CrdArgs),
+    /// Serve the fencing webhook (HTTPS): judges writes to objects labelled kubefence.io/lease.
+    Webhook(webhook::WebhookArgs),
+    /// Run the lease controller and the fencing webhook in one process (--local: on this
+    /// machine, registered by URL on the cluster in KUBECONFIG).
+    Run(run::RunArgs),
 }
 
 /// Runs one parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Crd(args) => crd::run(args),
+        Command::Webhook(args) => webhook::run(args).await,
+        Command::Run(args) => run::run(args).await,
     }
 }

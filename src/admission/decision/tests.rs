@@ -1,0 +1,379 @@
+//! The decision table of DESIGN.md section 4, row by row, plus every malformed-token form.
+
+use rstest::rstest;
+
+use super::*;
+
+const NS: &str = "team";
+const ALICE: &str = "alice";
+const GC: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
+const NSC: &str = "system:serviceaccount:kube-system:namespace-controller";
+
+fn tok(n: u64) -> Token {
+    Token::new(n).unwrap()
+}
+
+fn g(lease: &str, token: Option<&str>) -> Option<ObjectFacts> {
+    Some(ObjectFacts::guarded(lease, token))
+}
+
+fn u(token: Option<&str>) -> Option<ObjectFacts> {
+    Some(ObjectFacts::unguarded(token))
+}
+
+fn request(operation: Operation, old: Option<ObjectFacts>, new: Option<ObjectFacts>) -> Request {
+    Request { operation, namespace: NS.into(), old, new, user: ALICE.into(), delete_precondition: false }
+}
+
+fn facts(issued: Option<u64>, comparison: Comparison, enforcement: Enforcement) -> LeaseFacts {
+    LeaseFacts { issued: issued.map(tok), comparison, enforcement }
+}
+
+fn strict(issued: u64) -> LeaseFacts {
+    facts(Some(issued), Comparison::Strict, Enforcement::Enforce)
+}
+
+fn quorum(f: LeaseFacts) -> LeaseLookup {
+    LeaseLookup { lease: Some(f), linearizable: true }
+}
+
+fn cache(f: LeaseFacts) -> LeaseLookup {
+    LeaseLookup { lease: Some(f), linearizable: false }
+}
+
+/// Judges as the server does: read what lease_read asks for, from a cache that holds `cached`
+/// and a quorum that holds `current`.
+fn judge(req: &Request, cached: Option<LeaseFacts>, current: Option<LeaseFacts>) -> Verdict {
+    let exempt = Exemptions::default();
+    let cache_view = LeaseLookup { lease: cached, linearizable: false };
+    let quorum_view = LeaseLookup { lease: current, linearizable: true };
+    let lookup = match lease_read(req, &exempt, None) {
+        LeaseRead::None => None,
+        LeaseRead::Linearizable => Some(quorum_view),
+        LeaseRead::Cache => match lease_read(req, &exempt, Some(&cache_view)) {
+            LeaseRead::Linearizable => Some(quorum_view),
+            _ => Some(cache_view),
+        },
+    };
+    decide(req, &exempt, lookup.as_ref())
+}
+
+fn judge_now(req: &Request, f: LeaseFacts) -> Verdict {
+    judge(req, Some(f.clone()), Some(f))
+}
+
+fn denied(v: &Verdict) -> (u16, Reason) {
+    match v {
+        Verdict::Deny { code, reason, .. } => (*code, *reason),
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+// --- Row: UPDATE of an object that records r: t parses, t > r, and t <= lease.status.token.
+
+#[rstest]
+#[case::newer_and_issued(5, "6", 6, None)]
+#[case::newer_than_recorded_older_than_issued(5, "6", 9, None)]
+#[case::equal_is_stale(5, "5", 9, Some((409, Reason::StaleToken)))]
+#[case::older_is_stale(5, "4", 9, Some((409, Reason::StaleToken)))]
+#[case::zero_is_stale(5, "0", 9, Some((409, Reason::StaleToken)))]
+#[case::not_issued_yet(5, "10", 9, Some((403, Reason::TokenNotIssued)))]
+#[case::max_token_not_issued(5, "9223372036854775807", 9, Some((403, Reason::TokenNotIssued)))]
+fn update_of_recorded_object(#[case] recorded: u64, #[case] presented: &str, #[case] issued: u64, #[case] expect: Option<(u16, Reason)>) {
+    let r = recorded.to_string();
+    let req = request(Operation::Update, g("l", Some(&r)), g("l", Some(presented)));
+    let v = judge_now(&req, strict(issued));
+    match expect {
+        None => assert_eq!(v, Verdict::Allow { reason: Reason::Fenced }),
+        Some(e) => assert_eq!(denied(&v), e, "{v:?}"),
+    }
+}
+
+#[test]
+fn stale_message_names_lease_and_both_tokens_for_the_client_library() {
+    let req = request(Operation::Update, g("orders", Some("17")), g("orders", Some("12")));
+    let Verdict::Deny { code: 409, reason: Reason::StaleToken, message } = judge_now(&req, strict(20)) else { panic!() };
+    assert!(message.contains("team/orders"), "{message}");
+    assert!(message.contains("presented token 12"), "{message}");
+    assert!(message.contains("recorded token 17"), "{message}");
+}
+
+#[test]
+fn update_reads_the_cache_and_a_lagging_cache_forces_a_quorum_read() {
+    let exempt = Exemptions::default();
+    let req = request(Operation::Update, g("l", Some("5")), g("l", Some("8")));
+    assert_eq!(lease_read(&req, &exempt, None), LeaseRead::Cache);
+    // The cache has seen token 8: enough (tokens only grow, so the quorum has too).
+    assert_eq!(lease_read(&req, &exempt, Some(&cache(strict(8)))), LeaseRead::Cache);
+    assert_eq!(decide(&req, &exempt, Some(&cache(strict(8)))), Verdict::Allow { reason: Reason::Fenced });
+    // The cache has seen only 7, the lease granted 8 a moment ago: read the quorum.
+    assert_eq!(lease_read(&req, &exempt, Some(&cache(strict(7)))), LeaseRead::Linearizable);
+    assert_eq!(judge(&req, Some(strict(7)), Some(strict(8))), Verdict::Allow { reason: Reason::Fenced });
+    // Handing the decision the lagging cache anyway fails closed.
+    assert_eq!(denied(&decide(&req, &exempt, Some(&cache(strict(7))))), (500, Reason::LeaseReadRequired));
+    // Not in the cache at all: maybe just created; read the quorum.
+    let absent = LeaseLookup { lease: None, linearizable: false };
+    assert_eq!(lease_read(&req, &exempt, Some(&absent)), LeaseRead::Linearizable);
+    // And without any read, the decision fails closed.
+    assert_eq!(denied(&decide(&req, &exempt, None)), (500, Reason::LeaseReadRequired));
+}
+
+#[test]
+fn stale_tokens_are_judged_from_the_cache() {
+    let req = request(Operation::Update, g("l", Some("5")), g("l", Some("4")));
+    assert_eq!(lease_read(&req, &Exemptions::default(), Some(&cache(strict(5)))), LeaseRead::Cache);
+    assert_eq!(denied(&judge(&req, Some(strict(5)), Some(strict(5)))), (409, Reason::StaleToken));
+}
+
+// --- Per-lease opt-in: t >= r.
+
+#[rstest]
+#[case::equal_allowed("5", None)]
+#[case::greater_allowed("6", None)]
+#[case::less_is_stale("4", Some((409, Reason::StaleToken)))]
+fn allow_equal(#[case] presented: &str, #[case] expect: Option<(u16, Reason)>) {
+    let req = request(Operation::Update, g("l", Some("5")), g("l", Some(presented)));
+    let v = judge_now(&req, facts(Some(6), Comparison::AllowEqual, Enforcement::Enforce));
+    match expect {
+        None => assert_eq!(v, Verdict::Allow { reason: Reason::Fenced }),
+        Some(e) => assert_eq!(denied(&v), e),
+    }
+}
+
+#[test]
+fn allow_equal_deciding_a_write_is_confirmed_by_a_quorum_read() {
+    let exempt = Exemptions::default();
+    let req = request(Operation::Update, g("l", Some("5")), g("l", Some("5")));
+    let relaxed = facts(Some(6), Comparison::AllowEqual, Enforcement::Enforce);
+    assert_eq!(lease_read(&req, &exempt, Some(&cache(relaxed.clone()))), LeaseRead::Linearizable);
+    // The lease was switched back to Strict a moment ago; the cache still says AllowEqual.
+    assert_eq!(denied(&judge(&req, Some(relaxed), Some(strict(6)))), (409, Reason::StaleToken));
+}
+
+// --- Row: CREATE, or UPDATE that makes an unguarded object guarded: t == newest issued,
+//     read linearizably.
+
+#[rstest]
+#[case::create_current(Operation::Create, None, "9", None)]
+#[case::create_stale(Operation::Create, None, "8", Some((409, Reason::StaleToken)))]
+#[case::create_not_issued(Operation::Create, None, "10", Some((403, Reason::TokenNotIssued)))]
+#[case::guard_current(Operation::Update, u(None), "9", None)]
+#[case::guard_stale(Operation::Update, u(Some("8")), "8", Some((409, Reason::StaleToken)))]
+#[case::guard_not_issued(Operation::Update, u(None), "10", Some((403, Reason::TokenNotIssued)))]
+// Guarded before kube-fence ran, or with a garbage recorded token: no r to compare, so the
+// CREATE rule applies (rather than locking the object forever).
+#[case::recorded_missing(Operation::Update, g("l", None), "9", None)]
+#[case::recorded_garbage(Operation::Update, g("l", Some("x")), "8", Some((409, Reason::StaleToken)))]
+fn create_and_newly_guarded(#[case] op: Operation, #[case] old: Option<ObjectFacts>, #[case] presented: &str, #[case] expect: Option<(u16, Reason)>) {
+    let req = request(op, old, g("l", Some(presented)));
+    let exempt = Exemptions::default();
+    assert_eq!(lease_read(&req, &exempt, None), LeaseRead::Linearizable);
+    // The cache alone is never enough, even when it agrees.
+    assert_eq!(denied(&decide(&req, &exempt, Some(&cache(strict(9))))), (500, Reason::LeaseReadRequired));
+    let v = decide(&req, &exempt, Some(&quorum(strict(9))));
+    match expect {
+        None => assert_eq!(v, Verdict::Allow { reason: Reason::Fenced }),
+        Some(e) => assert_eq!(denied(&v), e, "{v:?}"),
+    }
+}
+
+#[test]
+fn create_stale_message_names_the_newest_token() {
+    let req = request(Operation::Create, None, g("l", Some("3")));
+    let Verdict::Deny { message, .. } = judge_now(&req, strict(4)) else { panic!() };
+    assert!(message.contains("presented token 3") && message.contains("recorded token 4"), "{message}");
+}
+
+#[rstest]
+#[case::create(Operation::Create, None)]
+#[case::update(Operation::Update, g("l", Some("1")))]
+fn lease_missing_or_never_granted(#[case] op: Operation, #[case] old: Option<ObjectFacts>) {
+    let req = request(op, old, g("l", Some("2")));
+    let missing = judge(&req, None, None);
+    let (code, reason) = denied(&missing);
+    assert_eq!((code, reason), (403, Reason::LeaseNotFound));
+    let never = judge_now(&req, facts(None, Comparison::Strict, Enforcement::Enforce));
+    assert_eq!(denied(&never), (403, Reason::TokenNotIssued));
+}
+
+// --- Row: changing which lease an object is bound to: never.
+
+#[rstest]
+#[case::valid_token("9")]
+#[case::stale_token("1")]
+fn rebinding_is_never_allowed(#[case] presented: &str) {
+    let req = request(Operation::Update, g("a", Some("5")), g("b", Some(presented)));
+    assert_eq!(lease_read(&req, &Exemptions::default(), None), LeaseRead::None);
+    let v = decide(&req, &Exemptions::default(), None);
+    assert_eq!(denied(&v), (403, Reason::LeaseRebound));
+    // Not even a Warn lease relaxes it.
+    let warn = facts(Some(9), Comparison::Strict, Enforcement::Warn);
+    assert_eq!(denied(&judge_now(&req, warn)), (403, Reason::LeaseRebound));
+}
+
+// --- Row: removing the label (unguarding): like any UPDATE, only with a valid t > r.
+
+#[rstest]
+#[case::valid(Some("6"), None)]
+#[case::stale(Some("5"), Some((409, Reason::StaleToken)))]
+#[case::missing(None, Some((403, Reason::TokenMissing)))]
+#[case::malformed(Some("06"), Some((400, Reason::TokenMalformed)))]
+#[case::not_issued(Some("7"), Some((403, Reason::TokenNotIssued)))]
+fn unguarding(#[case] presented: Option<&str>, #[case] expect: Option<(u16, Reason)>) {
+    let req = request(Operation::Update, g("l", Some("5")), u(presented));
+    let v = judge_now(&req, strict(6));
+    match expect {
+        None => assert_eq!(v, Verdict::Allow { reason: Reason::Fenced }),
+        Some(e) => assert_eq!(denied(&v), e),
+    }
+}
+
+// --- Row: DELETE needs a resourceVersion precondition; exempt identities need none.
+
+#[rstest]
+#[case::alice_with_precondition(ALICE, true, None)]
+#[case::alice_without(ALICE, false, Some((403, Reason::DeletePreconditionRequired)))]
+#[case::gc_without(GC, false, None)]
+#[case::namespace_controller_without(NSC, false, None)]
+fn delete(#[case] user: &str, #[case] precondition: bool, #[case] expect: Option<(u16, Reason)>) {
+    let mut req = request(Operation::Delete, g("l", Some("5")), None);
+    req.user = user.into();
+    req.delete_precondition = precondition;
+    let v = judge_now(&req, strict(6));
+    match expect {
+        None => assert!(matches!(v, Verdict::Allow { reason: Reason::DeletePreconditioned | Reason::Exempt }), "{v:?}"),
+        Some(e) => assert_eq!(denied(&v), e),
+    }
+}
+
+
+// --- Exempt identities write without a token; the list is configurable.
+
+#[rstest]
+#[case::create(Operation::Create, None, g("l", None))]
+#[case::update(Operation::Update, g("l", Some("5")), g("l", None))]
+#[case::delete(Operation::Delete, g("l", Some("5")), None)]
+fn exempt_identities(#[case] op: Operation, #[case] old: Option<ObjectFacts>, #[case] new: Option<ObjectFacts>) {
+    let mut req = request(op, old, new);
+    req.user = GC.into();
+    assert_eq!(lease_read(&req, &Exemptions::default(), None), LeaseRead::None);
+    assert_eq!(decide(&req, &Exemptions::default(), None), Verdict::Allow { reason: Reason::Exempt });
+    // With a configured list that leaves the garbage collector out, it is judged like anyone.
+    let only_ops = Exemptions::new(["ops"]);
+    assert_ne!(lease_read(&req, &only_ops, None), LeaseRead::None);
+    req.user = "ops".into();
+    assert_eq!(decide(&req, &only_ops, None), Verdict::Allow { reason: Reason::Exempt });
+}
+
+// --- Row: missing, non-numeric, signed, padded, fractional, overflowing token: deny, naming it.
+
+#[rstest]
+#[case::empty("", "empty")]
+#[case::space_inside("1 2", "whitespace")]
+#[case::leading_space(" 12", "whitespace")]
+#[case::trailing_newline("12\n", "whitespace")]
+#[case::leading_zero("012", "leading zero")]
+#[case::zero_padded_zero("00", "leading zero")]
+#[case::plus("+12", "sign")]
+#[case::minus("-12", "sign")]
+#[case::fraction("12.0", "not a decimal integer")]
+#[case::exponent("1e3", "not a decimal integer")]
+#[case::hex("0x1f", "not a decimal integer")]
+#[case::hex_letters("ff", "not a decimal integer")]
+#[case::two_pow_63("9223372036854775808", "larger than")]
+#[case::u64_max("18446744073709551615", "larger than")]
+#[case::twenty_digits("10000000000000000000", "larger than")]
+#[case::arabic_indic_digits("\u{0661}\u{0662}", "not a decimal integer")]
+#[case::fullwidth_digits("\u{FF11}\u{FF12}", "not a decimal integer")]
+#[case::superscript("\u{00B9}", "not a decimal integer")]
+#[case::json_quoted("\"12\"", "not a decimal integer")]
+fn malformed_tokens_are_denied_naming_the_problem(#[case] raw: &str, #[case] names: &str, #[values(Operation::Create, Operation::Update)] op: Operation) {
+    let old = match op {
+        Operation::Create => None,
+        _ => g("l", Some("5")),
+    };
+    let req = request(op, old, g("l", Some(raw)));
+    let v = judge_now(&req, strict(9));
+    let Verdict::Deny { code: 400, reason: Reason::TokenMalformed, message } = &v else { panic!("{raw:?}: {v:?}") };
+    assert!(message.contains(names), "{raw:?}: {message}");
+    assert!(message.contains(crate::token::TOKEN_ANNOTATION), "{message}");
+}
+
+#[rstest]
+#[case::create(Operation::Create, None)]
+#[case::update(Operation::Update, g("l", Some("5")))]
+fn missing_token_is_denied(#[case] op: Operation, #[case] old: Option<ObjectFacts>) {
+    let req = request(op, old, g("l", None));
+    let Verdict::Deny { code: 403, reason: Reason::TokenMissing, message } = judge_now(&req, strict(9)) else { panic!() };
+    assert!(message.contains("kubefence.io/token") && message.contains("team/l"), "{message}");
+}
+
+#[test]
+fn the_largest_token_is_accepted() {
+    let max = Token::MAX.to_string();
+    let req = request(Operation::Update, g("l", Some("5")), g("l", Some(&max)));
+    assert_eq!(judge_now(&req, LeaseFacts { issued: Some(Token::MAX), ..strict(0) }), Verdict::Allow { reason: Reason::Fenced });
+}
+
+// --- Warn enforcement: what would be denied is admitted with a warning (except rebinding).
+
+#[rstest]
+#[case::stale(Operation::Update, g("l", Some("5")), g("l", Some("4")), Reason::StaleToken)]
+#[case::missing(Operation::Update, g("l", Some("5")), g("l", None), Reason::TokenMissing)]
+#[case::malformed(Operation::Update, g("l", Some("5")), g("l", Some("-1")), Reason::TokenMalformed)]
+#[case::not_issued(Operation::Update, g("l", Some("5")), g("l", Some("99")), Reason::TokenNotIssued)]
+#[case::create_stale(Operation::Create, None, g("l", Some("1")), Reason::StaleToken)]
+#[case::delete(Operation::Delete, g("l", Some("5")), None, Reason::DeletePreconditionRequired)]
+fn warn_mode_admits_with_a_warning(#[case] op: Operation, #[case] old: Option<ObjectFacts>, #[case] new: Option<ObjectFacts>, #[case] reason: Reason) {
+    let req = request(op, old, new);
+    let warn = facts(Some(9), Comparison::Strict, Enforcement::Warn);
+    // Warn relaxes fencing, so it is confirmed by a quorum read.
+    let v = judge(&req, Some(warn.clone()), Some(warn.clone()));
+    let Verdict::AllowWithWarning { reason: got, message } = &v else { panic!("{v:?}") };
+    assert_eq!(*got, reason);
+    assert!(message.contains("Warn"), "{message}");
+    // A lease switched to Enforce a moment ago is enforced, though the cache still says Warn.
+    assert!(matches!(judge(&req, Some(warn), Some(strict(9))), Verdict::Deny { .. }));
+}
+
+#[test]
+fn warn_mode_still_admits_good_writes_plainly() {
+    let req = request(Operation::Update, g("l", Some("5")), g("l", Some("6")));
+    let warn = facts(Some(9), Comparison::Strict, Enforcement::Warn);
+    assert_eq!(judge_now(&req, warn), Verdict::Allow { reason: Reason::Fenced });
+}
+
+// --- Not guarded, and malformed requests.
+
+#[rstest]
+#[case::create(Operation::Create, None, u(None))]
+#[case::update(Operation::Update, u(None), u(Some("garbage")))]
+#[case::delete(Operation::Delete, u(None), None)]
+fn unguarded_objects_pass_without_a_lease_read(#[case] op: Operation, #[case] old: Option<ObjectFacts>, #[case] new: Option<ObjectFacts>) {
+    let req = request(op, old, new);
+    assert_eq!(lease_read(&req, &Exemptions::default(), None), LeaseRead::None);
+    assert_eq!(decide(&req, &Exemptions::default(), None), Verdict::Allow { reason: Reason::Unguarded });
+}
+
+#[rstest]
+#[case::update_without_old(Operation::Update, None, g("l", Some("5")))]
+#[case::create_without_new(Operation::Create, None, None)]
+#[case::update_without_new(Operation::Update, g("l", Some("5")), None)]
+#[case::delete_without_old(Operation::Delete, None, None)]
+fn malformed_requests_are_denied(#[case] op: Operation, #[case] old: Option<ObjectFacts>, #[case] new: Option<ObjectFacts>) {
+    // Even an exempt identity: without the objects nobody can tell whether they are guarded.
+    let mut req = request(op, old, new);
+    req.user = GC.into();
+    let v = decide(&req, &Exemptions::default(), None);
+    assert_eq!(denied(&v), (400, Reason::MalformedRequest));
+}
+
+#[rstest]
+#[case::empty("")]
+#[case::upper("Orders")]
+#[case::slash("a/b")]
+#[case::too_long(&"a".repeat(254))]
+fn invalid_lease_label(#[case] name: &str) {
+    let req = request(Operation::Create, None, g(name, Some("1")));
+    assert_eq!(denied(&decide(&req, &Exemptions::default(), None)), (400, Reason::LeaseLabelInvalid));
+}

@@ -1,0 +1,83 @@
+//! Reading the lease a guarded object is bound to: from a watch cache of all kube-fence Leases,
+//! or with a quorum read when the cache could be stale in the unsafe direction
+//! ([`super::decision::lease_read`] says which).
+//!
+//! A cache that lags is safe for the per-object rule: tokens only grow, so a token at or below
+//! what the cache has seen was issued. What the cache cannot answer — CREATE, newly guarded
+//! objects, a token newer than it has seen, a relaxed policy — goes to `Api::get`, which the
+//! API server serves from etcd with a quorum read (no `resourceVersion` given).
+
+use std::future::Future;
+
+use futures::StreamExt;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+
+use super::decision::{LeaseFacts, LeaseLookup, LeaseRead};
+use crate::api::Lease;
+
+/// The webhook's view of the leases.
+#[derive(Clone)]
+pub struct LeaseDirectory {
+    client: Client,
+    store: Store<Lease>,
+}
+
+impl LeaseDirectory {
+    /// A directory, and the future that keeps its cache filled (run it for as long as the
+    /// directory is used).
+    pub fn new(client: Client) -> (LeaseDirectory, impl Future<Output = ()> + Send + 'static) {
+        let (store, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(Api::<Lease>::all(client.clone()), watcher::Config::default()))
+            .default_backoff()
+            .for_each(|event| async move {
+                if let Err(err) = event {
+                    tracing::warn!(error = %err, "lease watch failed; retrying");
+                }
+            });
+        (LeaseDirectory { client, store }, stream)
+    }
+
+    /// Whether the cache has been filled once (what `/readyz` waits for).
+    pub fn is_ready(&self) -> bool {
+        // A store that is not ready yet has not seen its initial list.
+        futures::FutureExt::now_or_never(self.store.wait_until_ready()).is_some_and(|r| r.is_ok())
+    }
+
+    /// Waits until the cache has been filled once, at most `timeout`; whether it was.
+    pub async fn wait_ready(&self, timeout: std::time::Duration) -> bool {
+        matches!(tokio::time::timeout(timeout, self.store.wait_until_ready()).await, Ok(Ok(())))
+    }
+
+    /// The lease as the watch cache has it.
+    pub fn cached(&self, namespace: &str, name: &str) -> LeaseLookup {
+        let lease = self.store.get(&ObjectRef::new(name).within(namespace));
+        LeaseLookup { lease: lease.as_deref().map(facts), linearizable: false }
+    }
+
+    /// The lease as etcd has it now.
+    pub async fn linearizable(&self, namespace: &str, name: &str) -> Result<LeaseLookup, kube::Error> {
+        let lease = Api::<Lease>::namespaced(self.client.clone(), namespace).get_opt(name).await?;
+        Ok(LeaseLookup { lease: lease.as_ref().map(facts), linearizable: true })
+    }
+
+    /// Reads as `read` asks.
+    pub async fn read(&self, read: LeaseRead, namespace: &str, name: &str) -> Result<Option<LeaseLookup>, kube::Error> {
+        Ok(match read {
+            LeaseRead::None => None,
+            LeaseRead::Cache => Some(self.cached(namespace, name)),
+            LeaseRead::Linearizable => Some(self.linearizable(namespace, name).await?),
+        })
+    }
+}
+
+/// What fencing needs from a lease.
+pub fn facts(lease: &Lease) -> LeaseFacts {
+    let policy = lease.spec.fencing.clone().unwrap_or_default();
+    LeaseFacts {
+        issued: lease.status.as_ref().and_then(|s| s.token),
+        comparison: policy.comparison.unwrap_or_default(),
+        enforcement: policy.enforcement.unwrap_or_default(),
+    }
+}

@@ -1,0 +1,110 @@
+//! Local mode: the webhook served on loopback with a CA made in-process, registered on the
+//! cluster by `clientConfig.url` (DESIGN.md section 2, `kube-fence run --local`), and the
+//! registration removed again on a clean stop. The tests use the same code.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum_server::tls_rustls::RustlsConfig;
+use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::decision::Exemptions;
+use super::leases::LeaseDirectory;
+use super::registration::{Endpoint, PATH, Registration};
+use super::server::{self, Metrics};
+use super::tls::{SelfSigned, TlsError};
+
+/// What to serve and register.
+#[derive(Clone, Debug)]
+pub struct LocalOptions {
+    /// Port on 127.0.0.1; 0 picks a free one.
+    pub port: u16,
+    pub configuration_name: String,
+    pub only_namespaces: Option<Vec<String>>,
+    pub extra_object_labels: BTreeMap<String, String>,
+    pub exempt: Exemptions,
+}
+
+impl LocalOptions {
+    pub fn new(configuration_name: impl Into<String>) -> LocalOptions {
+        LocalOptions { port: 0, configuration_name: configuration_name.into(), only_namespaces: None, extra_object_labels: BTreeMap::new(), exempt: Exemptions::default() }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    #[error("binding 127.0.0.1:{port}: {source}")]
+    Bind { port: u16, source: std::io::Error },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("the lease cache did not sync within {0:?}")]
+    CacheNotReady(Duration),
+    #[error("registering the webhook: {0}")]
+    Register(#[source] kube::Error),
+}
+
+/// A webhook serving on loopback and registered by URL.
+pub struct LocalWebhook {
+    pub addr: SocketAddr,
+    /// PEM of the CA the API server trusts for this webhook.
+    pub ca_pem: String,
+    pub registration: Registration,
+    pub metrics: Metrics,
+    stop: CancellationToken,
+    server: Option<JoinHandle<std::io::Result<()>>>,
+    cache: JoinHandle<()>,
+}
+
+impl LocalWebhook {
+    /// Serves, waits for the lease cache, then registers.
+    pub async fn start(client: kube::Client, options: LocalOptions, metrics: Metrics, registry: Arc<Registry>) -> Result<LocalWebhook, LocalError> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, options.port)).map_err(|source| LocalError::Bind { port: options.port, source })?;
+        let addr = listener.local_addr().map_err(|source| LocalError::Bind { port: options.port, source })?;
+        let made = SelfSigned::generate(&["localhost".to_string()], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
+        let tls = RustlsConfig::from_config(made.server_config()?);
+
+        let (leases, cache) = LeaseDirectory::new(client.clone());
+        let cache = tokio::spawn(cache);
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(server::run(leases.clone(), listener, tls, options.exempt.clone(), metrics.clone(), registry, stop.clone().cancelled_owned()));
+        let sync = Duration::from_secs(30);
+        if !leases.wait_ready(sync).await {
+            stop.cancel();
+            cache.abort();
+            return Err(LocalError::CacheNotReady(sync));
+        }
+
+        let mut registration = Registration::new(options.configuration_name, Endpoint::Url(format!("https://{addr}{PATH}")));
+        registration.ca_bundle = Some(made.ca_cert.clone());
+        registration.only_namespaces = options.only_namespaces;
+        registration.extra_object_labels = options.extra_object_labels;
+        if let Err(err) = registration.apply(&client).await {
+            stop.cancel();
+            cache.abort();
+            return Err(LocalError::Register(err));
+        }
+        tracing::info!(%addr, configuration = %registration.name, "webhook serving on loopback and registered by URL");
+        Ok(LocalWebhook { addr, ca_pem: made.ca_cert, registration, metrics, stop, server: Some(server), cache })
+    }
+
+    /// Stops serving but leaves the registration in place: guarded writes then fail closed.
+    pub async fn stop_serving(&mut self) {
+        self.stop.cancel();
+        if let Some(server) = self.server.take() {
+            let _ = server.await;
+        }
+    }
+
+    /// Removes the registration, then stops serving (in that order, so no guarded write meets
+    /// a registered webhook that no longer answers).
+    pub async fn stop(mut self, client: &kube::Client) -> Result<(), kube::Error> {
+        let removed = self.registration.remove(client).await;
+        self.stop_serving().await;
+        self.cache.abort();
+        removed
+    }
+}

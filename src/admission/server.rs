@@ -1,0 +1,252 @@
+//! The webhook's HTTPS server: `/validate` (AdmissionReview v1), `/healthz`, `/readyz`,
+//! `/metrics`. A thin adapter: it reduces a review to [`decision::Request`], reads the lease as
+//! [`decision::lease_read`] asks, and turns the [`Verdict`] into an AdmissionResponse.
+//!
+//! Bad input never panics: a body that is not an AdmissionReview gets a 400; a review whose
+//! objects cannot be read gets a denial (code 400) naming the problem; bodies are bounded.
+
+use std::future::Future;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum_server::tls_rustls::RustlsConfig;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation as KubeOperation};
+use kube::core::{DynamicObject, Status};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::decision::{self, Exemptions, LeaseRead, ObjectFacts, Operation, Reason, Verdict};
+use super::leases::LeaseDirectory;
+use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION};
+
+/// Kubernetes objects are at most 1.5 MiB; an AdmissionReview carries two of them.
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    verdict: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReadLabels {
+    read: &'static str,
+}
+
+/// The webhook's metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    decisions: Family<DecisionLabels, Counter>,
+    lease_reads: Family<ReadLabels, Counter>,
+    latency: Histogram,
+    /// Certificate reloads (files changed, or the shared Secret changed).
+    pub tls_reloads: Counter,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Metrics {
+        let m = Metrics {
+            decisions: Family::default(),
+            lease_reads: Family::default(),
+            latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            tls_reloads: Counter::default(),
+        };
+        let r = registry.sub_registry_with_prefix("kube_fence_webhook");
+        r.register("decisions", "Admission decisions by verdict (allowed, warned, denied) and reason", m.decisions.clone());
+        r.register("lease_reads", "Lease reads by kind (cache, linearizable)", m.lease_reads.clone());
+        r.register("decision_duration_seconds", "Time to judge one AdmissionReview, from body received to response", m.latency.clone());
+        r.register("tls_reloads", "Serving certificate reloads", m.tls_reloads.clone());
+        m
+    }
+}
+
+/// Judges admission reviews.
+pub struct Webhook {
+    pub exempt: Exemptions,
+    pub leases: LeaseDirectory,
+    pub metrics: Metrics,
+}
+
+impl Webhook {
+    /// Reads the lease as the decision asks and judges.
+    pub async fn judge(&self, req: &decision::Request) -> Verdict {
+        let Some(lease) = decision::bound_lease(req) else { return decision::decide(req, &self.exempt, None) };
+        let ns = req.namespace.as_str();
+        let mut read = decision::lease_read(req, &self.exempt, None);
+        let mut lookup = None;
+        if read == LeaseRead::Cache {
+            self.metrics.lease_reads.get_or_create(&ReadLabels { read: "cache" }).inc();
+            let cached = self.leases.cached(ns, lease);
+            read = decision::lease_read(req, &self.exempt, Some(&cached));
+            lookup = Some(cached);
+        }
+        if read == LeaseRead::Linearizable {
+            self.metrics.lease_reads.get_or_create(&ReadLabels { read: "linearizable" }).inc();
+            match self.leases.linearizable(ns, lease).await {
+                Ok(fresh) => lookup = Some(fresh),
+                Err(err) => {
+                    return Verdict::Deny { code: 500, reason: Reason::LeaseReadFailed, message: format!("cannot read lease {ns}/{lease} (failing closed): {err}") };
+                }
+            }
+        }
+        decision::decide(req, &self.exempt, lookup.as_ref())
+    }
+
+    /// Judges one parsed review and builds the response.
+    pub async fn review(&self, request: &AdmissionRequest<DynamicObject>) -> (Verdict, AdmissionResponse) {
+        let facts = request_facts(request);
+        let verdict = self.judge(&facts).await;
+        let mut response = AdmissionResponse::from(request);
+        match &verdict {
+            Verdict::Allow { .. } => {}
+            Verdict::AllowWithWarning { message, .. } => response.warnings = Some(vec![message.clone()]),
+            Verdict::Deny { code, reason, message } => {
+                response.allowed = false;
+                response.result = Status::failure(message, reason.as_str()).with_code(*code);
+            }
+        }
+        (verdict, response)
+    }
+}
+
+/// Reduces a review to the facts the decision needs.
+pub fn request_facts(request: &AdmissionRequest<DynamicObject>) -> decision::Request {
+    let facts = |obj: &DynamicObject| ObjectFacts {
+        lease: obj.metadata.labels.as_ref().and_then(|l| l.get(LEASE_LABEL)).cloned(),
+        token: obj.metadata.annotations.as_ref().and_then(|a| a.get(TOKEN_ANNOTATION)).cloned(),
+    };
+    let delete_precondition = request
+        .options
+        .as_ref()
+        .and_then(|o| o.0.pointer("/preconditions/resourceVersion"))
+        .and_then(|rv| rv.as_str())
+        .is_some_and(|rv| !rv.is_empty());
+    decision::Request {
+        operation: match request.operation {
+            KubeOperation::Create => Operation::Create,
+            KubeOperation::Update => Operation::Update,
+            KubeOperation::Delete => Operation::Delete,
+            KubeOperation::Connect => Operation::Connect,
+        },
+        namespace: request.namespace.clone().unwrap_or_default(),
+        old: request.old_object.as_ref().map(facts),
+        new: request.object.as_ref().map(facts),
+        user: request.user_info.username.clone().unwrap_or_default(),
+        delete_precondition,
+    }
+}
+
+fn record(metrics: &Metrics, verdict: &Verdict, started: Instant) {
+    metrics.decisions.get_or_create(&DecisionLabels { verdict: verdict.kind(), reason: verdict.reason().as_str() }).inc();
+    metrics.latency.observe(started.elapsed().as_secs_f64());
+}
+
+async fn validate(State(webhook): State<Arc<Webhook>>, headers: http::HeaderMap, body: Body) -> Response {
+    let started = Instant::now();
+    // Refuse an oversized body from its declared length, before reading any of it.
+    let declared = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
+        return (StatusCode::PAYLOAD_TOO_LARGE, format!("the body exceeds {MAX_BODY_BYTES} bytes\n")).into_response();
+    }
+    let body: Bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(body) => body,
+        Err(err) => return (StatusCode::PAYLOAD_TOO_LARGE, format!("cannot read the body (at most {MAX_BODY_BYTES} bytes): {err}\n")).into_response(),
+    };
+    let value: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(err) => return (StatusCode::BAD_REQUEST, format!("the body is not JSON: {err}\n")).into_response(),
+    };
+    let Some(uid) = value.pointer("/request/uid").and_then(|u| u.as_str()).map(str::to_string) else {
+        return (StatusCode::BAD_REQUEST, "not an AdmissionReview: request.uid is missing\n").into_response();
+    };
+    let parsed = serde_json::from_value::<AdmissionReview<DynamicObject>>(value)
+        .map_err(|e| e.to_string())
+        .and_then(|review| TryInto::<AdmissionRequest<DynamicObject>>::try_into(review).map_err(|e| e.to_string()));
+    let request = match parsed {
+        Ok(request) => request,
+        Err(err) => {
+            // The API server sent something we cannot read: deny (fail closed) and say why.
+            let verdict = Verdict::Deny { code: 400, reason: Reason::MalformedRequest, message: format!("kube-fence cannot read this AdmissionReview: {err}") };
+            record(&webhook.metrics, &verdict, started);
+            tracing::warn!(uid, error = %err, "malformed AdmissionReview denied");
+            let mut response = AdmissionResponse::invalid(format!("kube-fence cannot read this AdmissionReview: {err}"));
+            response.uid = uid;
+            response.result = response.result.with_code(400);
+            response.result.reason = Reason::MalformedRequest.as_str().into();
+            return axum::Json(response.into_review()).into_response();
+        }
+    };
+    let (verdict, response) = webhook.review(&request).await;
+    record(&webhook.metrics, &verdict, started);
+    let (kind, ns, name) = (request.kind.kind.as_str(), request.namespace.as_deref().unwrap_or(""), request.name.as_str());
+    let user = request.user_info.username.as_deref().unwrap_or("");
+    match &verdict {
+        Verdict::Allow { reason } => tracing::debug!(kind, ns, name, user, op = ?request.operation, %reason, "admitted"),
+        Verdict::AllowWithWarning { reason, message } => tracing::warn!(kind, ns, name, user, op = ?request.operation, %reason, message, "admitted with a warning (enforcement Warn)"),
+        Verdict::Deny { code, reason, message } => tracing::info!(kind, ns, name, user, op = ?request.operation, code, %reason, message, "denied"),
+    }
+    axum::Json(response.into_review()).into_response()
+}
+
+/// The routes.
+pub fn router(webhook: Arc<Webhook>, registry: Arc<Registry>) -> Router {
+    let ready = webhook.clone();
+    Router::new()
+        .route(super::registration::PATH, post(validate))
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.clone();
+                async move {
+                    if ready.leases.is_ready() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "lease cache not synced yet") }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move { ([(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], crate::telemetry::render(&registry)) }
+            }),
+        )
+        .with_state(webhook)
+}
+
+/// Serves `router` over TLS on `listener` until `shutdown` resolves (then drains for up to
+/// ten seconds).
+pub async fn serve(listener: TcpListener, tls: RustlsConfig, router: Router, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let handle = axum_server::Handle::new();
+    let stopper = handle.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        stopper.graceful_shutdown(Some(Duration::from_secs(10)));
+    });
+    axum_server::from_tcp_rustls(listener, tls)?.handle(handle).serve(router.into_make_service()).await
+}
+
+/// Everything one webhook process serves, given its lease directory (whose cache future the
+/// caller runs). Returns when `shutdown` resolves.
+pub async fn run(
+    leases: LeaseDirectory,
+    listener: TcpListener,
+    tls: RustlsConfig,
+    exempt: Exemptions,
+    metrics: Metrics,
+    registry: Arc<Registry>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let webhook = Arc::new(Webhook { exempt, leases, metrics });
+    serve(listener, tls, router(webhook, registry), shutdown).await
+}

@@ -1,0 +1,161 @@
+//! `kube-fence webhook`: the fencing webhook alone (HTTPS only).
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum_server::tls_rustls::RustlsConfig;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::decision::{DEFAULT_EXEMPT, Exemptions};
+use crate::admission::leases::LeaseDirectory;
+use crate::admission::registration::CONFIGURATION_NAME;
+use crate::admission::server::{self, Metrics};
+use crate::admission::tls::{CertFiles, SelfManaged};
+use crate::telemetry::{LogFormat, init_logging};
+
+/// Arguments of `kube-fence webhook` (also used by `kube-fence run`).
+#[derive(Clone, Debug, clap::Args)]
+pub struct WebhookArgs {
+    /// Address the HTTPS server listens on.
+    #[arg(long, default_value = "0.0.0.0:8443", env = "KUBE_FENCE_WEBHOOK_ADDR")]
+    pub addr: SocketAddr,
+
+    /// PEM certificate chain to serve (re-read when it changes: cert-manager, a mounted Secret).
+    #[arg(long, requires = "tls_key_file", conflicts_with = "self_managed_tls")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+
+    /// PEM private key of --tls-cert-file.
+    #[arg(long, requires = "tls_cert_file")]
+    pub tls_key_file: Option<std::path::PathBuf>,
+
+    /// How often the certificate files are checked for change.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub tls_reload_interval: Duration,
+
+    /// Make and keep the CA and serving certificate in a Secret shared by all replicas, and keep
+    /// the webhook configuration's caBundle in step with it.
+    #[arg(long)]
+    pub self_managed_tls: bool,
+
+    /// Namespace kube-fence runs in (holds the self-managed TLS Secret).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-fence")]
+    pub namespace: String,
+
+    /// The webhook Service (its DNS names go into the self-managed serving certificate).
+    #[arg(long, default_value = "kube-fence-webhook")]
+    pub service_name: String,
+
+    /// Secret holding the self-managed CA and serving certificate.
+    #[arg(long, default_value = "kube-fence-webhook-tls")]
+    pub tls_secret: String,
+
+    /// ValidatingWebhookConfiguration whose caBundle self-managed TLS keeps correct.
+    #[arg(long, default_value = CONFIGURATION_NAME)]
+    pub webhook_configuration: String,
+
+    /// Users that may write guarded objects without a token (repeat the flag; replaces the
+    /// defaults: the garbage collector and the namespace controller).
+    #[arg(long = "exempt", value_name = "USER", default_values_t = DEFAULT_EXEMPT.map(String::from))]
+    pub exempt: Vec<String>,
+
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl WebhookArgs {
+    /// HTTPS only: some source of certificates must be given.
+    pub fn check_tls(&self) -> anyhow::Result<()> {
+        if self.tls_cert_file.is_none() && !self.self_managed_tls {
+            anyhow::bail!("the webhook serves HTTPS only: give --tls-cert-file and --tls-key-file, or --self-managed-tls");
+        }
+        Ok(())
+    }
+}
+
+pub async fn run(args: WebhookArgs) -> anyhow::Result<ExitCode> {
+    init_logging(args.log_format);
+    args.check_tls()?;
+    let client = kube::Client::try_default().await.context("connecting to Kubernetes (KUBECONFIG or in-cluster)")?;
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let shutdown = shutdown_on_signal();
+    serve(client, args, metrics, Arc::new(registry), shutdown).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Serves the webhook as `args` say until `shutdown` is cancelled.
+pub async fn serve(client: kube::Client, args: WebhookArgs, metrics: Metrics, registry: Arc<Registry>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let tls = match (&args.tls_cert_file, &args.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            let files = CertFiles { cert: cert.clone(), key: key.clone() };
+            let (tls, loaded) = files.load().await.context("loading the TLS files")?;
+            let watcher = files.watch(tls.clone(), loaded, args.tls_reload_interval, metrics.tls_reloads.clone());
+            spawn_until(watcher, shutdown.clone());
+            tls
+        }
+        _ if args.self_managed_tls => {
+            let managed = SelfManaged {
+                namespace: args.namespace.clone(),
+                secret: args.tls_secret.clone(),
+                dns_names: vec![
+                    format!("{}.{}.svc", args.service_name, args.namespace),
+                    format!("{}.{}.svc.cluster.local", args.service_name, args.namespace),
+                ],
+                webhook_configuration: args.webhook_configuration.clone(),
+            };
+            let pair = managed.ensure_secret(&client).await.context("making or reading the self-managed TLS Secret")?;
+            let tls = RustlsConfig::from_config(pair.server_config()?);
+            spawn_until(managed.maintain(client.clone(), tls.clone(), pair, Duration::from_secs(30), metrics.tls_reloads.clone()), shutdown.clone());
+            tls
+        }
+        _ => anyhow::bail!("the webhook serves HTTPS only: give --tls-cert-file and --tls-key-file, or --self-managed-tls"),
+    };
+    let (leases, cache) = LeaseDirectory::new(client);
+    spawn_until(cache, shutdown.clone());
+    let listener = std::net::TcpListener::bind(args.addr).with_context(|| format!("binding {}", args.addr))?;
+    tracing::info!(addr = %args.addr, exempt = ?args.exempt, "fencing webhook serving");
+    server::run(leases, listener, tls, Exemptions::new(args.exempt), metrics, registry, shutdown.cancelled_owned()).await.context("serving the webhook")?;
+    Ok(())
+}
+
+/// Runs `task` until it ends or `shutdown` is cancelled.
+pub(crate) fn spawn_until(task: impl std::future::Future<Output = ()> + Send + 'static, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = task => {}
+            _ = shutdown.cancelled() => {}
+        }
+    });
+}
+
+/// A token cancelled on Ctrl-C or SIGTERM.
+pub(crate) fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    cancel.cancel();
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down");
+        cancel.cancel();
+    });
+    token
+}
