@@ -2,4 +2,5 @@
 //! applies it to the cluster ([`controller`], thin glue: read, decide, compare-and-swap).
 
 pub mod controller;
+pub mod leader;
 pub mod state;
