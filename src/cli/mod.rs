@@ -4,7 +4,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod controller;
 mod crd;
+pub mod lease;
 
 /// Fencing tokens for Kubernetes: leases that grant strictly increasing tokens, and a validating
 /// webhook that rejects every write carrying a stale one.
@@ -19,11 +21,17 @@ pub struct Cli {
 pub enum Command {
     /// Print the CustomResourceDefinitions generated from kube-fence's Rust types (what crds/ holds).
     Crd(crd::CrdArgs),
+    /// Run the Lease controller: grants tokens, records renewals, expires and releases leases.
+    Controller(controller::ControllerArgs),
+    /// Acquire, renew, release or show a lease (acquire prints the fencing token).
+    Lease(lease::LeaseArgs),
 }
 
 /// Runs one parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Crd(args) => crd::run(args),
+        Command::Controller(args) => controller::run(args).await,
+        Command::Lease(args) => lease::run(args).await,
     }
 }

@@ -87,6 +87,8 @@ pub enum Loss {
     /// No heartbeat was confirmed within the lease duration (API server unreachable, or
     /// heartbeats too slow): the lease may have expired, so stop acting on it.
     Unconfirmed,
+    /// Someone else holds the lease (never this holder's grant to begin with).
+    HeldBy(String),
 }
 
 impl fmt::Display for Loss {
@@ -97,6 +99,7 @@ impl fmt::Display for Loss {
             Loss::Superseded { token } => write!(f, "a newer grant with token {token} exists"),
             Loss::Deleted => write!(f, "the Lease was deleted"),
             Loss::Unconfirmed => write!(f, "no heartbeat was confirmed within the lease duration"),
+            Loss::HeldBy(holder) => write!(f, "it is held by {holder}"),
         }
     }
 }
@@ -164,6 +167,21 @@ impl Leases {
     /// The Lease named `name`.
     pub async fn get(&self, name: &str) -> Result<Lease, Error> {
         self.api.get_opt(name).await?.ok_or_else(|| Error::LeaseNotFound { lease: self.qualified(name) })
+    }
+
+    /// The grant `holder` holds on `name` right now, for a process that did not acquire it itself
+    /// (the CLI's `renew`). Its `valid_until` is now: renew it to confirm it.
+    pub async fn current_grant(&self, name: &str, holder: &str) -> Result<Grant, Error> {
+        let lease = self.get(name).await?;
+        match held(lease.status.as_ref()) {
+            Some((h, token)) if h == holder && lease.spec.holder.as_deref() == Some(holder) => {
+                Ok(self.grant_of(&lease, holder, token, Instant::now()))
+            }
+            Some((other, _)) if other != holder => {
+                Err(Error::NotHeld { lease: self.qualified(name), holder: holder.to_string(), loss: Loss::HeldBy(other.to_string()) })
+            }
+            _ => Err(Error::NotHeld { lease: self.qualified(name), holder: holder.to_string(), loss: Loss::Released }),
+        }
     }
 
     /// Acquires `name` for `holder`, creating the Lease when none exists, and waits — up to the
