@@ -96,10 +96,10 @@ impl History {
         let mut last: HashMap<String, Token> = HashMap::new();
         let mut grants = vec![];
         for s in self.snapshot() {
-            if let (Phase::Held, Some(holder), Some(token)) = (s.phase, s.holder.clone(), s.token) {
-                if last.get(&s.lease) != Some(&token) {
-                    grants.push((s.lease.clone(), holder, token));
-                }
+            if let (Phase::Held, Some(holder), Some(token)) = (s.phase, s.holder.clone(), s.token)
+                && last.get(&s.lease) != Some(&token)
+            {
+                grants.push((s.lease.clone(), holder, token));
             }
             if let Some(token) = s.token {
                 last.insert(s.lease.clone(), token);
@@ -281,13 +281,13 @@ async fn controller_restarts_and_two_replicas_never_regress_a_token() {
             }
             a = start_controller(&chaos_client, &chaos_ns, &format!("replica-a{round}"));
         }
-        a
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        a.abort();
     });
     let got = contend(&client, &ns, "shared", 6, 80).await;
-    let a = chaos.await.expect("chaos task");
+    chaos.await.expect("chaos task");
 
     // And a moment with no controller at all, then a new one: nothing goes back.
-    a.abort();
     b.abort();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let c = start_controller(&client, &ns, "replica-c");

@@ -131,10 +131,10 @@ pub async fn run(args: LeaseArgs) -> anyhow::Result<ExitCode> {
         LeaseCommand::Get { target, holder, output } => {
             let lease = leases_in(&target).get(&target.name).await?;
             let status = lease.status.clone().unwrap_or_default();
-            if let Some(holder) = &holder {
-                if crate::lease::state::held(lease.status.as_ref()).map(|(h, _)| h) != Some(holder.as_str()) {
-                    anyhow::bail!("lease {} is not held by {holder}", target.name);
-                }
+            if let Some(holder) = &holder
+                && crate::lease::state::held(lease.status.as_ref()).map(|(h, _)| h) != Some(holder.as_str())
+            {
+                anyhow::bail!("lease {} is not held by {holder}", target.name);
             }
             match output {
                 Output::Token => match status.token {

@@ -36,15 +36,15 @@ pub fn parse_stale_token(message: &str) -> Option<(Token, Token)> {
 /// to [`Error::StaleToken`], the API server's own 409 (a failed precondition) to
 /// [`Error::Conflict`].
 fn classify(err: kube::Error) -> Error {
-    if let kube::Error::Api(status) = &err {
-        if status.code == 409 {
-            if status.reason == "StaleToken" || status.message.contains("presented token ") {
-                if let Some((presented, recorded)) = parse_stale_token(&status.message) {
-                    return Error::StaleToken { presented, recorded };
-                }
-            }
-            return Error::Conflict(status.message.clone());
+    if let kube::Error::Api(status) = &err
+        && status.code == 409
+    {
+        if (status.reason == "StaleToken" || status.message.contains("presented token "))
+            && let Some((presented, recorded)) = parse_stale_token(&status.message)
+        {
+            return Error::StaleToken { presented, recorded };
         }
+        return Error::Conflict(status.message.clone());
     }
     Error::Kube(err)
 }
@@ -141,10 +141,10 @@ impl Grant {
         let meta = obj.meta();
         let name = meta.name.clone().ok_or(Error::Missing("name"))?;
         let resource_version = meta.resource_version.clone().ok_or(Error::Missing("resourceVersion"))?;
-        if let Some(recorded) = obj.annotations().get(TOKEN_ANNOTATION).and_then(|t| t.parse::<Token>().ok()) {
-            if recorded > self.token {
-                return Err(Error::StaleToken { presented: self.token, recorded });
-            }
+        if let Some(recorded) = obj.annotations().get(TOKEN_ANNOTATION).and_then(|t| t.parse::<Token>().ok())
+            && recorded > self.token
+        {
+            return Err(Error::StaleToken { presented: self.token, recorded });
         }
         let params = DeleteParams {
             preconditions: Some(Preconditions { resource_version: Some(resource_version), uid: meta.uid.clone() }),

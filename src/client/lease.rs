@@ -297,10 +297,10 @@ impl Leases {
             if lease.spec.holder.as_deref() != Some(grant.holder.as_str()) {
                 return Ok(());
             }
-            if let Some(Loss::Superseded { token }) = loss(Some(&lease), grant) {
-                if held(lease.status.as_ref()).is_some_and(|(h, _)| h == grant.holder) {
-                    return Err(self.not_held(grant, Loss::Superseded { token }));
-                }
+            if let Some(Loss::Superseded { token }) = loss(Some(&lease), grant)
+                && held(lease.status.as_ref()).is_some_and(|(h, _)| h == grant.holder)
+            {
+                return Err(self.not_held(grant, Loss::Superseded { token }));
             }
             lease.spec.holder = None;
             lease.metadata.managed_fields = None;
