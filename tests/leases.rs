@@ -540,3 +540,75 @@ async fn cli_lease_acquire_prints_the_token() {
     assert!(text(&out.stderr).contains("held by sh-2"), "{}", text(&out.stderr));
     controller.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_timed_out_or_cancelled_acquire_withdraws_its_claim() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "withdraw").await;
+    // No controller: the claim stays pending, so acquire must give up.
+    let leases = Leases::new(client.clone(), &ns);
+    let err = leases.acquire("pending", "w", options(2, 1)).await.expect_err("no controller, no grant");
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    let lease = leases.get("pending").await.expect("acquire created the lease");
+    assert_eq!(lease.spec.holder, None, "the timed-out claim was withdrawn");
+
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let trigger = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        trigger.cancel();
+    });
+    let err = leases.acquire("pending", "w", AcquireOptions::default().cancel(cancel)).await.expect_err("cancelled");
+    assert!(matches!(err, Error::Cancelled { .. }), "{err}");
+    assert_eq!(leases.get("pending").await.expect("lease").spec.holder, None, "the cancelled claim was withdrawn");
+
+    // With a controller, the lease is free to grant at once.
+    let controller = start_controller(&client, &ns, "solo");
+    let grant = leases.acquire("pending", "w2", options(2, 20)).await.expect("grant");
+    assert_eq!(grant.holder, "w2");
+    controller.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fenced_writes_stamp_the_token_and_delete_only_the_version_read() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams};
+    use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION};
+
+    let client = common::client().await;
+    let ns = common::namespace(&client, "fenced").await;
+    let controller = start_controller(&client, &ns, "solo");
+    let leases = Leases::new(client.clone(), &ns);
+    let grant = leases.acquire("writer", "w", options(5, 20)).await.expect("grant");
+    let token = grant.token.to_string();
+
+    // Typed create and patch.
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let cm = ConfigMap { metadata: ObjectMeta { name: Some("out".into()), ..Default::default() }, ..Default::default() };
+    let created = grant.create(&configmaps, &cm).await.expect("create");
+    assert_eq!(created.labels().get(LEASE_LABEL).map(String::as_str), Some("writer"));
+    assert_eq!(created.annotations().get(TOKEN_ANNOTATION), Some(&token));
+    let patched = grant
+        .patch(&configmaps, "out", &PatchParams::default(), Patch::Merge(serde_json::json!({"data": {"k": "v"}})))
+        .await
+        .expect("patch");
+    assert_eq!(patched.annotations().get(TOKEN_ANNOTATION), Some(&token));
+
+    // Dynamic replace.
+    let resource = ApiResource::erase::<ConfigMap>(&());
+    let dynamic: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
+    let mut obj = dynamic.get("out").await.expect("get");
+    obj.metadata.annotations.get_or_insert_with(Default::default).remove(TOKEN_ANNOTATION);
+    let replaced = grant.replace(&dynamic, &obj).await.expect("replace");
+    assert_eq!(replaced.annotations().get(TOKEN_ANNOTATION), Some(&token));
+
+    // Delete carries a resourceVersion precondition: a stale read cannot delete a newer version.
+    let stale = dynamic.get("out").await.expect("get");
+    grant.patch(&configmaps, "out", &PatchParams::default(), Patch::Merge(serde_json::json!({"data": {"k": "w"}}))).await.expect("patch");
+    let err = grant.delete(&dynamic, &stale).await.expect_err("the version read is gone");
+    assert!(matches!(err, Error::Conflict(_)), "{err}");
+    let fresh = dynamic.get("out").await.expect("get");
+    grant.delete(&dynamic, &fresh).await.expect("delete the version read");
+    assert!(configmaps.get_opt("out").await.expect("get").is_none());
+    controller.abort();
+}
