@@ -192,6 +192,10 @@ impl Leases {
     /// unchanged: give every incarnation of a worker its own identity (e.g. pod name plus a
     /// start time) so a restarted worker gets a fresh token.
     ///
+    /// Cancel with [`AcquireOptions::cancel`] rather than by dropping the future: a dropped
+    /// acquire cannot withdraw a pending claim, which is then granted to nobody listening and
+    /// blocks others until it expires.
+    ///
     /// ```no_run
     /// # async fn example(leases: kube_fence::client::Leases) -> Result<(), kube_fence::client::Error> {
     /// use std::time::Duration;
