@@ -18,7 +18,13 @@ pub enum LogFormat {
 
 /// Installs the global tracing subscriber. `RUST_LOG` overrides the default `info` filter.
 pub fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube=warn,tower=warn,hyper=warn"));
+    // Targets match by prefix, so `kube=warn` alone would also silence `kube_fence`: name it. An
+    // empty RUST_LOG counts as unset.
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .unwrap_or_else(|| EnvFilter::new("info,kube=warn,tower=warn,hyper=warn,kube_fence=info"));
     let registry = tracing_subscriber::registry().with(filter);
     // try_init: a second call (tests, `run` starting two components) keeps the first subscriber.
     let _ = match format {

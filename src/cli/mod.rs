@@ -4,9 +4,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod controller;
 mod crd;
 pub mod run;
 pub mod webhook;
+pub mod lease;
 
 /// Fencing tokens for Kubernetes: leases that grant strictly increasing tokens, and a validating
 /// webhook that rejects every write carrying a stale one.
@@ -26,6 +28,10 @@ pub enum Command {
     /// Run the lease controller and the fencing webhook in one process (--local: on this
     /// machine, registered by URL on the cluster in KUBECONFIG).
     Run(run::RunArgs),
+    /// Run the Lease controller: grants tokens, records renewals, expires and releases leases.
+    Controller(controller::ControllerArgs),
+    /// Acquire, renew, release or show a lease (acquire prints the fencing token).
+    Lease(lease::LeaseArgs),
 }
 
 /// Runs one parsed command line.
@@ -34,5 +40,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Crd(args) => crd::run(args),
         Command::Webhook(args) => webhook::run(args).await,
         Command::Run(args) => run::run(args).await,
+        Command::Controller(args) => controller::run(args).await,
+        Command::Lease(args) => lease::run(args).await,
     }
 }

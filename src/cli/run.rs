@@ -52,29 +52,20 @@ pub struct RunArgs {
 #[derive(Clone, Debug)]
 pub struct ControllerSettings {
     pub namespace: Option<String>,
+    /// kube-fence's own namespace (leader election).
+    pub own_namespace: String,
     pub identity: String,
     pub leader_election: bool,
 }
 
-// ---------------------------------------------------------------------------------------------
-// MERGE SEAM — the lease controller lives in src/lease/ (written in another worktree). At merge,
-// replace the body of `lease_controller` with:
-//
-//     let options = crate::lease::controller::ControllerOptions {
-//         namespace: settings.namespace, identity: settings.identity,
-//         leader_election: settings.leader_election, ..Default::default()
-//     };
-//     Box::pin(crate::lease::controller::run(client, options, registry, shutdown.cancelled_owned()))
-//
-// (adjusting error types to anyhow). Everything else in this file already runs it.
-// ---------------------------------------------------------------------------------------------
+/// The lease controller, as `run` starts it: its leader-election Lease lives in kube-fence's own
+/// namespace (where the chart's Role allows it), whatever namespaces it watches.
 fn lease_controller(client: kube::Client, settings: ControllerSettings, registry: &mut Registry, shutdown: CancellationToken) -> BoxFuture<'static, anyhow::Result<()>> {
-    let _ = (client, settings, registry);
-    Box::pin(async move {
-        tracing::error!("the lease controller is not wired into this build (merge seam in src/cli/run.rs); only the webhook runs");
-        shutdown.cancelled().await;
-        Ok(())
-    })
+    let mut options = crate::lease::controller::ControllerOptions::new(settings.identity).leader_election(settings.leader_election);
+    options.namespace = settings.namespace;
+    options.leader_election_namespace = Some(settings.own_namespace);
+    let controller = crate::lease::controller::run(client, options, registry, shutdown.cancelled_owned());
+    Box::pin(async move { controller.await.map_err(anyhow::Error::from) })
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -87,6 +78,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut registry = Registry::default();
     let settings = ControllerSettings {
         namespace: args.watch_namespace.clone(),
+        own_namespace: args.webhook.namespace.clone(),
         identity: args.identity.clone().unwrap_or_else(|| format!("kube-fence-{}", std::process::id())),
         leader_election: args.leader_election,
     };

@@ -1,1 +1,100 @@
-//! (being written)
+//! The library workers use: acquire a lease, keep it alive, release it, and write guarded
+//! objects with the grant's fencing token.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), kube_fence::client::Error> {
+//! use std::time::Duration;
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::api::Api;
+//! use kube_fence::client::{AcquireOptions, Error, Leases};
+//!
+//! let client = kube::Client::try_default().await?;
+//! let leases = Leases::new(client.clone(), "jobs");
+//! // Waits while another worker holds `report-writer`, up to 30 s.
+//! let grant = leases
+//!     .acquire("report-writer", "worker-7", AcquireOptions::default().duration(Duration::from_secs(15)).timeout(Duration::from_secs(30)))
+//!     .await?;
+//! let mut keep_alive = leases.keep_alive(&grant);
+//!
+//! let configmaps: Api<ConfigMap> = Api::namespaced(client, "jobs");
+//! let mut report = configmaps.get("report").await?;
+//! report.data.get_or_insert_with(Default::default).insert("total".into(), "42".into());
+//! tokio::select! {
+//!     // The write carries the token; a newer holder's write makes it fail with StaleToken.
+//!     written = grant.replace(&configmaps, &report) => match written {
+//!         Ok(_) => {}
+//!         Err(Error::StaleToken { presented, recorded }) => {
+//!             eprintln!("a newer holder (token {recorded}) wrote after us (token {presented}); rereading");
+//!         }
+//!         Err(other) => return Err(other),
+//!     },
+//!     loss = keep_alive.lost() => eprintln!("lost the lease: {loss}"),
+//! }
+//! leases.release(&grant).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Safety never rests on the keep-alive or on clocks: a write is accepted only if its token is
+//! newer than the one the object records, and that is judged by the API server in the same
+//! compare-and-swap as the write. The keep-alive exists so a worker *stops trying* promptly.
+
+mod fenced;
+mod lease;
+
+pub use fenced::{parse_stale_token, stamp};
+pub use lease::{AcquireOptions, Grant, Holding, KeepAlive, KeepAliveOptions, Leases, Loss, Step, loss, next_step};
+
+use std::time::Duration;
+
+use crate::token::Token;
+
+/// What can go wrong for a worker. [`Error::StaleToken`] is normal recovery, not a failure of
+/// the system: a newer holder wrote first, so reread the state.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The fencing webhook rejected the write: the object already records a token at least as
+    /// new as the one presented.
+    #[error("stale fencing token: presented token {presented}, recorded token {recorded}")]
+    StaleToken { presented: Token, recorded: Token },
+    /// The object changed since it was read (resourceVersion precondition failed).
+    #[error("the object changed since it was read: {0}")]
+    Conflict(String),
+    /// The lease was not granted within the timeout.
+    #[error("timed out after {waited:?} waiting for lease {lease}{}", held_by.as_ref().map(|h| format!(" (held by {h})")).unwrap_or_default())]
+    Timeout { lease: String, waited: Duration, held_by: Option<String> },
+    /// The wait was cancelled.
+    #[error("cancelled while waiting for lease {lease}")]
+    Cancelled { lease: String },
+    /// No Lease of that name exists.
+    #[error("lease {lease} not found")]
+    LeaseNotFound { lease: String },
+    /// The lease is not held by this holder with this grant's token.
+    #[error("lease {lease} is not held by {holder}: {loss}")]
+    NotHeld { lease: String, holder: String, loss: Loss },
+    /// Only merge, strategic-merge and apply patches can be stamped with a token.
+    #[error("cannot stamp a token into this patch: {0}")]
+    UnsupportedPatch(&'static str),
+    /// The object lacks something a fenced write needs (a name, a resourceVersion).
+    #[error("the object has no {0}")]
+    Missing(&'static str),
+    /// Any other API error.
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+impl Error {
+    /// Stable short name of the variant, for logs and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::StaleToken { .. } => "StaleToken",
+            Error::Conflict(_) => "Conflict",
+            Error::Timeout { .. } => "Timeout",
+            Error::Cancelled { .. } => "Cancelled",
+            Error::LeaseNotFound { .. } => "LeaseNotFound",
+            Error::NotHeld { .. } => "NotHeld",
+            Error::UnsupportedPatch(_) => "UnsupportedPatch",
+            Error::Missing(_) => "Missing",
+            Error::Kube(_) => "Kube",
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! `kube-fence lease acquire|renew|release|get`: the lease client for shell scripts.
+//!
+//! `acquire` prints the token alone on stdout, so a script can do
+//! `token=$(kube-fence lease acquire job --holder "$HOSTNAME" --wait 30s)`. Diagnostics go to
+//! stderr; a failure exits non-zero.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kube::ResourceExt;
+
+use crate::client::{AcquireOptions, Leases};
+
+/// Arguments of `kube-fence lease`.
+#[derive(Debug, clap::Args)]
+pub struct LeaseArgs {
+    #[command(subcommand)]
+    pub command: LeaseCommand,
+}
+
+/// Options every lease subcommand takes.
+#[derive(Debug, clap::Args)]
+pub struct Target {
+    /// Name of the Lease (kubefence.io/v1alpha1).
+    pub name: String,
+    /// Namespace of the Lease (default: the kubeconfig context's namespace).
+    #[arg(short = 'n', long, env = "KUBE_FENCE_NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum LeaseCommand {
+    /// Acquire the lease (creating it when missing) and print the fencing token. Waits up to
+    /// --wait while another holder has it. Nothing renews it afterwards: call `renew` within the
+    /// duration, or it expires.
+    Acquire {
+        #[command(flatten)]
+        target: Target,
+        /// Identity of the holder (unique per worker incarnation).
+        #[arg(long)]
+        holder: String,
+        /// Lease duration (whole seconds, 1s..24h), e.g. 15s, 2m.
+        #[arg(long, value_parser = parse_lease_duration)]
+        duration: Option<Duration>,
+        /// How long to wait for the grant (while another holder has it, too), e.g. 30s.
+        #[arg(long, default_value = "30s", value_parser = parse_wait)]
+        wait: Duration,
+    },
+    /// Send one heartbeat for the holder's grant and print its (unchanged) token.
+    Renew {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        holder: String,
+    },
+    /// Release the holder's grant. The token stays recorded; the next grant is greater.
+    Release {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        holder: String,
+    },
+    /// Show the lease: holder, token, phase, expiry.
+    Get {
+        #[command(flatten)]
+        target: Target,
+        /// Succeed only if this holder holds the lease.
+        #[arg(long)]
+        holder: Option<String>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// One line per field group, like `kubectl get`.
+    Table,
+    /// The newest token alone.
+    Token,
+    Yaml,
+    Json,
+}
+
+/// A lease duration: whole seconds from 1 s to 24 h (what `spec.leaseDurationSeconds` holds).
+fn parse_lease_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration ({e}); write e.g. 15s or 2m"))?;
+    if d.subsec_nanos() != 0 || d.as_secs() == 0 || d.as_secs() > 86_400 {
+        return Err(format!("{s:?}: a lease duration is whole seconds from 1s to 24h"));
+    }
+    Ok(d)
+}
+
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration ({e}); write e.g. 30s or 2m"))
+}
+
+pub async fn run(args: LeaseArgs) -> anyhow::Result<ExitCode> {
+    let client = kube::Client::try_default().await.context("connecting to the cluster in KUBECONFIG")?;
+    let leases_in = |target: &Target| {
+        let ns = target.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
+        Leases::new(client.clone(), &ns)
+    };
+    let mut out = std::io::stdout().lock();
+    match args.command {
+        LeaseCommand::Acquire { target, holder, duration, wait } => {
+            let mut options = AcquireOptions::default().timeout(wait);
+            options.duration = duration;
+            let grant = leases_in(&target).acquire(&target.name, &holder, options).await?;
+            writeln!(out, "{}", grant.token)?;
+        }
+        LeaseCommand::Renew { target, holder } => {
+            let leases = leases_in(&target);
+            let grant = leases.current_grant(&target.name, &holder).await?;
+            let grant = leases.renew(&grant).await?;
+            writeln!(out, "{}", grant.token)?;
+        }
+        LeaseCommand::Release { target, holder } => {
+            let leases = leases_in(&target);
+            match leases.current_grant(&target.name, &holder).await {
+                Ok(grant) => leases.release(&grant).await?,
+                Err(crate::client::Error::NotHeld { loss, .. }) => {
+                    anyhow::bail!("lease {} is not held by {holder}: {loss}", target.name)
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+        LeaseCommand::Get { target, holder, output } => {
+            let lease = leases_in(&target).get(&target.name).await?;
+            let status = lease.status.clone().unwrap_or_default();
+            if let Some(holder) = &holder
+                && crate::lease::state::held(lease.status.as_ref()).map(|(h, _)| h) != Some(holder.as_str())
+            {
+                anyhow::bail!("lease {} is not held by {holder}", target.name);
+            }
+            match output {
+                Output::Token => match status.token {
+                    Some(token) => writeln!(out, "{token}")?,
+                    None => anyhow::bail!("lease {} has issued no token yet", target.name),
+                },
+                Output::Yaml => out.write_all(serde_yaml::to_string(&lease)?.as_bytes())?,
+                Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&lease)?)?,
+                Output::Table => {
+                    let or_none = |s: Option<String>| s.unwrap_or_else(|| "<none>".to_string());
+                    writeln!(out, "NAME\tHOLDER\tTOKEN\tPHASE\tEXPIRES")?;
+                    writeln!(
+                        out,
+                        "{}\t{}\t{}\t{:?}\t{}",
+                        lease.name_any(),
+                        or_none(status.holder.clone()),
+                        or_none(status.token.map(|t| t.to_string())),
+                        status.phase,
+                        or_none(status.expire_time.map(|t| t.0.to_string())),
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case("15s", Ok(15))]
+    #[case("2m", Ok(120))]
+    #[case("24h", Ok(86_400))]
+    #[case("0s", Err("whole seconds from 1s to 24h"))]
+    #[case("1500ms", Err("whole seconds"))]
+    #[case("25h", Err("1s to 24h"))]
+    #[case("15", Err("not a duration"))]
+    #[case("soon", Err("not a duration"))]
+    fn lease_durations(#[case] input: &str, #[case] expected: Result<u64, &str>) {
+        match (parse_lease_duration(input), expected) {
+            (Ok(d), Ok(secs)) => assert_eq!(d.as_secs(), secs),
+            (Err(e), Err(why)) => assert!(e.contains(why), "{e}"),
+            (got, want) => panic!("{input}: got {got:?}, want {want:?}"),
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! Fenced writes: create / replace / patch / delete any resource with the grant's token.
+//!
+//! Each helper stamps the object with the `kubefence.io/lease: <lease>` label and the
+//! `kubefence.io/token: <token>` annotation and maps the fencing webhook's rejection to
+//! [`Error::StaleToken`]. They are generic over every [`kube::Resource`], `DynamicObject`
+//! included.
+
+use std::fmt::Debug;
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{Error, Grant};
+use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token};
+
+/// Stamps `obj` with the grant's lease label and token annotation.
+pub fn stamp<K: Resource>(grant: &Grant, obj: &mut K) {
+    obj.labels_mut().insert(LEASE_LABEL.to_string(), grant.lease.clone());
+    obj.annotations_mut().insert(TOKEN_ANNOTATION.to_string(), grant.token.to_string());
+}
+
+/// Reads `presented token <t>` and `recorded token <r>` from a fencing rejection's message
+/// (`admission webhook "fence.kubefence.io" denied the request: ...`).
+pub fn parse_stale_token(message: &str) -> Option<(Token, Token)> {
+    fn number_after(message: &str, marker: &str) -> Option<Token> {
+        let rest = &message[message.find(marker)? + marker.len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    }
+    Some((number_after(message, "presented token ")?, number_after(message, "recorded token ")?))
+}
+
+/// Maps an API error of a fenced write to the library's error: the webhook's 409 `StaleToken`
+/// to [`Error::StaleToken`], the API server's own 409 (a failed precondition) to
+/// [`Error::Conflict`].
+fn classify(err: kube::Error) -> Error {
+    if let kube::Error::Api(status) = &err
+        && status.code == 409
+    {
+        if (status.reason == "StaleToken" || status.message.contains("presented token "))
+            && let Some((presented, recorded)) = parse_stale_token(&status.message)
+        {
+            return Error::StaleToken { presented, recorded };
+        }
+        return Error::Conflict(status.message.clone());
+    }
+    Error::Kube(err)
+}
+
+impl Grant {
+    /// Creates `obj` stamped with this grant's token. The webhook admits it only while this is
+    /// the lease's newest token.
+    ///
+    /// ```no_run
+    /// # async fn example(grant: kube_fence::client::Grant, client: kube::Client) -> Result<(), kube_fence::client::Error> {
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &grant.namespace);
+    /// let mut cm = ConfigMap::default();
+    /// cm.metadata.name = Some("result".into());
+    /// grant.create(&api, &cm).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn create<K>(&self, api: &Api<K>, obj: &K) -> Result<K, Error>
+    where
+        K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    {
+        let mut obj = obj.clone();
+        stamp(self, &mut obj);
+        api.create(&PostParams::default(), &obj).await.map_err(classify)
+    }
+
+    /// Replaces `obj` (as read, with its resourceVersion) stamped with this grant's token.
+    ///
+    /// ```no_run
+    /// # async fn example(grant: kube_fence::client::Grant, client: kube::Client) -> Result<(), kube_fence::client::Error> {
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_fence::client::Error;
+    /// let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &grant.namespace);
+    /// let mut cm = api.get("result").await?;
+    /// cm.data.get_or_insert_with(Default::default).insert("k".into(), "v".into());
+    /// match grant.replace(&api, &cm).await {
+    ///     Err(Error::StaleToken { recorded, .. }) => println!("superseded by token {recorded}"),
+    ///     other => { other?; }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn replace<K>(&self, api: &Api<K>, obj: &K) -> Result<K, Error>
+    where
+        K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    {
+        let mut obj = obj.clone();
+        stamp(self, &mut obj);
+        let name = obj.meta().name.clone().ok_or(Error::Missing("name"))?;
+        api.replace(&name, &PostParams::default(), &obj).await.map_err(classify)
+    }
+
+    /// Patches `name` with a merge, strategic-merge or apply patch, into whose `metadata` the
+    /// token annotation and lease label are merged.
+    ///
+    /// ```no_run
+    /// # async fn example(grant: kube_fence::client::Grant, client: kube::Client) -> Result<(), kube_fence::client::Error> {
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::api::{Patch, PatchParams};
+    /// let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &grant.namespace);
+    /// let patch = serde_json::json!({"data": {"phase": "done"}});
+    /// grant.patch(&api, "result", &PatchParams::default(), Patch::Merge(patch)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn patch<K>(&self, api: &Api<K>, name: &str, params: &PatchParams, patch: Patch<serde_json::Value>) -> Result<K, Error>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug,
+    {
+        #[allow(unreachable_patterns)]
+        let patch = match patch {
+            Patch::Merge(v) => Patch::Merge(self.stamp_patch(v)?),
+            Patch::Strategic(v) => Patch::Strategic(self.stamp_patch(v)?),
+            Patch::Apply(v) => Patch::Apply(self.stamp_patch(v)?),
+            _ => return Err(Error::UnsupportedPatch("JSON patches cannot be stamped; use a merge or apply patch")),
+        };
+        api.patch(name, params, &patch).await.map_err(classify)
+    }
+
+    /// Deletes `obj` with a resourceVersion (and uid) precondition, so it deletes exactly the
+    /// version read — a newer holder's write in between makes it fail with [`Error::Conflict`].
+    /// Refused locally with [`Error::StaleToken`] if `obj` already records a newer token.
+    ///
+    /// ```no_run
+    /// # async fn example(grant: kube_fence::client::Grant, client: kube::Client) -> Result<(), kube_fence::client::Error> {
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &grant.namespace);
+    /// let cm = api.get("result").await?;
+    /// grant.delete(&api, &cm).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn delete<K>(&self, api: &Api<K>, obj: &K) -> Result<(), Error>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug,
+    {
+        let meta = obj.meta();
+        let name = meta.name.clone().ok_or(Error::Missing("name"))?;
+        let resource_version = meta.resource_version.clone().ok_or(Error::Missing("resourceVersion"))?;
+        if let Some(recorded) = obj.annotations().get(TOKEN_ANNOTATION).and_then(|t| t.parse::<Token>().ok())
+            && recorded > self.token
+        {
+            return Err(Error::StaleToken { presented: self.token, recorded });
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions { resource_version: Some(resource_version), uid: meta.uid.clone() }),
+            ..DeleteParams::default()
+        };
+        api.delete(&name, &params).await.map(|_| ()).map_err(classify)
+    }
+
+    fn stamp_patch(&self, mut patch: serde_json::Value) -> Result<serde_json::Value, Error> {
+        let root = patch.as_object_mut().ok_or(Error::UnsupportedPatch("the patch is not a JSON object"))?;
+        let metadata = root.entry("metadata").or_insert_with(|| serde_json::json!({}));
+        let metadata = metadata.as_object_mut().ok_or(Error::UnsupportedPatch("metadata is not an object"))?;
+        for (field, key, value) in [("labels", LEASE_LABEL, self.lease.clone()), ("annotations", TOKEN_ANNOTATION, self.token.to_string())] {
+            let map = metadata.entry(field).or_insert_with(|| serde_json::json!({}));
+            let map = map.as_object_mut().ok_or(Error::UnsupportedPatch("metadata labels/annotations are not an object"))?;
+            map.insert(key.to_string(), serde_json::Value::String(value));
+        }
+        Ok(patch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    fn t(n: u64) -> Token {
+        Token::new(n).unwrap_or(Token::MAX)
+    }
+
+    #[rstest]
+    #[case::webhook_message(
+        r#"admission webhook "fence.kubefence.io" denied the request: stale write to lease ns/l: presented token 41 is not greater than recorded token 57"#,
+        Some((t(41), t(57)))
+    )]
+    #[case::other_order("recorded token 9, presented token 3", Some((t(3), t(9))))]
+    #[case::missing_recorded("presented token 3", None)]
+    #[case::not_numbers("presented token x, recorded token y", None)]
+    #[case::overflow("presented token 99999999999999999999, recorded token 1", None)]
+    fn stale_token_messages(#[case] message: &str, #[case] expected: Option<(Token, Token)>) {
+        assert_eq!(parse_stale_token(message), expected);
+    }
+
+    fn status(code: u16, reason: &str, message: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status { code, reason: reason.into(), message: message.into(), ..Default::default() }))
+    }
+
+    #[test]
+    fn a_webhook_rejection_is_a_typed_stale_token() {
+        let err = classify(status(409, "StaleToken", "admission webhook \"fence.kubefence.io\" denied the request: presented token 4, recorded token 5"));
+        assert!(matches!(err, Error::StaleToken { presented, recorded } if presented == t(4) && recorded == t(5)), "{err:?}");
+    }
+
+    #[test]
+    fn a_failed_precondition_is_a_conflict_and_others_stay_api_errors() {
+        assert!(matches!(classify(status(409, "Conflict", "the object has been modified")), Error::Conflict(_)));
+        assert!(matches!(classify(status(403, "TokenMissing", "no token")), Error::Kube(_)));
+    }
+
+    #[test]
+    fn patches_are_stamped_into_metadata() {
+        let grant = Grant {
+            namespace: "ns".into(),
+            lease: "l".into(),
+            holder: "h".into(),
+            token: t(77),
+            duration: std::time::Duration::from_secs(1),
+            valid_until: tokio::time::Instant::now(),
+            uid: None,
+        };
+        let stamped = grant.stamp_patch(serde_json::json!({"metadata": {"labels": {"a": "b"}}, "data": {"x": "1"}})).unwrap_or_default();
+        assert_eq!(stamped["metadata"]["labels"]["a"], "b");
+        assert_eq!(stamped["metadata"]["labels"][LEASE_LABEL], "l");
+        assert_eq!(stamped["metadata"]["annotations"][TOKEN_ANNOTATION], "77");
+        assert!(grant.stamp_patch(serde_json::json!([1])).is_err());
+    }
+}

@@ -1,0 +1,350 @@
+//! The Lease controller: thin glue around [`state::decide`].
+//!
+//! One place reads (the watch behind kube-runtime's `Controller`), one place writes
+//! ([`write_status`]: `replace_status` carrying the observed resourceVersion, i.e. a
+//! compare-and-swap). A conflict means somebody wrote a newer version — a client, or another
+//! controller replica — so the lease is judged again on that version; the controller never
+//! overwrites what it did not see. Requeues happen exactly at expiry, never by polling.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use kube_fence::lease::controller::{self, ControllerOptions};
+//! let client = kube::Client::try_default().await?;
+//! let mut registry = prometheus_client::registry::Registry::default();
+//! let options = ControllerOptions::new("controller-0");
+//! // Registers the metrics now; the returned future borrows nothing, so the registry can be
+//! // served (e.g. by `telemetry::serve_metrics`) while the controller runs.
+//! let controller = controller::run(client, options, &mut registry, async { let _ = tokio::signal::ctrl_c().await; });
+//! controller.await?;
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease as CoordinationLease;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use super::leader::{self, ElectionConfig};
+use super::state::{self, Observed, Transition};
+use crate::api::{Lease, LeaseStatus};
+
+/// Name of the controller in Events (`reportingController`) and of the leader-election Lease.
+pub const CONTROLLER_NAME: &str = "kube-fence-controller";
+
+/// How soon to judge a lease again after losing a compare-and-swap (the watch usually delivers
+/// the newer version sooner; this is the fallback).
+const CONFLICT_RETRY: Duration = Duration::from_millis(200);
+/// Back-off after an unexpected error.
+const ERROR_RETRY: Duration = Duration::from_secs(1);
+
+/// How the controller runs.
+#[derive(Clone, Debug)]
+pub struct ControllerOptions {
+    /// Watch Leases in this namespace only; `None` for all namespaces.
+    pub namespace: Option<String>,
+    /// Identity of this replica (pod name): reported in Events and used for leader election.
+    pub identity: String,
+    /// Run only while leading (coordination.k8s.io/v1 Lease). For efficiency only.
+    pub leader_election: bool,
+    /// Namespace of the leader-election Lease; defaults to `namespace`, else `default`.
+    pub leader_election_namespace: Option<String>,
+    /// Name of the leader-election Lease.
+    pub leader_election_name: String,
+    /// Timing of the election.
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+impl ControllerOptions {
+    pub fn new(identity: impl Into<String>) -> Self {
+        let election = ElectionConfig::new(CONTROLLER_NAME, "");
+        ControllerOptions {
+            namespace: None,
+            identity: identity.into(),
+            leader_election: false,
+            leader_election_namespace: None,
+            leader_election_name: CONTROLLER_NAME.to_string(),
+            lease_duration: election.lease_duration,
+            renew_deadline: election.renew_deadline,
+            retry_period: election.retry_period,
+        }
+    }
+
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    pub fn leader_election(mut self, enabled: bool) -> Self {
+        self.leader_election = enabled;
+        self
+    }
+}
+
+/// What can go wrong while reconciling one Lease. The variants name the action that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("writing the status of Lease {lease}: {source}")]
+    WriteStatus {
+        lease: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the Lease has no name or namespace")]
+    Unaddressable,
+}
+
+impl Error {
+    /// Metric label / log field for the variant.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::WriteStatus { .. } => "write_status",
+            Error::Unaddressable => "unaddressable",
+        }
+    }
+}
+
+/// The controller's metrics. Counters carry no per-lease labels (lease names are unbounded).
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    pub grants: Counter,
+    pub renewals: Counter,
+    pub releases: Counter,
+    pub expiries: Counter,
+    pub refusals: Counter,
+    pub conflicts: Counter,
+    pub reconcile_errors: Counter,
+    pub leases_held: Gauge,
+    pub reconcile_duration: Histogram,
+}
+
+impl Metrics {
+    /// Registers the metrics under `kube_fence_lease_*`.
+    pub fn register(registry: &mut Registry) -> Metrics {
+        let metrics = Metrics {
+            grants: Counter::default(),
+            renewals: Counter::default(),
+            releases: Counter::default(),
+            expiries: Counter::default(),
+            refusals: Counter::default(),
+            conflicts: Counter::default(),
+            reconcile_errors: Counter::default(),
+            leases_held: Gauge::default(),
+            reconcile_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+        };
+        let r = registry.sub_registry_with_prefix("kube_fence_lease");
+        r.register("grants", "Grants made (each with a fresh, greater token)", metrics.grants.clone());
+        r.register("renewals", "Heartbeats observed by the controller (the token is kept)", metrics.renewals.clone());
+        r.register("releases", "Leases released by their holder", metrics.releases.clone());
+        r.register("expiries", "Leases expired because no heartbeat was observed within the duration", metrics.expiries.clone());
+        r.register("refusals", "Claims not granted because no greater token could be derived", metrics.refusals.clone());
+        r.register("status_conflicts", "Status compare-and-swaps lost to a newer version (judged again)", metrics.conflicts.clone());
+        r.register("reconcile_errors", "Reconciles that failed", metrics.reconcile_errors.clone());
+        r.register("held", "Leases currently held, as last observed", metrics.leases_held.clone());
+        r.register("reconcile_duration_seconds", "Time to judge a Lease and write its status", metrics.reconcile_duration.clone());
+        metrics
+    }
+
+    fn count(&self, transition: &Transition) {
+        match transition {
+            Transition::Grant { .. } => self.grants.inc(),
+            Transition::Renew { .. } => self.renewals.inc(),
+            Transition::Release { .. } => self.releases.inc(),
+            Transition::Expire { .. } => self.expiries.inc(),
+            Transition::Refuse { .. } => self.refusals.inc(),
+            Transition::Nothing => 0,
+        };
+    }
+}
+
+struct Context {
+    client: Client,
+    recorder: Recorder,
+    metrics: Metrics,
+    store: Store<Lease>,
+}
+
+/// Registers the controller's metrics into `registry` now, and returns the controller as a
+/// future that borrows nothing (so the caller can go on to serve the registry). The future runs
+/// until `shutdown` resolves; with `leader_election` it reconciles only while this replica leads.
+///
+/// This is an `fn` returning a future rather than an `async fn` so that the `&mut Registry`
+/// borrow ends at registration.
+pub fn run(
+    client: Client,
+    options: ControllerOptions,
+    registry: &mut Registry,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = Result<(), Error>> + Send + 'static {
+    let metrics = Metrics::register(registry);
+    async move {
+        let stop = CancellationToken::new();
+        let trigger = stop.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            trigger.cancel();
+        });
+        if !options.leader_election {
+            return reconcile_until(client, &options, metrics, stop).await;
+        }
+        let election_ns = options
+            .leader_election_namespace
+            .clone()
+            .or_else(|| options.namespace.clone())
+            .unwrap_or_else(|| "default".to_string());
+        let config = ElectionConfig {
+            name: options.leader_election_name.clone(),
+            identity: options.identity.clone(),
+            lease_duration: options.lease_duration,
+            renew_deadline: options.renew_deadline,
+            retry_period: options.retry_period,
+        };
+        let api: Api<CoordinationLease> = Api::namespaced(client.clone(), &election_ns);
+        // Each term gets its own child token: losing leadership drops the term's future, and
+        // shutdown cancels them all.
+        let work = || reconcile_until(client.clone(), &options, metrics.clone(), stop.child_token());
+        leader::run_while_leader(api, config, work, stop.clone().cancelled_owned()).await.unwrap_or(Ok(()))
+    }
+}
+
+/// Runs the kube-runtime Controller until `stop` is cancelled.
+async fn reconcile_until(client: Client, options: &ControllerOptions, metrics: Metrics, stop: CancellationToken) -> Result<(), Error> {
+    let leases: Api<Lease> = match &options.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let controller = Controller::new(leases, watcher::Config::default()).graceful_shutdown_on(stop.cancelled_owned());
+    let reporter = Reporter { controller: CONTROLLER_NAME.to_string(), instance: Some(options.identity.clone()) };
+    let context = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        metrics,
+        store: controller.store(),
+    });
+    tracing::info!(namespace = options.namespace.as_deref().unwrap_or("<all>"), identity = %options.identity, "lease controller running");
+    controller
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            match result {
+                Ok(_) => {}
+                Err(kube::runtime::controller::Error::ReconcilerFailed(err, obj)) => {
+                    tracing::warn!(lease = %obj, reason = err.reason(), %err, "reconcile failed")
+                }
+                Err(err) => tracing::warn!(%err, "lease controller"),
+            }
+        })
+        .await;
+    Ok(())
+}
+
+/// Judges one Lease at the controller's now, writes the decided status (compare-and-swap),
+/// reports it, and schedules the next look exactly at expiry.
+async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let now = Timestamp::now();
+    let decision = state::decide(&Observed::of(&lease), now);
+    let result = match decision.status.clone() {
+        None => Ok(true),
+        Some(status) => write_status(&ctx.client, &lease, status).await,
+    };
+    ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
+    let held = ctx.store.state().iter().filter(|l| state::held(l.status.as_ref()).is_some()).count();
+    ctx.metrics.leases_held.set(i64::try_from(held).unwrap_or(i64::MAX));
+
+    match result? {
+        false => {
+            ctx.metrics.conflicts.inc();
+            tracing::debug!(lease = %state::display_name(&lease), "status compare-and-swap lost; judging the newer version");
+            return Ok(Action::requeue(CONFLICT_RETRY));
+        }
+        true if decision.status.is_some() => {
+            ctx.metrics.count(&decision.transition);
+            report(&ctx, &lease, &decision.transition);
+        }
+        true => {}
+    }
+    Ok(match decision.requeue_at {
+        Some(at) => {
+            let wait = now.duration_until(at);
+            // A few ms past the (whole-second) expiry, so the next judgement sees now >= expiry.
+            Action::requeue(Duration::try_from(wait).unwrap_or(Duration::ZERO) + Duration::from_millis(5))
+        }
+        None => Action::await_change(),
+    })
+}
+
+/// The one place the controller writes: the status, as a compare-and-swap on the observed
+/// resourceVersion. `Ok(false)` when a newer version exists (or the Lease is gone).
+async fn write_status(client: &Client, lease: &Lease, status: LeaseStatus) -> Result<bool, Error> {
+    let (Some(ns), Some(name)) = (lease.namespace(), lease.metadata.name.clone()) else {
+        return Err(Error::Unaddressable);
+    };
+    let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let mut next = lease.clone();
+    next.metadata.managed_fields = None;
+    next.status = Some(status);
+    match api.replace_status(&name, &PostParams::default(), &next).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => Ok(false),
+        Err(source) => Err(Error::WriteStatus { lease: format!("{ns}/{name}"), source }),
+    }
+}
+
+/// Logs the transition and publishes an Event for grants, expiries, releases and refusals (not
+/// for renewals: they happen every few seconds per lease and would drown the rest).
+fn report(ctx: &Context, lease: &Lease, transition: &Transition) {
+    let name = state::display_name(lease);
+    let (type_, note) = match transition {
+        Transition::Grant { holder, token } => {
+            tracing::info!(lease = %name, %holder, %token, "granted");
+            (EventType::Normal, format!("granted to {holder} with token {token}"))
+        }
+        Transition::Release { holder, token } => {
+            tracing::info!(lease = %name, %holder, %token, "released");
+            (EventType::Normal, format!("released by {holder} (token {token})"))
+        }
+        Transition::Expire { holder, token } => {
+            tracing::info!(lease = %name, %holder, %token, "expired");
+            (EventType::Normal, format!("{holder} did not renew in time; token {token} is no longer held"))
+        }
+        Transition::Refuse { holder, refusal } => {
+            tracing::warn!(lease = %name, %holder, %refusal, "grant refused");
+            (EventType::Warning, format!("cannot grant to {holder}: {refusal}"))
+        }
+        Transition::Renew { holder, token } => {
+            tracing::debug!(lease = %name, %holder, %token, "renewed");
+            return;
+        }
+        Transition::Nothing => return,
+    };
+    let event = Event { type_, reason: transition.reason().to_string(), note: Some(note), action: "Reconcile".to_string(), secondary: None };
+    let recorder = ctx.recorder.clone();
+    let reference = lease.object_ref(&());
+    // Published off the reconcile path: an Event is a report, and must not slow the next grant.
+    tokio::spawn(async move {
+        if let Err(err) = recorder.publish(&event, &reference).await {
+            tracing::debug!(%err, "publishing an event");
+        }
+    });
+}
+
+fn error_policy(lease: Arc<Lease>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_errors.inc();
+    tracing::warn!(lease = %state::display_name(&lease), reason = err.reason(), %err, "reconcile failed; retrying");
+    Action::requeue(ERROR_RETRY)
+}

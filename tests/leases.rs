@@ -1,0 +1,614 @@
+//! Leases and fencing tokens on a real control plane.
+//!
+//! Every test runs in a namespace of its own with a controller scoped to it, running in this
+//! process as a tokio task (so a test can kill and restart it). Properties are asserted from a
+//! recorded history: a watch on the test's Leases that keeps every status the API server
+//! committed. Timings are measured and printed (`--nocapture`), never asserted; the only time
+//! limits are generous liveness timeouts.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+
+use kube::{Client, ResourceExt};
+use kube_fence::api::{Lease, Phase};
+use kube_fence::client::{AcquireOptions, Error, KeepAliveOptions, Leases, Loss};
+use kube_fence::lease::controller::{self, ControllerOptions};
+use kube_fence::token::Token;
+use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
+
+/// A lease controller for one namespace, running in this process.
+fn start_controller(client: &Client, ns: &str, identity: &str) -> JoinHandle<()> {
+    start_controller_with(client, ControllerOptions::new(identity).namespace(ns), &mut Registry::default())
+}
+
+fn start_controller_with(client: &Client, options: ControllerOptions, registry: &mut Registry) -> JoinHandle<()> {
+    let run = controller::run(client.clone(), options, registry, futures::future::pending());
+    tokio::spawn(async move {
+        if let Err(err) = run.await {
+            panic!("controller failed: {err}");
+        }
+    })
+}
+
+/// One committed status of a Lease, as the watch delivered it.
+#[derive(Clone, Debug)]
+struct Seen {
+    lease: String,
+    uid: String,
+    phase: Phase,
+    holder: Option<String>,
+    token: Option<Token>,
+}
+
+/// Every status version of every Lease in a namespace, in commit order.
+#[derive(Clone, Default)]
+struct History(Arc<Mutex<Vec<Seen>>>);
+
+impl History {
+    async fn record(client: &Client, ns: &str) -> (History, JoinHandle<()>) {
+        let history = History::default();
+        let sink = history.clone();
+        let api: Api<Lease> = Api::namespaced(client.clone(), ns);
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+            while let Some(event) = events.next().await {
+                let lease = match event {
+                    Ok(Event::Apply(l)) | Ok(Event::InitApply(l)) => l,
+                    Ok(Event::InitDone) => {
+                        if let Some(tx) = ready.take() {
+                            let _ = tx.send(());
+                        }
+                        continue;
+                    }
+                    _ => continue,
+                };
+                let status = lease.status.clone().unwrap_or_default();
+                if let Ok(mut h) = sink.0.lock() {
+                    h.push(Seen { lease: lease.name_any(), uid: lease.uid().unwrap_or_default(), phase: status.phase, holder: status.holder, token: status.token });
+                }
+            }
+        });
+        let _ = tokio::time::timeout(Duration::from_secs(10), ready_rx).await;
+        (history, task)
+    }
+
+    fn snapshot(&self) -> Vec<Seen> {
+        self.0.lock().map(|h| h.clone()).unwrap_or_default()
+    }
+
+    /// The grants in commit order: (lease, holder, token) for each new Held token.
+    fn grants(&self) -> Vec<(String, String, Token)> {
+        let mut last: HashMap<String, Token> = HashMap::new();
+        let mut grants = vec![];
+        for s in self.snapshot() {
+            if let (Phase::Held, Some(holder), Some(token)) = (s.phase, s.holder.clone(), s.token)
+                && last.get(&s.lease) != Some(&token)
+            {
+                grants.push((s.lease.clone(), holder, token));
+            }
+            if let Some(token) = s.token {
+                last.insert(s.lease.clone(), token);
+            }
+        }
+        grants
+    }
+
+    /// The invariants, per lease name across objects: the recorded token never goes down; each
+    /// grant's token is strictly greater than the previous grant's; a token belongs to one holder.
+    fn assert_fencing_invariants(&self) -> usize {
+        let mut newest: HashMap<String, Token> = HashMap::new();
+        for s in self.snapshot() {
+            if let Some(token) = s.token {
+                let before = newest.entry(s.lease.clone()).or_insert(token);
+                assert!(token >= *before, "token of lease {} went down from {before} to {token} (object {})", s.lease, s.uid);
+                *before = token;
+            }
+        }
+        let grants = self.grants();
+        let mut previous: HashMap<&str, Token> = HashMap::new();
+        let mut holder_of: HashMap<(String, Token), String> = HashMap::new();
+        for (lease, holder, token) in &grants {
+            if let Some(p) = previous.get(lease.as_str()) {
+                assert!(token > p, "grant of {lease} to {holder} has token {token}, not greater than the previous grant's {p}");
+            }
+            previous.insert(lease, *token);
+            let first = holder_of.entry((lease.clone(), *token)).or_insert_with(|| holder.clone());
+            assert_eq!(first, holder, "token {token} of {lease} was held by two holders");
+        }
+        grants.len()
+    }
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort();
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    samples[i.min(samples.len() - 1)]
+}
+
+fn options(duration_secs: u64, timeout_secs: u64) -> AcquireOptions {
+    AcquireOptions::default().duration(Duration::from_secs(duration_secs)).timeout(Duration::from_secs(timeout_secs))
+}
+
+/// Contenders that acquire and release `lease` until `target` grants were made; returns what
+/// each acquire returned (holder, token) and its latency.
+async fn contend(client: &Client, ns: &str, lease: &str, contenders: usize, target: usize) -> Vec<(String, Token, Duration)> {
+    let made = Arc::new(AtomicUsize::new(0));
+    let mut tasks = vec![];
+    for i in 0..contenders {
+        let leases = Leases::new(client.clone(), ns);
+        let made = made.clone();
+        let lease = lease.to_string();
+        tasks.push(tokio::spawn(async move {
+            let holder = format!("contender-{i}");
+            let mut got = vec![];
+            while made.load(Ordering::SeqCst) < target {
+                let started = Instant::now();
+                let grant = match leases.acquire(&lease, &holder, options(3, 120)).await {
+                    Ok(grant) => grant,
+                    Err(err) => panic!("{holder}: acquire failed: {err}"),
+                };
+                got.push((holder.clone(), grant.token, started.elapsed()));
+                made.fetch_add(1, Ordering::SeqCst);
+                if let Err(err) = leases.release(&grant).await {
+                    panic!("{holder}: release failed: {err}");
+                }
+            }
+            got
+        }));
+    }
+    let mut all = vec![];
+    for task in tasks {
+        all.extend(task.await.expect("contender task"));
+    }
+    all
+}
+
+fn assert_client_grants_distinct(got: &[(String, Token, Duration)]) {
+    let mut owners: BTreeMap<Token, &str> = BTreeMap::new();
+    for (holder, token, _) in got {
+        if let Some(other) = owners.insert(*token, holder) {
+            panic!("token {token} was returned to {other} and to {holder}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_contenders_two_hundred_grants_tokens_strictly_increase() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "contenders").await;
+    let mut registry = Registry::default();
+    let controller = start_controller_with(&client, ControllerOptions::new("solo").namespace(&ns), &mut registry);
+    let (history, recorder) = History::record(&client, &ns).await;
+
+    let started = Instant::now();
+    let mut got = contend(&client, &ns, "contended", 20, 200).await;
+    let elapsed = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    assert!(got.len() >= 200, "only {} grants", got.len());
+    assert_client_grants_distinct(&got);
+    let grants = history.assert_fencing_invariants();
+    // Every token a client was given is in the committed history, with that client as holder.
+    let committed: HashMap<Token, String> = history.grants().into_iter().map(|(_, h, t)| (t, h)).collect();
+    for (holder, token, _) in &got {
+        assert_eq!(committed.get(token), Some(holder), "token {token} returned to {holder} is not a committed grant to it");
+    }
+    let rendered = kube_fence::telemetry::render(&registry);
+    let counted = rendered
+        .lines()
+        .find_map(|l| l.strip_prefix("kube_fence_lease_grants_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(counted >= got.len() as f64, "grants metric {counted} < {}:\n{rendered}", got.len());
+
+    let mut latencies: Vec<Duration> = got.iter().map(|(_, _, d)| *d).collect();
+    eprintln!(
+        "MEASURED contenders: {} grants ({} in history) by 20 contenders in {:.2?} = {:.1} grants/s; contended acquire latency p50 {:.2?} p99 {:.2?}",
+        got.len(),
+        grants,
+        elapsed,
+        got.len() as f64 / elapsed.as_secs_f64(),
+        percentile(&mut latencies, 0.5),
+        percentile(&mut latencies, 0.99)
+    );
+    got.clear();
+    controller.abort();
+    recorder.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn uncontended_acquire_latency() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "latency").await;
+    let controller = start_controller(&client, &ns, "solo");
+    let leases = Leases::new(client.clone(), &ns);
+    let mut latencies = vec![];
+    let mut previous: Option<Token> = None;
+    for _ in 0..50 {
+        let started = Instant::now();
+        let grant = leases.acquire("solo", "worker", options(3, 30)).await.expect("acquire");
+        latencies.push(started.elapsed());
+        assert!(previous.is_none_or(|p| grant.token > p), "token {} after {previous:?}", grant.token);
+        previous = Some(grant.token);
+        leases.release(&grant).await.expect("release");
+    }
+    eprintln!(
+        "MEASURED uncontended acquire (claim → grant, after a release): p50 {:.2?} p99 {:.2?} over {} acquires",
+        percentile(&mut latencies, 0.5),
+        percentile(&mut latencies, 0.99),
+        latencies.len()
+    );
+    controller.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn controller_restarts_and_two_replicas_never_regress_a_token() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "replicas").await;
+    let (history, recorder) = History::record(&client, &ns).await;
+    // Two replicas at once, without leader election: the worst case for safety.
+    let mut a = start_controller(&client, &ns, "replica-a");
+    let b = start_controller(&client, &ns, "replica-b");
+
+    let chaos_client = client.clone();
+    let chaos_ns = ns.clone();
+    let chaos = tokio::spawn(async move {
+        for round in 0..6 {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            // Kill replica a mid-run and start a fresh one (its cache and queue are gone).
+            a.abort();
+            if round % 2 == 0 {
+                // A moment with b alone.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            a = start_controller(&chaos_client, &chaos_ns, &format!("replica-a{round}"));
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        a.abort();
+    });
+    let got = contend(&client, &ns, "shared", 6, 80).await;
+    chaos.await.expect("chaos task");
+
+    // And a moment with no controller at all, then a new one: nothing goes back.
+    b.abort();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let c = start_controller(&client, &ns, "replica-c");
+    let more = contend(&client, &ns, "shared", 3, 10).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut all = got;
+    all.extend(more);
+    assert_client_grants_distinct(&all);
+    let grants = history.assert_fencing_invariants();
+    assert!(grants >= 90, "{grants} grants in history");
+    eprintln!("MEASURED replicas: {grants} grants under two replicas, 6 controller kills and a restart; no token regressed");
+    c.abort();
+    recorder.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_election_hands_over_when_the_leader_dies() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "leader").await;
+    let elected = |identity: &str| {
+        let mut o = ControllerOptions::new(identity).namespace(&ns).leader_election(true);
+        o.lease_duration = Duration::from_secs(2);
+        o.renew_deadline = Duration::from_millis(1500);
+        o.retry_period = Duration::from_millis(300);
+        o
+    };
+    let first = start_controller_with(&client, elected("first"), &mut Registry::default());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = start_controller_with(&client, elected("second"), &mut Registry::default());
+    let leases = Leases::new(client.clone(), &ns);
+    let g1 = leases.acquire("l", "w", options(3, 30)).await.expect("granted under the first leader");
+    leases.release(&g1).await.expect("release");
+
+    let coordination: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), &ns);
+    let leader = coordination.get(controller::CONTROLLER_NAME).await.expect("election lease").spec.and_then(|s| s.holder_identity);
+    assert_eq!(leader.as_deref(), Some("first"));
+
+    first.abort(); // dies without stepping down
+    let died = Instant::now();
+    let g2 = leases.acquire("l", "w", options(3, 30)).await.expect("granted under the second leader");
+    assert!(g2.token > g1.token);
+    let leader = coordination.get(controller::CONTROLLER_NAME).await.expect("election lease").spec.and_then(|s| s.holder_identity);
+    assert_eq!(leader.as_deref(), Some("second"));
+    eprintln!("MEASURED leader failover (2 s election lease): next grant {:.2?} after the leader died", died.elapsed());
+    second.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deleting_and_recreating_a_lease_never_restarts_its_tokens() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "recreate").await;
+    let controller = start_controller(&client, &ns, "solo");
+    let (history, recorder) = History::record(&client, &ns).await;
+    let leases = Leases::new(client.clone(), &ns);
+    let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+
+    let first = leases.acquire("phoenix", "a", options(3, 30)).await.expect("first grant");
+    let mut keep_alive = leases.keep_alive(&first);
+    api.delete("phoenix", &DeleteParams::default()).await.expect("delete lease");
+    let loss = tokio::time::timeout(Duration::from_secs(10), keep_alive.lost()).await.expect("keep-alive reports the deletion");
+    assert_eq!(loss, Loss::Deleted);
+
+    let second = leases.acquire("phoenix", "b", options(3, 30)).await.expect("grant on the re-created lease");
+    assert!(second.token > first.token, "re-created lease granted {} after {}", second.token, first.token);
+    history.assert_fencing_invariants();
+
+    // The grants were reported as Events.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let events: Api<K8sEvent> = Api::namespaced(client.clone(), &ns);
+    let reasons: Vec<String> = events.list(&ListParams::default()).await.expect("events").items.into_iter().filter_map(|e| e.reason).collect();
+    assert!(reasons.iter().any(|r| r == "Granted"), "no Granted event among {reasons:?}");
+    controller.abort();
+    recorder.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keep_alive_keeps_the_token_and_a_silent_holder_loses_the_lease() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "expiry").await;
+    let controller = start_controller(&client, &ns, "solo");
+    let (history, recorder) = History::record(&client, &ns).await;
+    let leases = Leases::new(client.clone(), &ns);
+
+    // A holder that heartbeats keeps its lease, and its token, well past the duration.
+    let kept = leases.acquire("kept", "steady", options(2, 30)).await.expect("grant");
+    let keep_alive = leases.keep_alive(&kept);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let err = leases.acquire("kept", "rival", options(2, 1)).await.expect_err("a rival cannot take a kept lease");
+    assert!(matches!(err, Error::Timeout { ref held_by, .. } if held_by.as_deref() == Some("steady")), "{err}");
+    let now = leases.get("kept").await.expect("lease");
+    assert_eq!(now.status.as_ref().and_then(|s| s.token), Some(kept.token), "renewals keep the token");
+    assert!(matches!(keep_alive.holding(), kube_fence::client::Holding::Held { .. }));
+    keep_alive.stop().await;
+
+    // A holder whose heartbeats stop (here: far too slow) loses the lease.
+    let silent = leases.acquire("silent", "sleepy", options(2, 30)).await.expect("grant");
+    let last_heartbeat = silent.valid_until - silent.duration; // when its claim was sent
+    let mut silent_keep_alive = leases.keep_alive_with(&silent, KeepAliveOptions { interval: Some(Duration::from_secs(60)) });
+    let next = leases.acquire("silent", "eager", options(2, 30)).await.expect("the next holder gets the lease");
+    let takeover = last_heartbeat.elapsed();
+    assert!(next.token > silent.token, "{} after {}", next.token, silent.token);
+    let loss = tokio::time::timeout(Duration::from_secs(10), silent_keep_alive.lost()).await.expect("the silent holder's keep-alive reports the loss");
+    assert!(matches!(loss, Loss::Unconfirmed | Loss::Expired | Loss::Superseded { .. }), "{loss:?}");
+    // Its heartbeat, if it came back now, is refused: the grant is lost.
+    let err = leases.renew(&silent).await.expect_err("a lost grant cannot be renewed");
+    assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+    history.assert_fencing_invariants();
+    eprintln!("MEASURED takeover: a 2 s lease whose holder went silent was granted to the next holder {takeover:.2?} after the silent holder's last heartbeat was sent (loss reported as {loss:?})");
+    controller.abort();
+    recorder.abort();
+}
+
+/// Writes `spec.heartbeatTime = at` for the current holder (compare-and-swap).
+async fn heartbeat_at(api: &Api<Lease>, name: &str, at: Timestamp) {
+    for _ in 0..10 {
+        let mut lease = api.get(name).await.expect("lease");
+        lease.spec.heartbeat_time = Some(MicroTime(at));
+        lease.metadata.managed_fields = None;
+        match api.replace(name, &PostParams::default(), &lease).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.is_conflict() => continue,
+            Err(err) => panic!("heartbeat: {err}"),
+        }
+    }
+    panic!("heartbeat kept conflicting");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_skewed_client_clock_neither_expires_nor_extends_a_lease() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "skew").await;
+    let controller = start_controller(&client, &ns, "solo");
+    let leases = Leases::new(client.clone(), &ns);
+    let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let grant = leases.acquire("skewed", "a", options(2, 30)).await.expect("grant");
+
+    // Heartbeats stamped 30 years in the past, but sent in time: the lease stays held.
+    let past = Timestamp::now().saturating_sub(SignedDuration::from_hours(24 * 365 * 30)).expect("past");
+    for i in 0..8 {
+        heartbeat_at(&api, "skewed", past.saturating_add(SignedDuration::from_micros(i)).expect("t")).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let lease = api.get("skewed").await.expect("lease");
+        let status = lease.status.expect("status");
+        assert_eq!((status.phase, status.token), (Phase::Held, Some(grant.token)), "a past heartbeat expired the lease");
+    }
+
+    // One heartbeat stamped 30 years in the future, then silence: it expires on schedule.
+    let future = Timestamp::now().saturating_add(SignedDuration::from_hours(24 * 365 * 30)).expect("future");
+    heartbeat_at(&api, "skewed", future).await;
+    let sent = Instant::now();
+    let next = leases.acquire("skewed", "b", options(2, 20)).await.expect("a future heartbeat did not extend the lease");
+    assert!(next.token > grant.token);
+    eprintln!("MEASURED skew: after a heartbeat stamped 30 years ahead, the 2 s lease went to the next holder in {:.2?}", sent.elapsed());
+    controller.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_api_server_rejects_a_takeover_of_a_held_lease() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "takeover").await;
+    let controller = start_controller(&client, &ns, "solo");
+    let leases = Leases::new(client.clone(), &ns);
+    let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let grant = leases.acquire("guarded", "owner", options(15, 30)).await.expect("grant");
+
+    let mut lease = api.get("guarded").await.expect("lease");
+    lease.spec.holder = Some("thief".into());
+    lease.metadata.managed_fields = None;
+    let err = api.replace("guarded", &PostParams::default(), &lease).await.expect_err("takeover by replace is rejected");
+    let kube::Error::Api(status) = &err else { panic!("not an API error: {err}") };
+    assert_eq!(status.code, 422, "{status:?}");
+    assert!(status.message.contains("held by another holder"), "{}", status.message);
+
+    let patch = serde_json::json!({"spec": {"holder": "thief"}});
+    let err = api
+        .patch("guarded", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch))
+        .await
+        .expect_err("takeover by an unconditional patch is rejected too");
+    assert!(err.to_string().contains("held by another holder"), "{err}");
+    let now = api.get("guarded").await.expect("lease");
+    assert_eq!(now.spec.holder.as_deref(), Some("owner"));
+    assert_eq!(now.status.and_then(|s| s.token), Some(grant.token));
+    controller.abort();
+}
+
+async fn kubeconfig() -> std::path::PathBuf {
+    tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("kubeconfig")
+}
+
+async fn cli(args: &[&str]) -> std::process::Output {
+    let kubeconfig = kubeconfig().await;
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kube-fence"))
+            .args(&args)
+            .env("KUBECONFIG", kubeconfig)
+            .env_remove("KUBE_FENCE_NAMESPACE")
+            .output()
+            .expect("run kube-fence")
+    })
+    .await
+    .expect("kube-fence thread")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cli_lease_acquire_prints_the_token() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "cli").await;
+    let controller = start_controller(&client, &ns, "solo");
+
+    let out = cli(&["lease", "acquire", "job", "--holder", "sh-1", "--duration", "3s", "--wait", "20s", "-n", &ns]).await;
+    assert!(out.status.success(), "acquire failed: {}", text(&out.stderr));
+    let token: Token = text(&out.stdout).parse().unwrap_or_else(|e| panic!("stdout {:?} is not a token: {e}", text(&out.stdout)));
+    let lease = Leases::new(client.clone(), &ns).get("job").await.expect("the CLI created the lease");
+    assert_eq!(lease.status.and_then(|s| s.token), Some(token));
+
+    let out = cli(&["lease", "get", "job", "-o", "token", "-n", &ns]).await;
+    assert_eq!(text(&out.stdout), token.to_string());
+    let out = cli(&["lease", "renew", "job", "--holder", "sh-1", "-n", &ns]).await;
+    assert!(out.status.success(), "renew failed: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), token.to_string(), "a renewal keeps the token");
+
+    // Another holder times out while sh-1 holds it.
+    let out = cli(&["lease", "acquire", "job", "--holder", "sh-2", "--wait", "1s", "-n", &ns]).await;
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("timed out") && text(&out.stderr).contains("held by sh-1"), "{}", text(&out.stderr));
+
+    // Released, the next holder gets a greater token.
+    let out = cli(&["lease", "release", "job", "--holder", "sh-1", "-n", &ns]).await;
+    assert!(out.status.success(), "release failed: {}", text(&out.stderr));
+    let out = cli(&["lease", "acquire", "job", "--holder", "sh-2", "--wait", "20s", "-n", &ns]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let next: Token = text(&out.stdout).parse().expect("token");
+    assert!(next > token);
+
+    // Clear errors, non-zero exit.
+    let out = cli(&["lease", "acquire", "job", "--holder", "x", "--duration", "soon", "-n", &ns]).await;
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("not a duration"), "{}", text(&out.stderr));
+    let out = cli(&["lease", "get", "missing", "-n", &ns]).await;
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("not found"), "{}", text(&out.stderr));
+    let out = cli(&["lease", "renew", "job", "--holder", "sh-1", "-n", &ns]).await;
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("held by sh-2"), "{}", text(&out.stderr));
+    controller.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_timed_out_or_cancelled_acquire_withdraws_its_claim() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "withdraw").await;
+    // No controller: the claim stays pending, so acquire must give up.
+    let leases = Leases::new(client.clone(), &ns);
+    let err = leases.acquire("pending", "w", options(2, 1)).await.expect_err("no controller, no grant");
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    let lease = leases.get("pending").await.expect("acquire created the lease");
+    assert_eq!(lease.spec.holder, None, "the timed-out claim was withdrawn");
+
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let trigger = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        trigger.cancel();
+    });
+    let err = leases.acquire("pending", "w", AcquireOptions::default().cancel(cancel)).await.expect_err("cancelled");
+    assert!(matches!(err, Error::Cancelled { .. }), "{err}");
+    assert_eq!(leases.get("pending").await.expect("lease").spec.holder, None, "the cancelled claim was withdrawn");
+
+    // With a controller, the lease is free to grant at once.
+    let controller = start_controller(&client, &ns, "solo");
+    let grant = leases.acquire("pending", "w2", options(2, 20)).await.expect("grant");
+    assert_eq!(grant.holder, "w2");
+    controller.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fenced_writes_stamp_the_token_and_delete_only_the_version_read() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams};
+    use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION};
+
+    let client = common::client().await;
+    let ns = common::namespace(&client, "fenced").await;
+    let controller = start_controller(&client, &ns, "solo");
+    let leases = Leases::new(client.clone(), &ns);
+    let grant = leases.acquire("writer", "w", options(5, 20)).await.expect("grant");
+    let token = grant.token.to_string();
+
+    // Typed create and patch.
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let cm = ConfigMap { metadata: ObjectMeta { name: Some("out".into()), ..Default::default() }, ..Default::default() };
+    let created = grant.create(&configmaps, &cm).await.expect("create");
+    assert_eq!(created.labels().get(LEASE_LABEL).map(String::as_str), Some("writer"));
+    assert_eq!(created.annotations().get(TOKEN_ANNOTATION), Some(&token));
+    let patched = grant
+        .patch(&configmaps, "out", &PatchParams::default(), Patch::Merge(serde_json::json!({"data": {"k": "v"}})))
+        .await
+        .expect("patch");
+    assert_eq!(patched.annotations().get(TOKEN_ANNOTATION), Some(&token));
+
+    // Dynamic replace.
+    let resource = ApiResource::erase::<ConfigMap>(&());
+    let dynamic: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
+    let mut obj = dynamic.get("out").await.expect("get");
+    obj.metadata.annotations.get_or_insert_with(Default::default).remove(TOKEN_ANNOTATION);
+    let replaced = grant.replace(&dynamic, &obj).await.expect("replace");
+    assert_eq!(replaced.annotations().get(TOKEN_ANNOTATION), Some(&token));
+
+    // Delete carries a resourceVersion precondition: a stale read cannot delete a newer version.
+    let stale = dynamic.get("out").await.expect("get");
+    grant.patch(&configmaps, "out", &PatchParams::default(), Patch::Merge(serde_json::json!({"data": {"k": "w"}}))).await.expect("patch");
+    let err = grant.delete(&dynamic, &stale).await.expect_err("the version read is gone");
+    assert!(matches!(err, Error::Conflict(_)), "{err}");
+    let fresh = dynamic.get("out").await.expect("get");
+    grant.delete(&dynamic, &fresh).await.expect("delete the version read");
+    assert!(configmaps.get_opt("out").await.expect("get").is_none());
+    controller.abort();
+}
