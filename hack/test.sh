@@ -31,3 +31,5 @@ fi
 
 say "running the test suite"
 cargo test --workspace --all-targets --locked "$@"
+say "running the documentation examples"
+cargo test --workspace --doc --locked
