@@ -1,0 +1,207 @@
+//! End to end: the real lease controller, the real fencing webhook and the worker library
+//! together, as users run them.
+//!
+//! By default kube-fence runs in this process, scoped to each test's namespace (controller
+//! watching that namespace only; webhook registered by a 127.0.0.1 URL for that namespace only).
+//! With `KUBE_FENCE_E2E_INSTALLED=1` the tests start nothing and rely on a kube-fence installed
+//! in the cluster (hack/kind-e2e.sh, the node suite): the same tests then prove the installed
+//! Pods — webhook behind its Service, controller with in-cluster config and the chart's RBAC.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Client;
+use kube::api::{Api, ObjectMeta};
+use kube_fence::admission::local::{LocalOptions, LocalWebhook};
+use kube_fence::admission::server::Metrics;
+use kube_fence::client::{AcquireOptions, Error, Leases};
+use kube_fence::lease::controller::{self, ControllerOptions};
+use prometheus_client::registry::Registry;
+
+/// kube-fence for one test: in-process and scoped to the test namespace, or the installed one.
+struct KubeFence {
+    client: Client,
+    ns: String,
+    local: Option<(LocalWebhook, tokio::task::JoinHandle<()>)>,
+}
+
+fn installed() -> bool {
+    std::env::var("KUBE_FENCE_E2E_INSTALLED").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+impl KubeFence {
+    async fn start(test: &str) -> KubeFence {
+        let client = common::client().await;
+        let ns = common::namespace(&client, test).await;
+        let local = if installed() {
+            None
+        } else {
+            let mut registry = Registry::default();
+            let run = controller::run(client.clone(), ControllerOptions::new(format!("e2e-{test}")).namespace(&ns), &mut registry, futures::future::pending());
+            let controller = tokio::spawn(async move {
+                if let Err(err) = run.await {
+                    panic!("controller failed: {err}");
+                }
+            });
+            let metrics = Metrics::register(&mut registry);
+            let mut options = LocalOptions::new(format!("kf-e2e-{ns}"));
+            options.only_namespaces = Some(vec![ns.clone()]);
+            let hook = LocalWebhook::start(client.clone(), options, metrics, Arc::new(registry)).await.expect("start the webhook");
+            Some((hook, controller))
+        };
+        let kf = KubeFence { client, ns, local };
+        kf.wait_until_fenced().await;
+        kf
+    }
+
+    /// The API server calls the webhook for this namespace: a guarded create without a token fails.
+    async fn wait_until_fenced(&self) {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let probe = guarded_configmap("probe", "probe", "probing");
+            match api.create(&Default::default(), &probe).await {
+                Err(kube::Error::Api(e)) if e.message.contains("fence.kubefence.io") => return,
+                Ok(_) => {
+                    let _ = api.delete("probe", &Default::default()).await;
+                }
+                Err(e) => panic!("probing the webhook: {e}"),
+            }
+            assert!(Instant::now() < deadline, "the API server did not call the fencing webhook for {} within 60 s", self.ns);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some((hook, controller)) = self.local.take() {
+            hook.stop(&self.client).await.expect("remove the webhook registration");
+            controller.abort();
+        }
+    }
+}
+
+fn guarded_configmap(name: &str, lease: &str, writer: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta { name: Some(name.into()), labels: Some([("kubefence.io/lease".to_string(), lease.to_string())].into()), ..Default::default() },
+        data: Some([("writer".to_string(), writer.to_string())].into()),
+        ..Default::default()
+    }
+}
+
+/// The seed's failure, end to end with the worker library: A holds the lease and is paused after
+/// its grant and before its write; its lease expires; B acquires and commits; A's write is let
+/// go — and fails with `StaleToken { presented: A's token, recorded: B's token }`, every round.
+#[tokio::test]
+async fn a_paused_holder_is_fenced_off_with_a_typed_error() {
+    let kf = KubeFence::start("e2e-pause").await;
+    let leases = Leases::new(kf.client.clone(), &kf.ns);
+    let configmaps: Api<ConfigMap> = Api::namespaced(kf.client.clone(), &kf.ns);
+    let short = AcquireOptions::default().duration(Duration::from_secs(1)).timeout(Duration::from_secs(30));
+
+    let first = leases.acquire("work", "setup", short.clone()).await.expect("first grant");
+    first.create(&configmaps, &guarded_configmap("state", "work", "setup")).await.expect("fenced create with the newest token");
+    leases.release(&first).await.expect("release");
+
+    let rounds = 5;
+    for round in 0..rounds {
+        let a = leases.acquire("work", "worker-a", short.clone()).await.expect("A acquires");
+        let mut a_view = configmaps.get("state").await.expect("A reads the state");
+        // A pauses here (no heartbeat, no write) for longer than its lease.
+        let b = leases.acquire("work", "worker-b", short.clone()).await.expect("B acquires once A's lease expired");
+        assert!(b.token > a.token, "round {round}: B's token {} is greater than A's {}", b.token, a.token);
+        let mut b_view = configmaps.get("state").await.expect("B reads the state");
+        b_view.data.get_or_insert_default().insert("writer".into(), format!("worker-b-{round}"));
+        b.replace(&configmaps, &b_view).await.expect("B's write commits");
+
+        // A wakes up and sends its delayed write, based on what it read before pausing.
+        a_view.metadata.resource_version = None; // even an unconditional write must be fenced
+        a_view.data.get_or_insert_default().insert("writer".into(), format!("worker-a-{round}"));
+        match a.replace(&configmaps, &a_view).await {
+            Err(Error::StaleToken { presented, recorded }) => {
+                assert_eq!((presented, recorded), (a.token, b.token), "round {round}: the rejection names both tokens");
+            }
+            other => panic!("round {round}: A's stale write must fail with StaleToken, got {other:?}"),
+        }
+        let stored = configmaps.get("state").await.expect("read back");
+        assert_eq!(stored.data.unwrap_or_default().get("writer").cloned(), Some(format!("worker-b-{round}")), "round {round}: B's effect stuck");
+        leases.release(&b).await.expect("B releases");
+    }
+    kf.stop().await;
+}
+
+/// A stale worker cannot sneak in through a delete either: without a resourceVersion
+/// precondition it is refused; with its stale view's resourceVersion it conflicts.
+#[tokio::test]
+async fn a_paused_holder_cannot_delete_what_a_newer_holder_wrote() {
+    let kf = KubeFence::start("e2e-delete").await;
+    let leases = Leases::new(kf.client.clone(), &kf.ns);
+    let configmaps: Api<ConfigMap> = Api::namespaced(kf.client.clone(), &kf.ns);
+    let short = AcquireOptions::default().duration(Duration::from_secs(1)).timeout(Duration::from_secs(30));
+
+    let a = leases.acquire("work", "worker-a", short.clone()).await.expect("A acquires");
+    let a_view = a.create(&configmaps, &guarded_configmap("state", "work", "a")).await.expect("A creates");
+    let b = leases.acquire("work", "worker-b", short.clone()).await.expect("B acquires after A's lease expired");
+    let mut b_view = configmaps.get("state").await.expect("B reads");
+    b_view.data.get_or_insert_default().insert("writer".into(), "b".into());
+    b.replace(&configmaps, &b_view).await.expect("B writes");
+
+    let err = a.delete(&configmaps, &a_view).await.expect_err("A's delete of the version it saw must fail");
+    assert!(matches!(err, Error::Conflict(_)), "a stale resourceVersion precondition conflicts: {err:?}");
+    let err = configmaps.delete("state", &Default::default()).await.expect_err("a delete without a precondition is refused");
+    assert!(err.to_string().contains("resourceVersion"), "the refusal says what is missing: {err}");
+    assert!(configmaps.get_opt("state").await.expect("get").is_some(), "B's object survives");
+    kf.stop().await;
+}
+
+/// `kubectl fence ...` works: the binary installed as `kubectl-fence` is a kubectl plugin.
+#[tokio::test]
+async fn kube_fence_works_as_a_kubectl_plugin() {
+    let kf = KubeFence::start("e2e-plugin").await;
+    let plugins = tempfile::tempdir().expect("tempdir");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kube-fence"), plugins.path().join("kubectl-fence")).expect("symlink");
+    let bin = kube_fence_testenv::binaries().expect("kubectl");
+    let path = format!("{}:{}:{}", plugins.path().display(), bin.display(), std::env::var("PATH").unwrap_or_default());
+    let kubeconfig = kube_fence_testenv::shared_kubeconfig();
+    let ns = kf.ns.clone();
+    // Off the runtime thread: the in-process controller must keep running while kubectl waits.
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(bin.join("kubectl"))
+            .args(["fence", "lease", "acquire", "plugin", "--holder", "shell", "--duration", "10s", "-n", &ns])
+            .env("PATH", &path)
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .expect("run kubectl fence")
+    })
+    .await
+    .expect("kubectl thread");
+    assert!(out.status.success(), "kubectl fence lease acquire: {}", String::from_utf8_lossy(&out.stderr));
+    let token: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("acquire prints the token alone");
+    let lease = Leases::new(kf.client.clone(), &kf.ns).get("plugin").await.expect("lease exists");
+    assert_eq!(lease.status.and_then(|s| s.token).map(|t| t.get()), Some(token));
+    kf.stop().await;
+}
+
+/// The README's run command, exactly as written (`hack/run.sh --demo-only`), on a control plane
+/// of its own: it must end with the stale write rejected.
+#[test]
+fn the_readme_demonstration_rejects_the_stale_write() {
+    if installed() {
+        return; // the demo starts kube-fence itself; nothing to prove against an installed one
+    }
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new("bash")
+        .arg(format!("{root}/hack/run.sh"))
+        .arg("--demo-only")
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run hack/run.sh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "hack/run.sh --demo-only failed:\n{stderr}");
+    assert!(stderr.contains("denied the request: stale write"), "the API server's rejection is shown:\n{stderr}");
+    assert!(stderr.contains("presented token") && stderr.contains("recorded token"), "the rejection names both tokens:\n{stderr}");
+    assert!(stderr.contains("still says writer=worker-b"), "B's effect stuck:\n{stderr}");
+}
