@@ -47,7 +47,7 @@ helm install "$RELEASE" "$CHART" --namespace "$NAMESPACE" --create-namespace \
 kubectl -n "$NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s
 
 say "running the end-to-end suite against the installed kube-fence"
-KUBE_FENCE_E2E_INSTALLED="$NAMESPACE/$RELEASE" cargo test --locked --test e2e -- --test-threads=2
+KUBE_FENCE_E2E_INSTALLED=1 cargo test --locked --test e2e -- --test-threads=2
 
 say "uninstalling (the webhook configuration goes first)"
 helm uninstall "$RELEASE" --namespace "$NAMESPACE" --wait
