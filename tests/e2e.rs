@@ -130,6 +130,21 @@ async fn a_paused_holder_is_fenced_off_with_a_typed_error() {
         assert_eq!(stored.data.unwrap_or_default().get("writer").cloned(), Some(format!("worker-b-{round}")), "round {round}: B's effect stuck");
         leases.release(&b).await.expect("B releases");
     }
+
+    // Each rejection is also a Warning Event on the guarded object (kubectl describe shows it).
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(kf.client.clone(), &kf.ns);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let seen = events.list(&Default::default()).await.expect("list events");
+        let stale = seen.items.iter().find(|e| e.reason.as_deref() == Some("StaleToken") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("state"));
+        if let Some(event) = stale {
+            assert_eq!(event.type_.as_deref(), Some("Warning"));
+            assert!(event.note.as_deref().unwrap_or_default().contains("presented token"), "{event:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no StaleToken Event on the guarded ConfigMap within 15 s");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     kf.stop().await;
 }
 

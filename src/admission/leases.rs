@@ -39,6 +39,11 @@ impl LeaseDirectory {
         (LeaseDirectory { client, store }, stream)
     }
 
+    /// The client the directory reads with.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
     /// Whether the cache has been filled once (what `/readyz` waits for).
     pub fn is_ready(&self) -> bool {
         // A store that is not ready yet has not seen its initial list.

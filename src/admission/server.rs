@@ -75,6 +75,65 @@ pub struct Webhook {
     pub exempt: Exemptions,
     pub leases: LeaseDirectory,
     pub metrics: Metrics,
+    /// Events on the guarded objects for rejected writes (`None`: no Events, e.g. benchmarks).
+    pub events: Option<RejectionEvents>,
+}
+
+/// Publishes a Kubernetes Event on the guarded object for each write the fencing rules reject,
+/// so `kubectl describe` shows who was fenced off and why. Bounded: at most
+/// [`RejectionEvents::PER_SECOND`] a second — a storm of stale writes must not become a storm
+/// of Events against the API server. Publishing runs in the background and never delays or
+/// changes a verdict.
+pub struct RejectionEvents {
+    recorder: kube::runtime::events::Recorder,
+    window: std::sync::Mutex<(Instant, u32)>,
+}
+
+impl RejectionEvents {
+    pub const PER_SECOND: u32 = 20;
+
+    pub fn new(client: kube::Client, instance: String) -> RejectionEvents {
+        let reporter = kube::runtime::events::Reporter { controller: "kube-fence-webhook".into(), instance: Some(instance) };
+        RejectionEvents { recorder: kube::runtime::events::Recorder::new(client, reporter), window: std::sync::Mutex::new((Instant::now(), 0)) }
+    }
+
+    fn admit_one(&self) -> bool {
+        let Ok(mut window) = self.window.lock() else { return false };
+        if window.0.elapsed() >= Duration::from_secs(1) {
+            *window = (Instant::now(), 0);
+        }
+        window.1 += 1;
+        window.1 <= Self::PER_SECOND
+    }
+
+    fn publish(&self, request: &AdmissionRequest<DynamicObject>, reason: Reason, message: &str) {
+        if !self.admit_one() {
+            return;
+        }
+        let group = request.kind.group.as_str();
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(if group.is_empty() { request.kind.version.clone() } else { format!("{group}/{}", request.kind.version) }),
+            kind: Some(request.kind.kind.clone()),
+            namespace: request.namespace.clone(),
+            name: Some(request.name.clone()),
+            uid: request.old_object.as_ref().and_then(|o| o.metadata.uid.clone()),
+            ..Default::default()
+        };
+        let user = request.user_info.username.clone().unwrap_or_default();
+        let event = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: reason.as_str().to_string(),
+            note: Some(format!("{user}: {message}").chars().take(1024).collect()),
+            action: format!("{:?}", request.operation),
+            secondary: None,
+        };
+        let recorder = self.recorder.clone();
+        tokio::spawn(async move {
+            if let Err(err) = recorder.publish(&event, &reference).await {
+                tracing::debug!(%err, "publishing a rejection event");
+            }
+        });
+    }
 }
 
 impl Webhook {
@@ -193,7 +252,12 @@ async fn validate(State(webhook): State<Arc<Webhook>>, headers: http::HeaderMap,
     match &verdict {
         Verdict::Allow { reason } => tracing::debug!(kind, ns, name, user, op = ?request.operation, %reason, "admitted"),
         Verdict::AllowWithWarning { reason, message } => tracing::warn!(kind, ns, name, user, op = ?request.operation, %reason, message, "admitted with a warning (enforcement Warn)"),
-        Verdict::Deny { code, reason, message } => tracing::info!(kind, ns, name, user, op = ?request.operation, code, %reason, message, "denied"),
+        Verdict::Deny { code, reason, message } => {
+            tracing::info!(kind, ns, name, user, op = ?request.operation, code, %reason, message, "denied");
+            if let Some(events) = &webhook.events {
+                events.publish(&request, *reason, message);
+            }
+        }
     }
     axum::Json(response.into_review()).into_response()
 }
@@ -247,6 +311,12 @@ pub async fn run(
     registry: Arc<Registry>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let webhook = Arc::new(Webhook { exempt, leases, metrics });
+    let events = Some(RejectionEvents::new(leases.client(), instance_name()));
+    let webhook = Arc::new(Webhook { exempt, leases, metrics, events });
     serve(listener, tls, router(webhook, registry), shutdown).await
+}
+
+/// This replica's name for Events: the Pod name when running in a cluster, else host and pid.
+pub fn instance_name() -> String {
+    std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(|| format!("kube-fence-{}", std::process::id()))
 }
