@@ -21,3 +21,36 @@ async fn crds_are_served_and_validated_by_the_api_server() {
     let err = leases.create(&PostParams::default(), &bad).await.expect_err("a zero duration is rejected");
     assert!(err.to_string().contains("leaseDurationSeconds"), "error names the field: {err}");
 }
+
+/// `kubectl explain` explains: every field's doc comment reaches the API server's schema.
+#[tokio::test]
+async fn kubectl_explain_describes_the_lease_fields() {
+    let client = common::client().await; // CRDs installed
+    let kubectl = kube_fence_testenv::binaries().expect("kubectl").join("kubectl");
+    let kubeconfig = kube_fence_testenv::shared_kubeconfig();
+    for (field, words) in [
+        ("flease.spec.holder", "clear it to release the lease"),
+        ("flease.spec.heartbeatTime", "Only the change"),
+        ("flease.spec.fencing.comparison", "AllowEqual"),
+        ("flease.status.token", "Strictly greater than every token"),
+        ("flease.status.expireTime", "controller clock"),
+    ] {
+        let out = tokio::task::spawn_blocking({
+            let (kubectl, kubeconfig, field) = (kubectl.clone(), kubeconfig.clone(), field.to_string());
+            move || std::process::Command::new(kubectl).args(["explain", &field]).env("KUBECONFIG", kubeconfig).output().expect("kubectl explain")
+        })
+        .await
+        .expect("thread");
+        let text = String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(out.status.success() && text.contains(words), "kubectl explain {field} says {words:?}:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    // `kubectl get flease` shows holder, token, phase, expiry and age.
+    let ns = common::namespace(&client, "columns").await;
+    Api::<Lease>::namespaced(client.clone(), &ns).create(&PostParams::default(), &Lease::new("shown", LeaseSpec::default())).await.expect("create lease");
+    let out = tokio::task::spawn_blocking(move || std::process::Command::new(kubectl).args(["get", "flease", "-n", &ns]).env("KUBECONFIG", kubeconfig).output().expect("kubectl get"))
+        .await
+        .expect("thread");
+    let header = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().split_whitespace().collect::<Vec<_>>().join(" ");
+    assert_eq!(header, "NAME HOLDER TOKEN PHASE EXPIRES AGE");
+}
