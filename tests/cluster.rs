@@ -35,13 +35,21 @@ async fn kubectl_explain_describes_the_lease_fields() {
         ("flease.status.token", "Strictly greater than every token"),
         ("flease.status.expireTime", "controller clock"),
     ] {
-        let out = tokio::task::spawn_blocking({
-            let (kubectl, kubeconfig, field) = (kubectl.clone(), kubeconfig.clone(), field.to_string());
-            move || std::process::Command::new(kubectl).args(["explain", &field]).env("KUBECONFIG", kubeconfig).output().expect("kubectl explain")
-        })
-        .await
-        .expect("thread");
-        let text = String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+        // The API server publishes a new CRD's schema to OpenAPI a moment after it is established.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let (out, text) = loop {
+            let out = tokio::task::spawn_blocking({
+                let (kubectl, kubeconfig, field) = (kubectl.clone(), kubeconfig.clone(), field.to_string());
+                move || std::process::Command::new(kubectl).args(["explain", &field]).env("KUBECONFIG", kubeconfig).output().expect("kubectl explain")
+            })
+            .await
+            .expect("thread");
+            let text = String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+            if out.status.success() || std::time::Instant::now() > deadline {
+                break (out, text);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        };
         assert!(out.status.success() && text.contains(words), "kubectl explain {field} says {words:?}:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
     }
 
