@@ -10,8 +10,11 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use std::time::{Duration, Instant};
+
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ObjectMeta, PostParams};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/kube-fence");
 
@@ -83,12 +86,11 @@ async fn install_creates_what_the_values_say_and_uninstall_removes_the_webhook()
     let client = common::client().await;
     let ns = common::namespace(&client, "chart-install").await;
     let release = "inst";
-    let mut args: Vec<String> = ["install", release, CHART, "-n", &ns, "--set", "replicaCount=3", "--set", "webhook.timeoutSeconds=7", "--set", "leaderElection=false"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    args.extend(isolated(&ns));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // This release fences one namespace of its own: with no node here its Pods never run, so a
+    // guarded write there fails closed until uninstall removes the webhook.
+    let fenced = common::namespace(&client, "chart-fenced").await;
+    let only = format!("webhook.onlyNamespaces={{{fenced}}}");
+    let args = ["install", release, CHART, "-n", &ns, "--set", "replicaCount=3", "--set", "webhook.timeoutSeconds=7", "--set", "leaderElection=false", "--set", &only];
     ok("helm", &args, None);
 
     let deploy = Api::<Deployment>::namespaced(client.clone(), &ns).get("inst-kube-fence").await.expect("deployment");
@@ -114,8 +116,32 @@ async fn install_creates_what_the_values_say_and_uninstall_removes_the_webhook()
     let excluded = &hook.namespace_selector.as_ref().and_then(|s| s.match_expressions.clone()).expect("namespace selector")[0];
     assert!(excluded.values.clone().unwrap_or_default().contains(&ns), "the release namespace is never fenced");
 
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &fenced);
+    let guarded = || ConfigMap {
+        metadata: ObjectMeta { name: Some("guarded".into()), labels: Some([("kubefence.io/lease".to_string(), "l".to_string())].into()), ..Default::default() },
+        ..Default::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        // The API server picks up a new webhook configuration within a moment.
+        match configmaps.create(&PostParams::default(), &guarded()).await {
+            Err(kube::Error::Api(e)) if e.message.contains("fence.kubefence.io") => break,
+            Ok(_) => {
+                let _ = configmaps.delete("guarded", &Default::default()).await;
+            }
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+        assert!(Instant::now() < deadline, "the installed webhook (no Pods) never made guarded writes fail closed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     ok("helm", &["uninstall", release, "-n", &ns, "--wait"], None);
     assert!(vwcs.get_opt("inst-kube-fence").await.expect("get").is_none(), "uninstall leaves no webhook configuration behind");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = configmaps.create(&PostParams::default(), &guarded()).await {
+        assert!(Instant::now() < deadline, "guarded objects are writable again after uninstall: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test]
