@@ -23,8 +23,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-/// Where the control-plane binaries come from.
+/// Where the control-plane binaries come from: `KUBE_FENCE_BIN_DIR`, else built (or found
+/// cached) by `hack/build-control-plane.sh` — once per process.
 pub fn binaries() -> Result<PathBuf> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| build_binaries().map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow::anyhow!(e))
+}
+
+fn build_binaries() -> Result<PathBuf> {
     if let Ok(dir) = std::env::var("KUBE_FENCE_BIN_DIR") {
         return Ok(PathBuf::from(dir));
     }
