@@ -56,6 +56,8 @@ pub struct Config {
     pub leases: usize,
     /// Guarded ConfigMaps bound to each lease.
     pub objects_per_lease: usize,
+    /// How many times a normal cycle writes each object under an `AllowEqual` lease (once under `Strict`).
+    pub equal_rounds: usize,
     pub lease_seconds: u32,
     /// The run ends when all of these are reached (and every fault kind was injected)...
     pub min_writes: u64,
@@ -78,16 +80,17 @@ impl Config {
     pub fn short() -> Config {
         Config {
             workers: 8,
-            leases: 3,
-            objects_per_lease: 2,
+            leases: 4,
+            objects_per_lease: 3,
+            equal_rounds: 4,
             lease_seconds: 1,
-            min_writes: 300,
+            min_writes: 250,
             min_pauses: 20,
             min_fault_rounds: 1,
             max_duration: Duration::from_secs(100),
             pause_percent: 25,
             skew_percent: 10,
-            fault_gap: Duration::from_secs(2),
+            fault_gap: Duration::from_millis(1_500),
             seed: seed_from_env(),
         }
     }
@@ -98,7 +101,8 @@ impl Config {
         Config {
             workers: n("KF_TORTURE_WORKERS", 32) as usize,
             leases: n("KF_TORTURE_LEASES", 16) as usize,
-            objects_per_lease: n("KF_TORTURE_OBJECTS", 2) as usize,
+            objects_per_lease: n("KF_TORTURE_OBJECTS", 4) as usize,
+            equal_rounds: n("KF_TORTURE_EQUAL_ROUNDS", 4) as usize,
             lease_seconds: n("KF_TORTURE_LEASE_SECONDS", 1) as u32,
             min_writes: n("KF_TORTURE_WRITES", 10_000),
             min_pauses: n("KF_TORTURE_PAUSES", 1_000),
@@ -106,7 +110,7 @@ impl Config {
             max_duration: Duration::from_secs(n("KF_TORTURE_MAX_SECONDS", 1_500)),
             pause_percent: n("KF_TORTURE_PAUSE_PERCENT", 35),
             skew_percent: n("KF_TORTURE_SKEW_PERCENT", 10),
-            fault_gap: Duration::from_secs(n("KF_TORTURE_FAULT_GAP_SECONDS", 5)),
+            fault_gap: Duration::from_secs(n("KF_TORTURE_FAULT_GAP_SECONDS", 10)),
             seed: seed_from_env(),
         }
     }
@@ -614,7 +618,7 @@ impl World {
     /// Heartbeats in the background and writes each object (several times under AllowEqual).
     async fn normal_cycle(&self, grant: &Grant, objects: &[String], allow_equal: bool, rng: &mut Rng) {
         let keep_alive = self.leases().keep_alive(grant);
-        let rounds = if allow_equal { 3 } else { 1 };
+        let rounds = if allow_equal { self.config.equal_rounds } else { 1 };
         'writing: for _ in 0..rounds {
             for object in objects {
                 if !matches!(keep_alive.holding(), fence::Holding::Held { .. }) {
