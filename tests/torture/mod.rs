@@ -301,8 +301,11 @@ impl fmt::Display for Report {
 /// A control plane of the driver's own, owned by one long-lived thread: its processes are bound
 /// to that thread with `PR_SET_PDEATHSIG`, so they die with the test however it ends, and
 /// restarts are spawned from the same thread.
+/// A restart request: the component's name, and where to send the outcome.
+type RestartRequest = (String, tokio::sync::oneshot::Sender<Result<(), String>>);
+
 struct Plane {
-    commands: Option<std::sync::mpsc::Sender<(String, tokio::sync::oneshot::Sender<Result<(), String>>)>>,
+    commands: Option<std::sync::mpsc::Sender<RestartRequest>>,
     thread: Option<std::thread::JoinHandle<()>>,
     kubeconfig: PathBuf,
 }
@@ -310,7 +313,7 @@ struct Plane {
 impl Plane {
     fn start() -> Result<Plane, String> {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (tx, rx) = std::sync::mpsc::channel::<(String, tokio::sync::oneshot::Sender<Result<(), String>>)>();
+        let (tx, rx) = std::sync::mpsc::channel::<RestartRequest>();
         let thread = std::thread::Builder::new()
             .name("kube-fence-fault-plane".into())
             .spawn(move || {
