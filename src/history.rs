@@ -4,7 +4,9 @@
 //!
 //! - per lease: tokens strictly increase from grant to grant, and no token goes to two holders;
 //! - per guarded object: accepted tokens strictly increase (`>=` for leases in `AllowEqual`
-//!   mode), so no write authorised by token n was accepted after one authorised by a greater token.
+//!   mode), so no write authorised by token n was accepted after one authorised by a greater token;
+//! - every accepted write carries a token its lease granted (checked for the leases whose grants
+//!   the history recorded).
 //!
 //! Pure: tests and the fault-injection driver record, this judges.
 
@@ -17,8 +19,8 @@ use crate::token::Token;
 pub enum Observation {
     /// A Lease status showing `holder` holding `token` (renewals repeat the same grant).
     Grant { lease: String, holder: String, token: Token, resource_version: u64 },
-    /// A guarded object version the API server accepted, carrying `token`.
-    Write { object: String, token: Token, resource_version: u64 },
+    /// A guarded object version the API server accepted, bound to `lease` and carrying `token`.
+    Write { object: String, lease: String, token: Token, resource_version: u64 },
 }
 
 /// A broken invariant, with what is needed to find it in the recorded history.
@@ -30,6 +32,8 @@ pub enum Violation {
     TokenGrantedTwice { lease: String, token: Token, first: String, second: String },
     /// A write was accepted after one with a greater (or, in strict mode, equal) token.
     StaleWriteAccepted { object: String, recorded: Token, accepted: Token, resource_version: u64 },
+    /// A write was accepted with a token its lease never granted.
+    TokenNeverGranted { object: String, lease: String, token: Token, resource_version: u64 },
 }
 
 impl std::fmt::Display for Violation {
@@ -44,22 +48,42 @@ impl std::fmt::Display for Violation {
             Violation::StaleWriteAccepted { object, recorded, accepted, resource_version } => {
                 write!(f, "object {object}: write with token {accepted} accepted at resourceVersion {resource_version} after token {recorded}")
             }
+            Violation::TokenNeverGranted { object, lease, token, resource_version } => {
+                write!(f, "object {object}: write with token {token} accepted at resourceVersion {resource_version}, but lease {lease} never granted that token")
+            }
         }
     }
 }
 
 /// Checks a history. `allow_equal(object)` says whether that object's lease admits equal tokens.
+///
+/// The same grant or write may be observed more than once (by a watch and by the worker that
+/// made it, or again after a watch re-lists); observations with one resourceVersion count once.
+/// A watch that re-lists may also miss versions: the checks then judge fewer transitions, never
+/// report one that did not happen.
 pub fn check(observations: &[Observation], allow_equal: impl Fn(&str) -> bool) -> Vec<Violation> {
     let mut violations = Vec::new();
     // Order each stream by resourceVersion: that is the order etcd committed them in.
     let mut grants: BTreeMap<&str, Vec<(u64, &str, Token)>> = BTreeMap::new();
     let mut writes: BTreeMap<&str, Vec<(u64, Token)>> = BTreeMap::new();
+    let mut granted: HashMap<&str, std::collections::HashSet<Token>> = HashMap::new();
     for o in observations {
         match o {
             Observation::Grant { lease, holder, token, resource_version } => {
-                grants.entry(lease).or_default().push((*resource_version, holder, *token))
+                grants.entry(lease).or_default().push((*resource_version, holder, *token));
+                granted.entry(lease).or_default().insert(*token);
             }
-            Observation::Write { object, token, resource_version } => writes.entry(object).or_default().push((*resource_version, *token)),
+            Observation::Write { object, token, resource_version, .. } => writes.entry(object).or_default().push((*resource_version, *token)),
+        }
+    }
+    for o in observations {
+        if let Observation::Write { object, lease, token, resource_version } = o
+            && granted.get(lease.as_str()).is_some_and(|tokens| !tokens.contains(token))
+        {
+            let v = Violation::TokenNeverGranted { object: object.clone(), lease: lease.clone(), token: *token, resource_version: *resource_version };
+            if !violations.contains(&v) {
+                violations.push(v);
+            }
         }
     }
     for (lease, mut seen) in grants {
@@ -118,7 +142,7 @@ mod tests {
         Observation::Grant { lease: lease.into(), holder: holder.into(), token: t(token), resource_version: rv }
     }
     fn write(object: &str, token: u64, rv: u64) -> Observation {
-        Observation::Write { object: object.into(), token: t(token), resource_version: rv }
+        Observation::Write { object: object.into(), lease: "l".into(), token: t(token), resource_version: rv }
     }
 
     #[rstest]
@@ -134,6 +158,10 @@ mod tests {
     #[case::planted_equal_write_in_strict_mode(vec![write("o", 5, 20), write("o", 5, 21)], 1)]
     #[case::objects_are_independent(vec![write("o1", 9, 20), write("o2", 5, 21)], 0)]
     #[case::stale_after_a_later_higher_one(vec![write("o", 5, 20), write("o", 12, 21), write("o", 9, 22), write("o", 10, 23)], 2)]
+    #[case::writes_with_granted_tokens(vec![grant("l", "a", 5, 5), write("o", 5, 6), grant("l", "b", 9, 9), write("o", 9, 10)], 0)]
+    #[case::planted_write_with_a_token_never_granted(vec![grant("l", "a", 5, 5), write("o", 5, 6), write("o", 7, 8)], 1)]
+    #[case::seen_twice_counts_once(vec![grant("l", "a", 5, 5), write("o", 5, 6), write("o", 5, 6), grant("l", "a", 5, 5)], 0)]
+    #[case::planted_stale_write_seen_twice(vec![write("o", 9, 21), write("o", 5, 22), write("o", 9, 21), write("o", 5, 22)], 1)]
     fn finds_exactly_the_planted_violations(#[case] history: Vec<Observation>, #[case] expected: usize) {
         let violations = check(&history, |_| false);
         assert_eq!(violations.len(), expected, "{violations:#?}");
@@ -144,6 +172,21 @@ mod tests {
         let history = vec![write("relaxed", 5, 1), write("relaxed", 5, 2), write("strict", 5, 3), write("strict", 5, 4)];
         let violations = check(&history, |o| o == "relaxed");
         assert_eq!(violations, vec![Violation::StaleWriteAccepted { object: "strict".into(), recorded: t(5), accepted: t(5), resource_version: 4 }]);
+    }
+
+    #[test]
+    fn a_planted_violation_among_many_good_observations_is_found() {
+        // A long, shuffled history like the fault driver's, with one stale write planted.
+        let mut history = vec![];
+        for i in 0..500u64 {
+            let token = 100 + 10 * i;
+            history.push(grant("l", if i % 2 == 0 { "a" } else { "b" }, token, token + 1));
+            history.push(write("o", token, token + 2));
+        }
+        history.push(write("o", 2_000, 5_003)); // granted (i = 190), but committed after token 5_000
+        history.reverse();
+        let violations = check(&history, |_| false);
+        assert_eq!(violations, vec![Violation::StaleWriteAccepted { object: "o".into(), recorded: t(5_000), accepted: t(2_000), resource_version: 5_003 }]);
     }
 
     #[test]

@@ -99,6 +99,13 @@ impl LocalWebhook {
         }
     }
 
+    /// Stops serving and drops the lease cache but leaves the registration in place, as a crashed
+    /// process would: guarded writes fail closed until a webhook serves the registration again.
+    pub async fn crash(mut self) {
+        self.stop_serving().await;
+        self.cache.abort();
+    }
+
     /// Removes the registration, then stops serving (in that order, so no guarded write meets
     /// a registered webhook that no longer answers).
     pub async fn stop(mut self, client: &kube::Client) -> Result<(), kube::Error> {

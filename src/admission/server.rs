@@ -205,6 +205,28 @@ pub fn request_facts(request: &AdmissionRequest<DynamicObject>) -> decision::Req
     }
 }
 
+/// Why a body cannot be judged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unreadable {
+    /// Not JSON, or no `request.uid` to answer to: refused with HTTP 400.
+    NotAReview(String),
+    /// An AdmissionReview whose request cannot be read: denied (code 400), failing closed.
+    Malformed { uid: String, message: String },
+}
+
+/// Reads a `/validate` body into the request to judge. Pure, and total on any bytes: the
+/// property tests (`tests/admission_props.rs`) feed it arbitrary and mutated bodies.
+pub fn parse_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Unreadable> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|err| Unreadable::NotAReview(format!("the body is not JSON: {err}")))?;
+    let Some(uid) = value.pointer("/request/uid").and_then(|u| u.as_str()).map(str::to_string) else {
+        return Err(Unreadable::NotAReview("not an AdmissionReview: request.uid is missing".to_string()));
+    };
+    serde_json::from_value::<AdmissionReview<DynamicObject>>(value)
+        .map_err(|e| e.to_string())
+        .and_then(|review| TryInto::<AdmissionRequest<DynamicObject>>::try_into(review).map_err(|e| e.to_string()))
+        .map_err(|err| Unreadable::Malformed { uid, message: format!("kube-fence cannot read this AdmissionReview: {err}") })
+}
+
 fn record(metrics: &Metrics, verdict: &Verdict, started: Instant) {
     metrics.decisions.get_or_create(&DecisionLabels { verdict: verdict.kind(), reason: verdict.reason().as_str() }).inc();
     metrics.latency.observe(started.elapsed().as_secs_f64());
@@ -221,24 +243,15 @@ async fn validate(State(webhook): State<Arc<Webhook>>, headers: http::HeaderMap,
         Ok(body) => body,
         Err(err) => return (StatusCode::PAYLOAD_TOO_LARGE, format!("cannot read the body (at most {MAX_BODY_BYTES} bytes): {err}\n")).into_response(),
     };
-    let value: serde_json::Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(err) => return (StatusCode::BAD_REQUEST, format!("the body is not JSON: {err}\n")).into_response(),
-    };
-    let Some(uid) = value.pointer("/request/uid").and_then(|u| u.as_str()).map(str::to_string) else {
-        return (StatusCode::BAD_REQUEST, "not an AdmissionReview: request.uid is missing\n").into_response();
-    };
-    let parsed = serde_json::from_value::<AdmissionReview<DynamicObject>>(value)
-        .map_err(|e| e.to_string())
-        .and_then(|review| TryInto::<AdmissionRequest<DynamicObject>>::try_into(review).map_err(|e| e.to_string()));
-    let request = match parsed {
+    let request = match parse_review(&body) {
         Ok(request) => request,
-        Err(err) => {
+        Err(Unreadable::NotAReview(message)) => return (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response(),
+        Err(Unreadable::Malformed { uid, message }) => {
             // The API server sent something we cannot read: deny (fail closed) and say why.
-            let verdict = Verdict::Deny { code: 400, reason: Reason::MalformedRequest, message: format!("kube-fence cannot read this AdmissionReview: {err}") };
+            let verdict = Verdict::Deny { code: 400, reason: Reason::MalformedRequest, message: message.clone() };
             record(&webhook.metrics, &verdict, started);
-            tracing::warn!(uid, error = %err, "malformed AdmissionReview denied");
-            let mut response = AdmissionResponse::invalid(format!("kube-fence cannot read this AdmissionReview: {err}"));
+            tracing::warn!(uid, error = %message, "malformed AdmissionReview denied");
+            let mut response = AdmissionResponse::invalid(message);
             response.uid = uid;
             response.result = response.result.with_code(400);
             response.result.reason = Reason::MalformedRequest.as_str().into();

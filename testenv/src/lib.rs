@@ -77,6 +77,10 @@ struct Component {
     name: &'static str,
     child: Child,
     log: PathBuf,
+    /// How it was started, so [`ControlPlane::restart`] can start it again the same way.
+    program: std::ffi::OsString,
+    args: Vec<std::ffi::OsString>,
+    die_with_parent: bool,
 }
 
 /// A running control plane. Dropping it stops every process and removes its state directory.
@@ -261,7 +265,7 @@ impl ControlPlane {
 
     fn spawn(&mut self, opts: &Options, name: &'static str, cmd: &mut Command) -> Result<()> {
         let log = self.dir.join(format!("{name}.log"));
-        let file = fs::File::create(&log)?;
+        let file = fs::OpenOptions::new().create(true).append(true).open(&log)?;
         cmd.stdin(Stdio::null()).stdout(file.try_clone()?).stderr(file);
         if opts.die_with_parent {
             // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
@@ -275,7 +279,29 @@ impl ControlPlane {
             }
         }
         let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
-        self.components.push(Component { name, child, log });
+        let (program, args) = (cmd.get_program().to_owned(), cmd.get_args().map(ToOwned::to_owned).collect());
+        self.components.push(Component { name, child, log, program, args, die_with_parent: opts.die_with_parent });
+        Ok(())
+    }
+
+    /// Kills one component (`etcd`, `kube-apiserver`, `kube-controller-manager`) with SIGKILL,
+    /// as a crash would, and starts it again with the same flags, ports and state (its log is
+    /// appended to). Returns once the new process runs; the caller waits for it to serve, as
+    /// any client of a restarting control plane must. For fault-injection tests.
+    pub fn restart(&mut self, name: &str) -> Result<()> {
+        let Some(index) = self.components.iter().position(|c| c.name == name) else { bail!("no component {name}") };
+        let mut old = self.components.remove(index);
+        let _ = old.child.kill();
+        let _ = old.child.wait();
+        let file = fs::OpenOptions::new().append(true).open(&old.log)?;
+        writeln!(&file, "----- restarted by ControlPlane::restart -----")?;
+        let mut cmd = Command::new(&old.program);
+        cmd.args(&old.args);
+        let opts = Options { die_with_parent: old.die_with_parent, ..Options::default() };
+        self.spawn(&opts, old.name, &mut cmd)?;
+        if let Some(c) = self.components.pop() {
+            self.components.insert(index, c);
+        }
         Ok(())
     }
 
