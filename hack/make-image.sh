@@ -45,7 +45,7 @@ mv "$work/layer.tar" "$work/out/$layer_sha/layer.tar"
 
 cmd_json=""
 [[ -n $cmd ]] && cmd_json=",\"Cmd\":$cmd"
-printf '{"architecture":"amd64","os":"linux","created":"1970-01-01T00:00:00Z","config":{"User":"%s","Env":["PATH=/"],"Entrypoint":%s%s},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created":"1970-01-01T00:00:00Z","created_by":"hack/make-image.sh %s"}]}' \
+printf '{"architecture":"amd64","os":"linux","created":"1970-01-01T00:00:00Z","config":{"User":"%s","Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"Entrypoint":%s%s},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created":"1970-01-01T00:00:00Z","created_by":"hack/make-image.sh %s"}]}' \
   "$user" "$entrypoint" "$cmd_json" "$layer_sha" "$path" > "$work/config.json"
 config_sha=$(sha256sum "$work/config.json" | cut -d' ' -f1)
 mv "$work/config.json" "$work/out/$config_sha.json"

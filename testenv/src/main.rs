@@ -237,6 +237,12 @@ fn pid(pid_file: &Path) -> Option<i32> {
 }
 
 fn down(dir: &Path) -> Result<()> {
+    // A dead supervisor's node still has mounts in the state directory: undo it before anything
+    // removes that directory. (Does nothing while a live node holds the lock.)
+    let problems = kube_fence_testenv::node::cleanup_stale(true)?;
+    if !problems.is_empty() {
+        bail!("could not undo everything the node changed: {}", problems.join("; "));
+    }
     let result = down_supervisor(dir);
     // A node whose supervisor was killed (SIGKILL) left its namespace, mounts and host settings
     // behind: undo them from the record it wrote.

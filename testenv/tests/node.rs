@@ -284,3 +284,183 @@ fn kf_env_up_node_prints_exports_imports_images_and_down_cleans_up() {
     let after = host_state();
     assert_eq!(after, before, "host as before");
 }
+
+/// Waits for a child to exit, at most `limit`; kills it and fails if it does not.
+fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("process {} did not exit within {limit:?}", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Reads lines from a child's stdout until one starts with `prefix`.
+fn wait_line(out: impl std::io::Read, prefix: &str) -> String {
+    use std::io::BufRead as _;
+    for line in std::io::BufReader::new(out).lines() {
+        let line = line.expect("read child output");
+        if line.starts_with(prefix) {
+            return line;
+        }
+    }
+    panic!("child exited without printing a line starting with {prefix:?}");
+}
+
+fn send(pid: u32, sig: &str) {
+    assert!(Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().expect("kill").success());
+}
+
+/// Ctrl-C on `kf-env up --node --foreground` tears the node down.
+#[test]
+fn ctrl_c_on_kf_env_foreground_tears_the_node_down() {
+    let _turn = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path().join("env");
+    let before = host_state();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kf-env"))
+        .arg("--state-dir")
+        .arg(&dir)
+        .args(["up", "--node", "--foreground"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start kf-env");
+    wait_line(child.stdout.take().expect("stdout"), "export CONTAINERD_NAMESPACE=");
+    send(child.id(), "INT");
+    let status = wait_exit(&mut child, Duration::from_secs(60));
+    assert!(status.success(), "kf-env exits cleanly after Ctrl-C: {status}");
+    assert!(!dir.exists(), "state directory removed");
+    assert_eq!(host_state(), before, "host as before");
+}
+
+/// Not a test by itself: starts a node through the library and waits forever, for the test
+/// below to interrupt (as Ctrl-C on `cargo test` would).
+#[test]
+#[ignore = "helper: run by ctrl_c_on_a_test_process_tears_the_node_down"]
+fn helper_node_until_interrupted() {
+    let dir = PathBuf::from(std::env::var("KF_NODE_HELPER_DIR").expect("KF_NODE_HELPER_DIR"));
+    let _cp = ControlPlane::start(Options { node: true, state_dir: Some(dir), ..Options::default() }).expect("node starts");
+    println!("NODE-READY");
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+/// A test process that starts a node and is interrupted (Ctrl-C, SIGTERM) tears it down first.
+#[test]
+fn ctrl_c_on_a_test_process_tears_the_node_down() {
+    let _turn = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path().join("node");
+    let before = host_state();
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--ignored", "--exact", "helper_node_until_interrupted", "--nocapture", "--test-threads", "1"])
+        .env("KF_NODE_HELPER_DIR", &dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start helper");
+    wait_line(child.stdout.take().expect("stdout"), "NODE-READY");
+    let pids: BTreeSet<u32> = node::netns_pids().into_iter().chain(node::cgroup_pids()).collect();
+    assert!(!pids.is_empty());
+    send(child.id(), "INT");
+    let status = wait_exit(&mut child, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(128 + 2), "exits as interrupted");
+    let survivors: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+    assert!(survivors.is_empty(), "no process survives: {survivors:?}");
+    assert!(!dir.exists(), "state directory removed");
+    assert_eq!(host_state(), before, "host as before");
+}
+
+/// A supervisor killed outright (SIGKILL: no handler runs) leaves the node behind; `kf-env down`
+/// finds its record and undoes everything.
+#[test]
+fn down_cleans_up_after_a_killed_supervisor() {
+    let _turn = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path().join("env");
+    let before = host_state();
+    let kf_env = env!("CARGO_BIN_EXE_kf-env");
+    let up = Command::new(kf_env).arg("--state-dir").arg(&dir).args(["up", "--node"]).output().expect("run kf-env up --node");
+    assert!(up.status.success(), "kf-env up --node: {}", String::from_utf8_lossy(&up.stderr));
+    let supervisor: u32 = fs::read_to_string(dir.join("supervisor.pid")).expect("pid file").trim().parse().expect("pid");
+    send(supervisor, "KILL");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(supervisor) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(Path::new("/run/netns").join(NETNS).exists(), "the killed supervisor left its namespace (as expected)");
+    let down = Command::new(kf_env).arg("--state-dir").arg(&dir).arg("down").output().expect("run kf-env down");
+    assert!(down.status.success(), "kf-env down: {}", String::from_utf8_lossy(&down.stderr));
+    assert!(node::netns_pids().is_empty() && node::cgroup_pids().is_empty(), "no node process left");
+    assert!(!dir.exists(), "state directory removed");
+    assert_eq!(host_state(), before, "host as before");
+}
+
+/// The kube-fence image hack/build-image.sh writes (no Docker) runs in the node as the
+/// Dockerfile says: non-root user 65532, entrypoint /kube-fence.
+#[test]
+fn kube_fence_image_runs_in_the_node() {
+    let _turn = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let work = tempfile::tempdir().expect("tempdir");
+    let tar = work.path().join("kube-fence.tar");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let build = Command::new("bash")
+        .arg(root.join("hack/build-image.sh"))
+        .args(["--debug", "--ref", "localhost/kf/kube-fence:test", "--out"])
+        .arg(&tar)
+        .current_dir(&root)
+        .output()
+        .expect("run build-image.sh");
+    assert!(build.status.success(), "build-image.sh: {}", String::from_utf8_lossy(&build.stderr));
+
+    let mut cp = ControlPlane::start(Options { node: true, ..Options::default() }).expect("the node starts");
+    cp.import_image(&tar).expect("import");
+    let manifest = work.path().join("pod.yaml");
+    // `crd` is a subcommand every kube-fence build has; it prints the CRD and exits 0.
+    fs::write(&manifest, r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: kube-fence-image, namespace: default}
+spec:
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  containers:
+  - name: main
+    image: localhost/kf/kube-fence:test
+    imagePullPolicy: Never
+    args: ["crd"]
+    securityContext: {runAsNonRoot: true, allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+"#).expect("write manifest");
+    let out = kubectl(&cp.kubeconfig, &["create", "-f", &manifest.to_string_lossy()]);
+    assert!(out.status.success(), "kubectl create: {}", String::from_utf8_lossy(&out.stderr));
+    let start = Instant::now();
+    loop {
+        let phase = kubectl(&cp.kubeconfig, &["get", "pod", "kube-fence-image", "-o", "jsonpath={.status.phase}"]);
+        let phase = String::from_utf8_lossy(&phase.stdout).into_owned();
+        if phase == "Succeeded" {
+            break;
+        }
+        if phase == "Failed" || start.elapsed() > Duration::from_secs(60) {
+            let d = kubectl(&cp.kubeconfig, &["describe", "pod", "kube-fence-image"]);
+            panic!("pod phase {phase:?}:\n{}", String::from_utf8_lossy(&d.stdout));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let logs = kubectl(&cp.kubeconfig, &["logs", "kube-fence-image"]);
+    let logs = String::from_utf8_lossy(&logs.stdout).into_owned();
+    assert!(logs.contains("kind: CustomResourceDefinition"), "kube-fence crd ran in the image:\n{logs}");
+    // The image's user is the Dockerfile's: the runtime reports it in the container status.
+    let config = Command::new("ctr")
+        .args(["--address"])
+        .arg(cp.containerd_address.as_ref().expect("containerd"))
+        .args(["-n", "k8s.io", "images", "ls"])
+        .output()
+        .expect("ctr");
+    assert!(String::from_utf8_lossy(&config.stdout).contains("localhost/kf/kube-fence:test"));
+    cp.stop();
+}
