@@ -528,6 +528,11 @@ evictionHard:
         self.wait_until(opts, "the kubernetes Service (10.96.0.1:443, TLS-verified) from the namespace", Duration::from_secs(60), |cp| {
             cp.in_netns(Command::new("curl").args(["-sf", "-o", "/dev/null", "--max-time", "3", "--cacert", &ca, "-H", &format!("Authorization: Bearer {admin}"), &format!("https://{KUBERNETES_SERVICE_IP}:443/readyz")]))
         })?;
+        // Pods can be created as soon as start returns: the namespace `default` has its service
+        // account and the CA bundle the kubelet projects into Pods.
+        let sa = format!("{}/api/v1/namespaces/default/serviceaccounts/default", self.server);
+        let root_ca = format!("{}/api/v1/namespaces/default/configmaps/kube-root-ca.crt", self.server);
+        self.wait_until(opts, "service account default/default", Duration::from_secs(60), |cp| cp.curl_ok(&sa, true) && cp.curl_ok(&root_ca, true))?;
         self.say(opts, &format!("node {NODE_NAME} Ready in {:.1}s; KUBECONFIG={}", started.elapsed().as_secs_f64(), self.kubeconfig.display()));
         Ok(())
     }

@@ -300,12 +300,13 @@ fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::
     }
 }
 
-/// Reads lines from a child's stdout until one starts with `prefix`.
+/// Reads lines from a child's stdout until one contains `prefix`.
 fn wait_line(out: impl std::io::Read, prefix: &str) -> String {
     use std::io::BufRead as _;
     for line in std::io::BufReader::new(out).lines() {
         let line = line.expect("read child output");
-        if line.starts_with(prefix) {
+        // libtest prints "test <name> ... " without a newline before the helper's own output.
+        if line.contains(prefix) {
             return line;
         }
     }
