@@ -2,7 +2,8 @@
 # Writes a container image holding one static binary as a docker-archive tarball (the format of
 # `docker save`), without Docker: manifest.json, an image config, one layer. containerd takes it
 # with `ctr -n k8s.io images import <tar>`, Docker with `docker load -i <tar>`. The output is
-# reproducible: same binary and options, same bytes (fixed mtimes, owners and order).
+# reproducible: same binary and options, same bytes (fixed mtimes, owners and order). Env PATH is
+# the default `docker build` gives a FROM scratch image, so the config matches the Dockerfile's.
 #
 # Usage: hack/make-image.sh --binary FILE --ref IMAGE:TAG --out TAR
 #          [--path /name-in-image] [--user UID:GID] [--entrypoint JSON-ARRAY] [--cmd JSON-ARRAY]

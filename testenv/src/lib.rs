@@ -2,6 +2,10 @@
 //! kube-controller-manager built from pinned Go modules (`hack/build-control-plane.sh`) — for
 //! kube-fence's tests and for people trying kube-fence without a cluster.
 //!
+//! Node mode ([`Options::node`], `kf-env up --node`) runs a whole single-node cluster instead —
+//! also kube-scheduler, containerd, kubelet and kube-proxy — in a network namespace of its own
+//! with no route out, so Pods, Services and in-cluster API access really work; see [`node`].
+//!
 //! Two ways in:
 //! - [`ControlPlane::start`] starts one and stops it (removing its files) when dropped.
 //! - [`shared_kubeconfig`] gives every test in a test binary the same cluster: the one in
