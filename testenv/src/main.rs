@@ -191,7 +191,7 @@ fn background(dir: &Path, controller_manager: bool, node: bool) -> Result<()> {
     }
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir)?;
-    let log_path = std::env::temp_dir().join(format!("kube-fence-env-{}.log", std::process::id()));
+    let log_path = supervisor_log(dir);
     let log = fs::File::create(&log_path)?;
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.arg("--state-dir").arg(dir).args(["up", "--foreground"]);
@@ -228,6 +228,13 @@ fn background(dir: &Path, controller_manager: bool, node: bool) -> Result<()> {
     run(Cli { state_dir: dir.to_path_buf(), command: Cmd::Env })
 }
 
+/// Next to the state directory (which the supervisor empties on start); `down` removes it.
+fn supervisor_log(dir: &Path) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".supervisor.log");
+    dir.with_file_name(name)
+}
+
 fn alive(pid_file: &Path) -> bool {
     pid(pid_file).is_some_and(|pid| unsafe { libc::kill(pid, 0) } == 0)
 }
@@ -244,6 +251,9 @@ fn down(dir: &Path) -> Result<()> {
         bail!("could not undo everything the node changed: {}", problems.join("; "));
     }
     let result = down_supervisor(dir);
+    if result.is_ok() {
+        let _ = fs::remove_file(supervisor_log(dir));
+    }
     // A node whose supervisor was killed (SIGKILL) left its namespace, mounts and host settings
     // behind: undo them from the record it wrote.
     let problems = kube_fence_testenv::node::cleanup_stale(true)?;
