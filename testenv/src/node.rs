@@ -581,11 +581,18 @@ evictionHard:
             (Some(n), true) => Some(n.netns.as_raw_fd()),
             _ => None,
         };
-        // SAFETY: setpgid and setns are async-signal-safe; the descriptor stays open across fork.
+        // SAFETY: setpgid, sigprocmask, signal and setns are async-signal-safe; the descriptor
+        // stays open across fork.
         unsafe {
             cmd.pre_exec(move || {
                 // Own process group: socat's per-connection children are stopped with it.
                 libc::setpgid(0, 0);
+                // kf-env's supervisor blocks SIGINT/SIGTERM/SIGHUP to sigwait for them, and a
+                // blocked mask survives exec: socat would then ignore our SIGTERM until killed.
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
                 if let Some(fd) = fd {
                     if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
                         return Err(std::io::Error::last_os_error());
