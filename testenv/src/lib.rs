@@ -490,6 +490,6 @@ pub fn rss_by_process(pids: impl IntoIterator<Item = u32>) -> Vec<(String, u64)>
             None => v.push((name, kb * 1024)),
         }
     }
-    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v.sort_by_key(|e| std::cmp::Reverse(e.1));
     v
 }
