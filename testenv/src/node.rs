@@ -593,10 +593,10 @@ evictionHard:
                 libc::sigemptyset(&mut set);
                 libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
                 libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-                if let Some(fd) = fd {
-                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
+                if let Some(fd) = fd
+                    && libc::setns(fd, libc::CLONE_NEWNET) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
             });
@@ -730,10 +730,11 @@ pub fn netns_pids() -> BTreeSet<u32> {
             if pid == me {
                 continue;
             }
-            if let Ok(m) = fs::metadata(e.path().join("ns/net")) {
-                if m.ino() == ino && m.dev() == dev {
-                    pids.insert(pid);
-                }
+            if let Ok(m) = fs::metadata(e.path().join("ns/net"))
+                && m.ino() == ino
+                && m.dev() == dev
+            {
+                pids.insert(pid);
             }
         }
     }
@@ -816,17 +817,17 @@ pub(crate) fn teardown(record: &Record, verbose: bool) -> Vec<String> {
     }
     // 3. cgroups, deepest first (they are empty now).
     for d in cgroup_leftovers() {
-        if let Err(e) = fs::remove_dir(&d) {
-            if d.exists() {
-                problems.push(format!("cgroup {}: {e}", d.display()));
-            }
+        if let Err(e) = fs::remove_dir(&d)
+            && d.exists()
+        {
+            problems.push(format!("cgroup {}: {e}", d.display()));
         }
     }
     // 4. The network namespace (its bridges and iptables rules go with it).
-    if Path::new("/run/netns").join(NETNS).exists() {
-        if let Err(e) = ip(&["netns", "del", NETNS]) {
-            problems.push(format!("{e:#}"));
-        }
+    if Path::new("/run/netns").join(NETNS).exists()
+        && let Err(e) = ip(&["netns", "del", NETNS])
+    {
+        problems.push(format!("{e:#}"));
     }
     // 5. Host settings the kubelet changed.
     for (k, v) in &record.sysctls {
@@ -849,10 +850,12 @@ pub(crate) fn teardown(record: &Record, verbose: bool) -> Vec<String> {
         }
     }
     // 7. The state directory, now that nothing is mounted in it.
-    if !record.state_dir.as_os_str().is_empty() && record.state_dir.exists() && mounts_under(&record.state_dir).is_empty() {
-        if let Err(e) = fs::remove_dir_all(&record.state_dir) {
-            problems.push(format!("removing {}: {e}", record.state_dir.display()));
-        }
+    if !record.state_dir.as_os_str().is_empty()
+        && record.state_dir.exists()
+        && mounts_under(&record.state_dir).is_empty()
+        && let Err(e) = fs::remove_dir_all(&record.state_dir)
+    {
+        problems.push(format!("removing {}: {e}", record.state_dir.display()));
     }
     if problems.is_empty() {
         let _ = fs::remove_file(RECORD_FILE);
@@ -878,10 +881,10 @@ fn set_active(a: Option<Active>) {
 }
 
 fn add_active_pgid(pid: u32) {
-    if let Ok(mut g) = ACTIVE.lock() {
-        if let Some(a) = g.as_mut() {
-            a.pgids.push(pid);
-        }
+    if let Ok(mut g) = ACTIVE.lock()
+        && let Some(a) = g.as_mut()
+    {
+        a.pgids.push(pid);
     }
 }
 
