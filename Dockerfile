@@ -1,7 +1,8 @@
 # kube-fence: one static binary (rustls, no OpenSSL) in an empty image, run as non-root.
 #   docker build -t kube-fence:dev .
-# The same image is built without Docker by the node end-to-end tooling from the same static
-# binary (RUSTFLAGS below), so keep the two in step.
+# The same image is built without Docker by hack/build-image.sh from the same static binary
+# (RUSTFLAGS below): it reads USER, ENTRYPOINT, CMD and the COPY destination from the final stage
+# and refuses to run if that stage gains anything it does not reproduce. Keep the two in step.
 FROM docker.io/library/rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .

@@ -4,7 +4,10 @@
 # controller-runtime's envtest does, but without downloading prebuilt binaries (none can be
 # downloaded here). Binaries are cached by version; a warm run takes a second.
 #
-# Usage: hack/build-control-plane.sh [--print-dir]
+# Usage: hack/build-control-plane.sh [--node] [--print-dir]
+#   --node             also build the node components kf-env's node mode runs (kubelet,
+#                      kube-scheduler, kube-proxy; ~10 min cold, seconds when cached). The plain
+#                      control plane never needs them, so a plain build never waits for them.
 #   KUBE_FENCE_CACHE   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/kube-fence)
 #
 # The k8s.io/kubernetes module cannot be `go install`ed: its go.mod points every staging module
@@ -12,7 +15,7 @@
 # with the published staging version of the same release (see ../shared/CONTROL-PLANE.md).
 set -euo pipefail
 
-KUBE_VERSION=v1.37.2        # kube-apiserver, kube-controller-manager, kubectl
+KUBE_VERSION=v1.37.2        # kube-apiserver, kube-controller-manager, kubectl (+ kubelet, kube-scheduler, kube-proxy)
 STAGING_VERSION=v0.37.2     # k8s.io/* staging modules of the same release
 ETCD_VERSION=v3.6.16
 HELM_VERSION=v4.3.2
@@ -20,12 +23,23 @@ HELM_VERSION=v4.3.2
 cache=${KUBE_FENCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-fence}
 bindir="$cache/bin/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION"
 
-if [[ "${1:-}" == "--print-dir" ]]; then echo "$bindir"; exit 0; fi
+node=false
+print_dir=false
+for arg in "$@"; do
+  case $arg in
+    --node) node=true ;;
+    --print-dir) print_dir=true ;;
+    *) echo "usage: $0 [--node] [--print-dir]" >&2; exit 2 ;;
+  esac
+done
+if $print_dir; then echo "$bindir"; exit 0; fi
 
 say() { printf '[control-plane build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
 want=(etcd kube-apiserver kube-controller-manager kubectl helm)
+node_bins=(kubelet kube-scheduler kube-proxy)
+if $node; then want+=("${node_bins[@]}"); fi
 missing=()
 for b in "${want[@]}"; do [[ -x "$bindir/$b" ]] || missing+=("$b"); done
 if [[ ${#missing[@]} -eq 0 ]]; then say "cached: $bindir"; echo "$bindir"; exit 0; fi
@@ -74,7 +88,9 @@ if need etcd; then
 fi
 
 k8s_bins=()
-for b in kube-apiserver kube-controller-manager kubectl; do need "$b" && k8s_bins+=("$b"); done
+k8s_all=(kube-apiserver kube-controller-manager kubectl)
+if $node; then k8s_all+=("${node_bins[@]}"); fi
+for b in "${k8s_all[@]}"; do need "$b" && k8s_bins+=("$b"); done
 if [[ ${#k8s_bins[@]} -gt 0 ]]; then
   say "kubernetes $KUBE_VERSION: resolving modules (wrapper module with staging replaces)"
   mkdir -p "$work/k8s" && cd "$work/k8s"
@@ -86,22 +102,21 @@ if [[ ${#k8s_bins[@]} -gt 0 ]]; then
   awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$upstream_mod" | sort -u | while read -r m; do
     echo "replace $m => $m $STAGING_VERSION" >> go.mod
   done
-  cat > tools.go <<'GO'
-//go:build tools
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
+  # tools.go pulls in exactly the commands this run builds, so `go mod tidy` resolves their
+  # dependencies (kube-proxy alone adds moby/ipvs, knftables, google/nftables, mdlayher/*).
+  {
+    printf '//go:build tools\npackage tools\n\nimport (\n'
+    for b in "${k8s_bins[@]}"; do
+      case $b in kubectl) printf '\t_ "k8s.io/kubernetes/cmd/kubectl"\n' ;; *) printf '\t_ "k8s.io/kubernetes/cmd/%s/app"\n' "$b" ;; esac
+    done
+    printf ')\n'
+  } > tools.go
   go get "k8s.io/kubernetes@$KUBE_VERSION" >/dev/null 2>&1 || go get "k8s.io/kubernetes@$KUBE_VERSION"
   go mod tidy >/dev/null 2>&1 || go mod tidy
   minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
   flags=$(version_ldflags "$KUBE_VERSION" 1 "$minor")
   for b in "${k8s_bins[@]}"; do
-    say "kubernetes $KUBE_VERSION: compiling $b (kube-apiserver alone takes ~10 min cold)"
+    say "kubernetes $KUBE_VERSION: compiling $b (kube-apiserver or kubelet alone take ~10 min cold)"
     go build -trimpath -ldflags "$flags" -o "$bindir/$b.tmp" "k8s.io/kubernetes/cmd/$b"
     mv "$bindir/$b.tmp" "$bindir/$b"
     say "$b: done"

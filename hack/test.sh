@@ -13,6 +13,10 @@ say() { printf '[test %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 bindir=$(hack/build-control-plane.sh)
 export PATH="$bindir:$PATH"
+# The node tests (testenv/tests/node.rs) run a real kubelet node: they need root, Debian's
+# containerd/runc/CNI plugins and the node binaries. Fail here, clearly, if the machine can't.
+hack/node-prereqs.sh
+hack/build-control-plane.sh --node >/dev/null
 
 say "building kube-fence and its tests"
 cargo build --workspace --all-targets --locked

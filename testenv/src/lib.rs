@@ -2,6 +2,10 @@
 //! kube-controller-manager built from pinned Go modules (`hack/build-control-plane.sh`) — for
 //! kube-fence's tests and for people trying kube-fence without a cluster.
 //!
+//! Node mode ([`Options::node`], `kf-env up --node`) runs a whole single-node cluster instead —
+//! also kube-scheduler, containerd, kubelet and kube-proxy — in a network namespace of its own
+//! with no route out, so Pods, Services and in-cluster API access really work; see [`node`].
+//!
 //! Two ways in:
 //! - [`ControlPlane::start`] starts one and stops it (removing its files) when dropped.
 //! - [`shared_kubeconfig`] gives every test in a test binary the same cluster: the one in
@@ -9,6 +13,7 @@
 //!   control plane started on first use and stopped when the test process exits — however it
 //!   exits: its processes are bound to the test process with `PR_SET_PDEATHSIG`.
 
+pub mod node;
 mod pki;
 
 use std::fs;
@@ -26,17 +31,24 @@ use anyhow::{Context, Result, bail};
 /// Where the control-plane binaries come from: `KUBE_FENCE_BIN_DIR`, else built (or found
 /// cached) by `hack/build-control-plane.sh` — once per process.
 pub fn binaries() -> Result<PathBuf> {
-    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    DIR.get_or_init(|| build_binaries().map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow::anyhow!(e))
+    binaries_for(false)
 }
 
-fn build_binaries() -> Result<PathBuf> {
+/// [`binaries`], with `node` also kubelet, kube-scheduler and kube-proxy (`--node`). Once per
+/// process and mode: the script is quick when cached, but tests ask for the binaries often.
+pub fn binaries_for(node: bool) -> Result<PathBuf> {
+    static DIRS: [OnceLock<Result<PathBuf, String>>; 2] = [OnceLock::new(), OnceLock::new()];
+    DIRS[usize::from(node)].get_or_init(|| build_binaries(node).map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow::anyhow!(e))
+}
+
+fn build_binaries(node: bool) -> Result<PathBuf> {
     if let Ok(dir) = std::env::var("KUBE_FENCE_BIN_DIR") {
         return Ok(PathBuf::from(dir));
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-control-plane.sh");
     let out = Command::new("bash")
         .arg(&script)
+        .args(node.then_some("--node"))
         .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("running {}", script.display()))?;
@@ -65,11 +77,16 @@ pub struct Options {
     pub die_with_parent: bool,
     /// Print progress to stderr.
     pub verbose: bool,
+    /// Node mode: run the whole cluster — also kube-scheduler, containerd, kubelet and
+    /// kube-proxy — in a network namespace of its own, so Pods and Services really run (see
+    /// [`node`]). Needs root, the `--node` binaries and the Debian packages
+    /// `hack/node-prereqs.sh` installs. One node per machine.
+    pub node: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { bin_dir: None, state_dir: None, controller_manager: true, die_with_parent: false, verbose: true }
+        Options { bin_dir: None, state_dir: None, controller_manager: true, die_with_parent: false, verbose: true, node: false }
     }
 }
 
@@ -96,21 +113,26 @@ pub struct ControlPlane {
     pub ca_pem: String,
     /// Versions of the binaries.
     pub bin_dir: PathBuf,
+    /// Node mode: containerd's socket (for `ctr --address`, or `CONTAINERD_ADDRESS`).
+    pub containerd_address: Option<PathBuf>,
+    node: Option<node::NodeRun>,
+    /// Node mode got far enough to change the host: stop must undo it.
+    node_mode: bool,
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     // The port is free now; the component binds it a moment later. A clash fails the start
     // with the component's own message, never silently.
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn random_hex(bytes: usize) -> Result<String> {
+pub(crate) fn random_hex(bytes: usize) -> Result<String> {
     let mut buf = vec![0u8; bytes];
     std::io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut buf)?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn write_private(path: &Path, contents: &str) -> Result<()> {
+pub(crate) fn write_private(path: &Path, contents: &str) -> Result<()> {
     fs::write(path, contents).with_context(|| format!("writing {}", path.display()))?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
     Ok(())
@@ -120,9 +142,12 @@ impl ControlPlane {
     /// Starts etcd, kube-apiserver and (optionally) kube-controller-manager on free loopback
     /// ports and waits until the API answers `/readyz` and namespace `default` exists.
     pub fn start(opts: Options) -> Result<ControlPlane> {
+        if opts.node {
+            node::prerequisites()?;
+        }
         let bin_dir = match &opts.bin_dir {
             Some(d) => d.clone(),
-            None => binaries()?,
+            None => binaries_for(opts.node)?,
         };
         for b in ["etcd", "kube-apiserver", "kube-controller-manager"] {
             if !bin_dir.join(b).is_file() {
@@ -136,6 +161,8 @@ impl ControlPlane {
             }
             None => (tempfile::Builder::new().prefix("kube-fence-cp.").tempdir()?.keep(), true),
         };
+        // Paths in the state directory end up in unix socket addresses (at most 107 bytes).
+        let dir = if opts.node { fs::canonicalize(&dir)? } else { dir };
         let mut cp = ControlPlane {
             dir: dir.clone(),
             remove_dir,
@@ -144,9 +171,16 @@ impl ControlPlane {
             kubeconfig: dir.join("kubeconfig"),
             ca_pem: String::new(),
             bin_dir: bin_dir.clone(),
+            containerd_address: None,
+            node: None,
+            node_mode: false,
         };
         // On any error below, dropping `cp` stops what was started.
-        cp.start_components(&opts)?;
+        if opts.node {
+            cp.start_node(&opts)?;
+        } else {
+            cp.start_components(&opts)?;
+        }
         Ok(cp)
     }
 
@@ -159,7 +193,7 @@ impl ControlPlane {
     fn start_components(&mut self, opts: &Options) -> Result<()> {
         let started = Instant::now();
         let dir = self.dir.clone();
-        let pki = pki::generate()?;
+        let pki = pki::generate(&[], &[])?;
         let token = random_hex(24)?;
         let kcm_token = random_hex(24)?;
         for (name, contents) in [
@@ -253,11 +287,15 @@ impl ControlPlane {
     }
 
     fn write_kubeconfig(&self, path: &Path, user: &str, token: &str) -> Result<()> {
+        self.write_kubeconfig_to(path, &self.server, user, token)
+    }
+
+    fn write_kubeconfig_to(&self, path: &Path, server: &str, user: &str, token: &str) -> Result<()> {
         use std::fmt::Write as _;
         use base64::Engine as _;
         let ca_b64 = base64::engine::general_purpose::STANDARD.encode(self.ca_pem.as_bytes());
         let mut kc = String::new();
-        writeln!(kc, "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-fence-local\n  cluster:\n    server: {}\n    certificate-authority-data: {ca_b64}", self.server)?;
+        writeln!(kc, "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-fence-local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_b64}")?;
         writeln!(kc, "users:\n- name: {user}\n  user:\n    token: {token}")?;
         writeln!(kc, "contexts:\n- name: kube-fence-local\n  context:\n    cluster: kube-fence-local\n    user: {user}\n    namespace: default\ncurrent-context: kube-fence-local")?;
         write_private(path, &kc)
@@ -356,6 +394,14 @@ impl ControlPlane {
     /// Stops every component (SIGTERM, then SIGKILL after 10 s), newest first, and removes the
     /// state directory if this control plane created it.
     pub fn stop(&mut self) {
+        if self.node_mode {
+            self.node_mode = false;
+            let problems = self.stop_node(true);
+            if !problems.is_empty() {
+                eprintln!("[node] could not undo everything: {}", problems.join("; "));
+            }
+            return;
+        }
         while let Some(mut c) = self.components.pop() {
             // SAFETY: plain kill(2) on a child we own and have not reaped.
             unsafe { libc::kill(c.child.id() as i32, libc::SIGTERM) };
@@ -449,4 +495,34 @@ pub fn shared_kubeconfig() -> PathBuf {
 pub fn write_env(out: &mut impl Write, kubeconfig: &Path, bin_dir: &Path) -> std::io::Result<()> {
     writeln!(out, "export KUBECONFIG={}", kubeconfig.display())?;
     writeln!(out, "export PATH={}:$PATH", bin_dir.display())
+}
+
+/// [`write_env`] for a node: also `CONTAINERD_ADDRESS` and `CONTAINERD_NAMESPACE=k8s.io`, which
+/// `ctr` reads, so `ctr images import <tarball>` loads an image where the kubelet finds it.
+pub fn write_node_env(out: &mut impl Write, kubeconfig: &Path, bin_dir: &Path, containerd_address: &Path) -> std::io::Result<()> {
+    write_env(out, kubeconfig, bin_dir)?;
+    writeln!(out, "export CONTAINERD_ADDRESS={}", containerd_address.display())?;
+    writeln!(out, "export CONTAINERD_NAMESPACE=k8s.io")
+}
+
+/// The memory the cluster's processes use: resident set size per process (components, shims,
+/// pods), in bytes, summed by name. Node mode only finds shims and pods.
+pub fn rss_by_process(pids: impl IntoIterator<Item = u32>) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = Vec::new();
+    for pid in pids {
+        let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
+        let name = status.lines().find_map(|l| l.strip_prefix("Name:")).unwrap_or("?").trim().to_string();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        match v.iter_mut().find(|(n, _)| *n == name) {
+            Some(e) => e.1 += kb * 1024,
+            None => v.push((name, kb * 1024)),
+        }
+    }
+    v.sort_by_key(|e| std::cmp::Reverse(e.1));
+    v
 }

@@ -2,6 +2,10 @@
 //!
 //!     kf-env build                 build (or find cached) etcd, kube-apiserver, kube-controller-manager, kubectl, helm
 //!     kf-env up [--foreground]     start one on loopback and print `export KUBECONFIG=...`
+//!     kf-env up --node             a whole single-node cluster (kubelet, containerd, kube-proxy,
+//!                                  kube-scheduler too) in a network namespace of its own; also
+//!                                  prints CONTAINERD_ADDRESS/CONTAINERD_NAMESPACE for `ctr images import`
+//!     kf-env import IMAGE.tar      load an image tarball into the running node
 //!     kf-env env                   print the exports again
 //!     kf-env down                  stop it and remove its files
 
@@ -13,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use kube_fence_testenv::{ControlPlane, Options, binaries, write_env};
+use kube_fence_testenv::{ControlPlane, Options, binaries, binaries_for, write_env, write_node_env};
 
 /// A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) on loopback,
 /// built from pinned Go modules. For kube-fence's tests and for trying kube-fence without a cluster.
@@ -39,6 +43,14 @@ enum Cmd {
         /// Leave out kube-controller-manager (no garbage collection or namespace deletion).
         #[arg(long)]
         no_controller_manager: bool,
+        /// Run a real node: kubelet, containerd, kube-proxy and kube-scheduler as well, all in a
+        /// network namespace with no route out, so Pods and Services run (needs root).
+        #[arg(long)]
+        node: bool,
+    },
+    /// Import an image tarball (docker-archive or OCI) into the running node's containerd.
+    Import {
+        tarball: PathBuf,
     },
     /// Print shell exports for the running control plane.
     Env,
@@ -69,15 +81,28 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", binaries()?.display());
             Ok(())
         }
-        Cmd::Up { foreground: true, no_controller_manager } => foreground(&dir, !no_controller_manager),
-        Cmd::Up { foreground: false, no_controller_manager } => background(&dir, !no_controller_manager),
+        Cmd::Up { foreground: true, no_controller_manager, node } => foreground(&dir, !no_controller_manager, node),
+        Cmd::Up { foreground: false, no_controller_manager, node } => background(&dir, !no_controller_manager, node),
         Cmd::Env => {
             let kubeconfig = dir.join("kubeconfig");
             if !dir.join("ready").exists() {
                 bail!("no control plane is running in {} (start one with `kf-env up`)", dir.display());
             }
             let bin_dir = PathBuf::from(fs::read_to_string(dir.join("bin-dir"))?.trim());
-            write_env(&mut std::io::stdout(), &kubeconfig, &bin_dir)?;
+            match fs::read_to_string(dir.join("containerd-address")) {
+                Ok(addr) => write_node_env(&mut std::io::stdout(), &kubeconfig, &bin_dir, Path::new(addr.trim()))?,
+                Err(_) => write_env(&mut std::io::stdout(), &kubeconfig, &bin_dir)?,
+            }
+            Ok(())
+        }
+        Cmd::Import { tarball } => {
+            let Ok(addr) = fs::read_to_string(dir.join("containerd-address")) else {
+                bail!("no node is running in {} (start one with `kf-env up --node`)", dir.display());
+            };
+            let status = Command::new("ctr").args(["--address", addr.trim(), "-n", "k8s.io", "images", "import"]).arg(&tarball).status()?;
+            if !status.success() {
+                bail!("ctr images import {} failed ({status})", tarball.display());
+            }
             Ok(())
         }
         Cmd::Down => down(&dir),
@@ -85,9 +110,13 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 /// Runs the control plane in this process until SIGINT/SIGTERM/SIGHUP.
-fn foreground(dir: &Path, controller_manager: bool) -> Result<()> {
+fn foreground(dir: &Path, controller_manager: bool, node: bool) -> Result<()> {
     if dir.join("supervisor.pid").exists() && alive(&dir.join("supervisor.pid")) {
         bail!("a control plane is already running in {} (stop it with `kf-env down`)", dir.display());
+    }
+    if node {
+        // Unmount what a killed node left in its state directory before removing it.
+        kube_fence_testenv::node::cleanup_stale(true)?;
     }
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir)?;
@@ -97,13 +126,14 @@ fn foreground(dir: &Path, controller_manager: bool) -> Result<()> {
     let set = stop_signals();
     // SAFETY: plain signal-mask calls on this thread.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    let bin_dir = binaries()?;
+    let bin_dir = binaries_for(node)?;
     let started = ControlPlane::start(Options {
         bin_dir: Some(bin_dir.clone()),
         state_dir: Some(dir.to_path_buf()),
         controller_manager,
         die_with_parent: true,
         verbose: true,
+        node,
     });
     let mut cp = match started {
         Ok(cp) => cp,
@@ -113,8 +143,14 @@ fn foreground(dir: &Path, controller_manager: bool) -> Result<()> {
         }
     };
     fs::write(dir.join("bin-dir"), bin_dir.display().to_string())?;
+    if let Some(addr) = &cp.containerd_address {
+        fs::write(dir.join("containerd-address"), addr.display().to_string())?;
+    }
     fs::write(dir.join("ready"), "")?;
-    write_env(&mut std::io::stdout(), &cp.kubeconfig, &bin_dir)?;
+    match &cp.containerd_address {
+        Some(addr) => write_node_env(&mut std::io::stdout(), &cp.kubeconfig, &bin_dir, addr)?,
+        None => write_env(&mut std::io::stdout(), &cp.kubeconfig, &bin_dir)?,
+    }
     eprintln!("[control plane] running; stop with Ctrl-C or `kf-env down`");
     let mut sig: libc::c_int = 0;
     // SAFETY: sigwait on a set we blocked above.
@@ -139,21 +175,31 @@ fn stop_signals() -> libc::sigset_t {
 }
 
 /// Starts `kf-env up --foreground` detached (its own session) and waits until it is ready.
-fn background(dir: &Path, controller_manager: bool) -> Result<()> {
+fn background(dir: &Path, controller_manager: bool, node: bool) -> Result<()> {
     if dir.join("ready").exists() && alive(&dir.join("supervisor.pid")) {
         eprintln!("[control plane] already running in {}", dir.display());
         return run(Cli { state_dir: dir.to_path_buf(), command: Cmd::Env });
     }
-    // Build first, in the foreground, so progress shows on this terminal.
-    binaries()?;
+    // Build (and for a node, install packages) first, in the foreground, so progress shows on
+    // this terminal.
+    if node {
+        kube_fence_testenv::node::prerequisites()?;
+    }
+    binaries_for(node)?;
+    if node {
+        kube_fence_testenv::node::cleanup_stale(true)?;
+    }
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir)?;
-    let log_path = std::env::temp_dir().join(format!("kube-fence-env-{}.log", std::process::id()));
+    let log_path = supervisor_log(dir);
     let log = fs::File::create(&log_path)?;
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.arg("--state-dir").arg(dir).args(["up", "--foreground"]);
     if !controller_manager {
         cmd.arg("--no-controller-manager");
+    }
+    if node {
+        cmd.arg("--node");
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
     // SAFETY: setsid is async-signal-safe; detaches the supervisor from this terminal.
@@ -173,13 +219,20 @@ fn background(dir: &Path, controller_manager: bool) -> Result<()> {
             let why = fs::read_to_string(dir.join("failed")).unwrap_or_else(|_| fs::read_to_string(&log_path).unwrap_or_default());
             bail!("the control plane did not start ({status}):\n{why}");
         }
-        if start.elapsed() > Duration::from_secs(180) {
-            bail!("the control plane was not ready after 180 s; see {}", log_path.display());
+        if start.elapsed() > Duration::from_secs(300) {
+            bail!("the control plane was not ready after 300 s; see {}", log_path.display());
         }
         std::thread::sleep(Duration::from_millis(200));
     }
     eprintln!("[control plane] running in {} (supervisor log: {}); stop with `kf-env down`", dir.display(), log_path.display());
     run(Cli { state_dir: dir.to_path_buf(), command: Cmd::Env })
+}
+
+/// Next to the state directory (which the supervisor empties on start); `down` removes it.
+fn supervisor_log(dir: &Path) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".supervisor.log");
+    dir.with_file_name(name)
 }
 
 fn alive(pid_file: &Path) -> bool {
@@ -191,6 +244,26 @@ fn pid(pid_file: &Path) -> Option<i32> {
 }
 
 fn down(dir: &Path) -> Result<()> {
+    // A dead supervisor's node still has mounts in the state directory: undo it before anything
+    // removes that directory. (Does nothing while a live node holds the lock.)
+    let problems = kube_fence_testenv::node::cleanup_stale(true)?;
+    if !problems.is_empty() {
+        bail!("could not undo everything the node changed: {}", problems.join("; "));
+    }
+    let result = down_supervisor(dir);
+    if result.is_ok() {
+        let _ = fs::remove_file(supervisor_log(dir));
+    }
+    // A node whose supervisor was killed (SIGKILL) left its namespace, mounts and host settings
+    // behind: undo them from the record it wrote.
+    let problems = kube_fence_testenv::node::cleanup_stale(true)?;
+    if !problems.is_empty() {
+        bail!("could not undo everything the node changed: {}", problems.join("; "));
+    }
+    result
+}
+
+fn down_supervisor(dir: &Path) -> Result<()> {
     let Some(pid) = pid(&dir.join("supervisor.pid")) else {
         eprintln!("[control plane] none running in {}", dir.display());
         let _ = fs::remove_dir_all(dir);
@@ -200,8 +273,8 @@ fn down(dir: &Path) -> Result<()> {
     if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
         let start = Instant::now();
         while unsafe { libc::kill(pid, 0) } == 0 {
-            if start.elapsed() > Duration::from_secs(30) {
-                bail!("supervisor {pid} did not stop within 30 s");
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!("supervisor {pid} did not stop within 60 s");
             }
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -1,0 +1,3 @@
+module kube-fence/testenv/incluster
+
+go 1.24

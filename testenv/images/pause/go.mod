@@ -1,0 +1,3 @@
+module kube-fence/testenv/pause
+
+go 1.24
