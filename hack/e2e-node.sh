@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# kube-fence installed for real on a local node, no Docker: a node (hack/test-node.sh), the image
+# built from the static binary and imported, the CRDs applied with kubectl, the chart installed
+# with helm — then the end-to-end suite (tests/e2e.rs) against the Pods, and the operations
+# tests (tests/operations.rs). Everything is torn down afterwards, also on failure.
+#
+#   hack/e2e-node.sh          (root; KUBE_FENCE_IMAGE_PROFILE=debug for a faster image build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [[ "${1:-}" != "--inside" ]]; then
+  exec hack/test-node.sh -- "$0" --inside
+fi
+
+say() { printf '[e2e-node %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+NAMESPACE=kube-fence
+RELEASE=kube-fence
+export KUBE_FENCE_E2E_RELEASE="$NAMESPACE/$RELEASE"
+
+say "installing the CRDs and the chart (image $KUBE_FENCE_IMAGE)"
+kubectl apply -f crds/ >&2
+kubectl wait --for condition=established --timeout=60s crd/leases.kubefence.io >&2
+started=$(date +%s)
+helm install "$RELEASE" charts/kube-fence --namespace "$NAMESPACE" --create-namespace \
+  --set image.repository="${KUBE_FENCE_IMAGE%:*}" --set image.tag="${KUBE_FENCE_IMAGE##*:}" \
+  --set image.pullPolicy=Never --set logFormat=text --wait --timeout 180s >&2
+say "installed and ready in $(( $(date +%s) - started )) s"
+kubectl -n "$NAMESPACE" get pods -o wide >&2
+
+say "running the end-to-end suite against the installed Pods"
+KUBE_FENCE_E2E_INSTALLED=1 cargo test --locked --test e2e -- --test-threads 2
+say "running the operations tests"
+KUBE_FENCE_E2E_INSTALLED=1 cargo test --locked --test operations -- --ignored --test-threads 1
+
+say "uninstalling"
+helm uninstall "$RELEASE" --namespace "$NAMESPACE" --wait >&2
+if kubectl get validatingwebhookconfiguration "$RELEASE" >/dev/null 2>&1; then
+  say "error: the webhook configuration survived uninstall"; exit 1
+fi
+say "passed"
