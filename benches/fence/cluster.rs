@@ -139,15 +139,8 @@ pub async fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
     leases.create(&PostParams::default(), &Lease::new(LEASE, LeaseSpec::default())).await?;
     set_issued(&leases, ISSUED).await?;
 
-    let port = free_port()?;
-    let webhook_args: Vec<String> = ["webhook", "--addr", &format!("127.0.0.1:{port}"), "--namespace", &ns_hook].iter().map(|s| s.to_string()).collect();
-    let mut webhook_args = webhook_args;
-    webhook_args.extend(["--tls-cert-file".into(), cert.display().to_string(), "--tls-key-file".into(), key.display().to_string()]);
-    let mut webhook = Proc::spawn("kube-fence-webhook", Path::new(env!("CARGO_BIN_EXE_kube-fence")), &webhook_args, &kubeconfig, dir.path())?;
     let https = load::client(&made.ca_cert, args.concurrency)?;
-    wait_ready(&https, &format!("https://127.0.0.1:{port}/readyz"), &mut webhook).await?;
-    eprintln!("webhook process {} serving on 127.0.0.1:{port} (logs in {})", webhook.pid(), dir.path().display());
-
+    let (webhook, port) = spawn_webhook(&https, &kubeconfig, dir.path(), &cert, &key, &ns_hook).await?;
     let mut bench = Bench { client, kubeconfig, dir, ca_pem: made.ca_cert.clone(), cert, key, ns_hook, ns_lease, webhook, webhook_url: format!("https://127.0.0.1:{port}/validate"), https };
     let result = sections(args, table, &mut bench).await;
     // Leave nothing behind (the namespaces go in the background).
@@ -158,6 +151,20 @@ pub async fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
         eprintln!("logs kept in {}", bench.dir.keep().display());
     }
     result
+}
+
+/// Starts `kube-fence webhook` on a free loopback port and waits until it is ready.
+async fn spawn_webhook(https: &load::Https, kubeconfig: &Path, dir: &Path, cert: &Path, key: &Path, own_namespace: &str) -> anyhow::Result<(Proc, u16)> {
+    let port = free_port()?;
+    let addr = format!("127.0.0.1:{port}");
+    let args: Vec<String> = ["webhook", "--addr", &addr, "--namespace", own_namespace, "--tls-cert-file", &cert.display().to_string(), "--tls-key-file", &key.display().to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut webhook = Proc::spawn("kube-fence-webhook", Path::new(env!("CARGO_BIN_EXE_kube-fence")), &args, kubeconfig, dir)?;
+    wait_ready(https, &format!("https://{addr}/readyz"), &mut webhook).await?;
+    eprintln!("webhook process {} serving on {addr} (logs in {})", webhook.pid(), dir.display());
+    Ok((webhook, port))
 }
 
 async fn set_issued(leases: &Api<Lease>, token: u64) -> anyhow::Result<()> {
@@ -188,6 +195,11 @@ async fn sections(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::
             takeover(args, table, bench).await?;
         }
         if args.runs("scale") {
+            // A fresh webhook process, so its memory shows the lease cache rather than what the
+            // HTTPS load of section 2 left behind.
+            let (webhook, port) = spawn_webhook(&bench.https, &bench.kubeconfig, bench.dir.path(), &bench.cert, &bench.key, &bench.ns_hook).await?;
+            bench.webhook = webhook;
+            bench.webhook_url = format!("https://127.0.0.1:{port}/validate");
             scale(args, table, bench, &mut controller, &metrics_url).await?;
         }
         controller.alive()?;
@@ -233,6 +245,8 @@ async fn webhook_vs_noop(args: &Args, table: &mut Table, bench: &mut Bench) -> a
         table.add("2", format!("webhook HTTPS {label}: p50 / p99"), format!("{} / {}", ms(f.latency.p50()), ms(f.latency.p99())), format!("{} / {}", ms(l.latency.p50()), ms(l.latency.p99())), format!("{:.2}× / {:.2}×", ratio_of(f.latency.p50(), l.latency.p50()), ratio_of(f.latency.p99(), l.latency.p99())), "", Met::Info);
         table.add("2", format!("webhook HTTPS {label}: server CPU per request"), ms(fence_cpu / f.ok.max(1) as u32), ms(limit_cpu / l.ok.max(1) as u32), format!("{:.2}×", ratio_of(fence_cpu / f.ok.max(1) as u32, limit_cpu / l.ok.max(1) as u32)), "", Met::Info);
     }
+    let (fence_hwm, noop_hwm) = (memory(bench.webhook.pid()).1, memory(noop.pid()).1);
+    table.add("2", "… server resident memory, peak over the HTTPS load", mib(fence_hwm), mib(noop_hwm), format!("{:.2}×", fence_hwm as f64 / noop_hwm.max(1) as f64), "", Met::Info);
     noop.alive()?;
     Ok(())
 }

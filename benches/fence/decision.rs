@@ -1,7 +1,7 @@
 //! Item 1: the admission decision in-process — the whole per-request path of the server minus
 //! the network: parse the AdmissionReview JSON → reduce to facts → decide (lease from the cache)
 //! → serialize the response. Also the path as it was before the bench (parse into a
-//! `serde_json::Value`, then convert), to show what that copy cost.
+//! `serde_json::Value`, then into `DynamicObject`s), to show what reading whole objects cost.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -77,14 +77,15 @@ fn judge(body: &[u8], exempt: &Exemptions, lease: &LeaseLookup) -> (Vec<u8>, boo
     judge_request(&request, exempt, lease)
 }
 
-fn judge_request(request: &AdmissionRequest<DynamicObject>, exempt: &Exemptions, lease: &LeaseLookup) -> (Vec<u8>, bool) {
+fn judge_request<K: kube::Resource>(request: &AdmissionRequest<K>, exempt: &Exemptions, lease: &LeaseLookup) -> (Vec<u8>, bool) {
     let facts = server::request_facts(request);
     let verdict = decision::decide(&facts, exempt, Some(lease));
     let response = server::response(request, &verdict);
     (serde_json::to_vec(&response.into_review()).unwrap_or_default(), verdict.is_allowed())
 }
 
-/// The path before the bench: JSON → `Value` → typed review (one more full copy of the objects).
+/// The path before the bench: JSON → `Value` → `DynamicObject`s (every field of both objects
+/// copied into `Value`s, twice).
 fn judge_via_value(body: &[u8], exempt: &Exemptions, lease: &LeaseLookup) -> (Vec<u8>, bool) {
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else { return (Vec::new(), false) };
     let Ok(review) = serde_json::from_value::<AdmissionReview<DynamicObject>>(value) else { return (Vec::new(), false) };

@@ -5,6 +5,7 @@
 //! Bad input never panics: a body that is not an AdmissionReview gets a 400; a review whose
 //! objects cannot be read gets a denial (code 400) naming the problem; bodies are bounded.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum_server::tls_rustls::RustlsConfig;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation as KubeOperation};
-use kube::core::{DynamicObject, Status};
+use kube::core::{DynamicResourceScope, ObjectMeta, Resource, Status};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -103,7 +104,7 @@ impl Webhook {
     }
 
     /// Judges one parsed review and builds the response.
-    pub async fn review(&self, request: &AdmissionRequest<DynamicObject>) -> (Verdict, AdmissionResponse) {
+    pub async fn review(&self, request: &AdmissionRequest<Guardable>) -> (Verdict, AdmissionResponse) {
         let facts = request_facts(request);
         let verdict = self.judge(&facts).await;
         let response = response(request, &verdict);
@@ -123,9 +124,9 @@ pub enum Unreadable {
 /// Reads an AdmissionReview body in one pass. Only when that fails is the body read again,
 /// loosely, to find the uid a denial must carry — the common path builds no intermediate
 /// `serde_json::Value` (for a 1 MiB object that copy was a large part of the decision's cost).
-pub fn decode(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Unreadable> {
-    let error = match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body) {
-        Ok(review) => match TryInto::<AdmissionRequest<DynamicObject>>::try_into(review) {
+pub fn decode(body: &[u8]) -> Result<AdmissionRequest<Guardable>, Unreadable> {
+    let error = match serde_json::from_slice::<AdmissionReview<Guardable>>(body) {
+        Ok(review) => match TryInto::<AdmissionRequest<Guardable>>::try_into(review) {
             Ok(request) => return Ok(request),
             Err(err) => err.to_string(),
         },
@@ -139,7 +140,7 @@ pub fn decode(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Unreadable
 }
 
 /// The AdmissionResponse that carries `verdict`.
-pub fn response(request: &AdmissionRequest<DynamicObject>, verdict: &Verdict) -> AdmissionResponse {
+pub fn response<K: Resource>(request: &AdmissionRequest<K>, verdict: &Verdict) -> AdmissionResponse {
     let mut response = AdmissionResponse::from(request);
     match verdict {
         Verdict::Allow { .. } => {}
@@ -152,11 +153,70 @@ pub fn response(request: &AdmissionRequest<DynamicObject>, verdict: &Verdict) ->
     response
 }
 
+/// An object under admission as fencing reads it: name, namespace, labels and annotations.
+///
+/// Every other field (a ConfigMap's data, a Deployment's spec, managedFields) is skipped while
+/// the review is parsed, never copied: the decision does not depend on it. Parsing whole objects
+/// into `DynamicObject`s (a `serde_json::Value` per field, buffered twice by serde's flatten)
+/// was most of the webhook's work for large objects; see benches/fence.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(from = "GuardableWire")]
+pub struct Guardable {
+    pub metadata: ObjectMeta,
+}
+
+#[derive(serde::Deserialize)]
+struct GuardableWire {
+    #[serde(default)]
+    metadata: MetadataWire,
+}
+
+/// The metadata fields fencing and logging read; the rest is skipped unread.
+#[derive(Default, serde::Deserialize)]
+struct MetadataWire {
+    name: Option<String>,
+    namespace: Option<String>,
+    labels: Option<std::collections::BTreeMap<String, String>>,
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+}
+
+impl From<GuardableWire> for Guardable {
+    fn from(wire: GuardableWire) -> Guardable {
+        let MetadataWire { name, namespace, labels, annotations } = wire.metadata;
+        Guardable { metadata: ObjectMeta { name, namespace, labels, annotations, ..ObjectMeta::default() } }
+    }
+}
+
+/// Any kind: the webhook is registered for every resource, and judges them alike.
+impl Resource for Guardable {
+    type DynamicType = ();
+    type Scope = DynamicResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// Reduces a review to the facts the decision needs.
-pub fn request_facts(request: &AdmissionRequest<DynamicObject>) -> decision::Request {
-    let facts = |obj: &DynamicObject| ObjectFacts {
-        lease: obj.metadata.labels.as_ref().and_then(|l| l.get(LEASE_LABEL)).cloned(),
-        token: obj.metadata.annotations.as_ref().and_then(|a| a.get(TOKEN_ANNOTATION)).cloned(),
+pub fn request_facts<K: Resource>(request: &AdmissionRequest<K>) -> decision::Request {
+    let facts = |obj: &K| ObjectFacts {
+        lease: obj.meta().labels.as_ref().and_then(|l| l.get(LEASE_LABEL)).cloned(),
+        token: obj.meta().annotations.as_ref().and_then(|a| a.get(TOKEN_ANNOTATION)).cloned(),
     };
     let delete_precondition = request
         .options
