@@ -67,6 +67,7 @@ pub struct Table {
 }
 
 impl Table {
+    #[allow(clippy::too_many_arguments)] // one argument per column
     pub fn add(&mut self, section: &'static str, measure: impl Into<String>, fence: impl Into<String>, limit: impl Into<String>, ratio: impl Into<String>, target: impl Into<String>, met: Met) {
         let row = Row { section, measure: measure.into(), fence: fence.into(), limit: limit.into(), ratio: ratio.into(), target: target.into(), met };
         eprintln!("  {} | {} | {} | {} | {} | {}", row.measure, row.fence, row.limit, row.ratio, row.target, mark(row.met));
