@@ -1,6 +1,6 @@
 //! Fuzzing the admission path with property tests (issue 8): token strings, arbitrary bodies,
 //! and valid AdmissionReviews mutated at random go through the server's parsing
-//! ([`server::parse_review`], [`server::request_facts`]) and the pure decision
+//! ([`server::decode`], [`server::request_facts`]) and the pure decision
 //! ([`decision::lease_read`], [`decision::decide`]) against arbitrary lease states.
 //!
 //! Properties: nothing panics; a token is accepted only in its one canonical spelling; and no
@@ -62,7 +62,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512)) {
-        let _ = server::parse_review(&body);
+        let _ = server::decode(&body);
     }
 }
 
@@ -275,7 +275,7 @@ proptest! {
     ) {
         let body = apply(review(operation, user, &old, &new, precondition), &mutations);
         let exempt = Exemptions::default();
-        match server::parse_review(&body) {
+        match server::decode(&body) {
             Ok(request) => {
                 let req = server::request_facts(&request);
                 // The way the server asks: first which read, then judge with what was read.
@@ -300,7 +300,7 @@ proptest! {
     fn unmutated_updates_follow_the_table(old_token in 0u64..40, new_token in 0u64..40, issued in 0u64..40, allow_equal in any::<bool>()) {
         let side = |t: u64| Some(Side { lease: Some(json!("work")), token: Some(json!(t.to_string())) });
         let body = apply(review("UPDATE", "alice", &side(old_token), &side(new_token), None), &[]);
-        let request = server::parse_review(&body).map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+        let request = server::decode(&body).map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
         let req = server::request_facts(&request);
         let comparison = if allow_equal { Comparison::AllowEqual } else { Comparison::Strict };
         let lookup = LeaseLookup { lease: Some(LeaseFacts { issued: Token::new(issued), comparison, enforcement: Enforcement::Enforce }), linearizable: true };

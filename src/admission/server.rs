@@ -5,6 +5,7 @@
 //! Bad input never panics: a body that is not an AdmissionReview gets a 400; a review whose
 //! objects cannot be read gets a denial (code 400) naming the problem; bodies are bounded.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum_server::tls_rustls::RustlsConfig;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation as KubeOperation};
-use kube::core::{DynamicObject, Status};
+use kube::core::{DynamicResourceScope, ObjectMeta, Resource, Status};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -106,7 +107,7 @@ impl RejectionEvents {
         window.1 <= Self::PER_SECOND
     }
 
-    fn publish(&self, request: &AdmissionRequest<DynamicObject>, reason: Reason, message: &str) {
+    fn publish(&self, request: &AdmissionRequest<Guardable>, reason: Reason, message: &str) {
         if !self.admit_one() {
             return;
         }
@@ -162,27 +163,123 @@ impl Webhook {
     }
 
     /// Judges one parsed review and builds the response.
-    pub async fn review(&self, request: &AdmissionRequest<DynamicObject>) -> (Verdict, AdmissionResponse) {
+    pub async fn review(&self, request: &AdmissionRequest<Guardable>) -> (Verdict, AdmissionResponse) {
         let facts = request_facts(request);
         let verdict = self.judge(&facts).await;
-        let mut response = AdmissionResponse::from(request);
-        match &verdict {
-            Verdict::Allow { .. } => {}
-            Verdict::AllowWithWarning { message, .. } => response.warnings = Some(vec![message.clone()]),
-            Verdict::Deny { code, reason, message } => {
-                response.allowed = false;
-                response.result = Status::failure(message, reason.as_str()).with_code(*code);
-            }
-        }
+        let response = response(request, &verdict);
         (verdict, response)
     }
 }
 
+/// Why a body is not a review the webhook can judge.
+#[derive(Debug)]
+pub enum Unreadable {
+    /// Not JSON, or no `request.uid`: answered with HTTP 400 (there is no uid to answer to).
+    NotAReview(String),
+    /// A review (its uid is known) whose request cannot be read: denied, code 400.
+    Malformed { uid: String, message: String },
+}
+
+/// Reads an AdmissionReview body in one pass. Pure, and total on any bytes: the property tests
+/// (`tests/admission_props.rs`) feed it arbitrary and mutated bodies.
+///
+/// It reads the body in one pass. Only when that fails is the body read again,
+/// loosely, to find the uid a denial must carry — the common path builds no intermediate
+/// `serde_json::Value` (for a 1 MiB object that copy was a large part of the decision's cost).
+pub fn decode(body: &[u8]) -> Result<AdmissionRequest<Guardable>, Unreadable> {
+    let error = match serde_json::from_slice::<AdmissionReview<Guardable>>(body) {
+        Ok(review) => match TryInto::<AdmissionRequest<Guardable>>::try_into(review) {
+            Ok(request) => return Ok(request),
+            Err(err) => err.to_string(),
+        },
+        Err(err) => err.to_string(),
+    };
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|err| Unreadable::NotAReview(format!("the body is not JSON: {err}")))?;
+    match value.pointer("/request/uid").and_then(|u| u.as_str()) {
+        Some(uid) => Err(Unreadable::Malformed { uid: uid.to_string(), message: format!("kube-fence cannot read this AdmissionReview: {error}") }),
+        None => Err(Unreadable::NotAReview("not an AdmissionReview: request.uid is missing".into())),
+    }
+}
+
+/// The AdmissionResponse that carries `verdict`.
+pub fn response<K: Resource>(request: &AdmissionRequest<K>, verdict: &Verdict) -> AdmissionResponse {
+    let mut response = AdmissionResponse::from(request);
+    match verdict {
+        Verdict::Allow { .. } => {}
+        Verdict::AllowWithWarning { message, .. } => response.warnings = Some(vec![message.clone()]),
+        Verdict::Deny { code, reason, message } => {
+            response.allowed = false;
+            response.result = Status::failure(message, reason.as_str()).with_code(*code);
+        }
+    }
+    response
+}
+
+/// An object under admission as fencing reads it: name, namespace, labels and annotations.
+///
+/// Every other field (a ConfigMap's data, a Deployment's spec, managedFields) is skipped while
+/// the review is parsed, never copied: the decision does not depend on it. Parsing whole objects
+/// into `DynamicObject`s (a `serde_json::Value` per field, buffered twice by serde's flatten)
+/// was most of the webhook's work for large objects; see benches/fence.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(from = "GuardableWire")]
+pub struct Guardable {
+    pub metadata: ObjectMeta,
+}
+
+#[derive(serde::Deserialize)]
+struct GuardableWire {
+    #[serde(default)]
+    metadata: MetadataWire,
+}
+
+/// The metadata fields fencing and logging read; the rest is skipped unread.
+#[derive(Default, serde::Deserialize)]
+struct MetadataWire {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    labels: Option<std::collections::BTreeMap<String, String>>,
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+}
+
+impl From<GuardableWire> for Guardable {
+    fn from(wire: GuardableWire) -> Guardable {
+        let MetadataWire { name, namespace, uid, labels, annotations } = wire.metadata;
+        Guardable { metadata: ObjectMeta { name, namespace, uid, labels, annotations, ..ObjectMeta::default() } }
+    }
+}
+
+/// Any kind: the webhook is registered for every resource, and judges them alike.
+impl Resource for Guardable {
+    type DynamicType = ();
+    type Scope = DynamicResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// Reduces a review to the facts the decision needs.
-pub fn request_facts(request: &AdmissionRequest<DynamicObject>) -> decision::Request {
-    let facts = |obj: &DynamicObject| ObjectFacts {
-        lease: obj.metadata.labels.as_ref().and_then(|l| l.get(LEASE_LABEL)).cloned(),
-        token: obj.metadata.annotations.as_ref().and_then(|a| a.get(TOKEN_ANNOTATION)).cloned(),
+pub fn request_facts<K: Resource>(request: &AdmissionRequest<K>) -> decision::Request {
+    let facts = |obj: &K| ObjectFacts {
+        lease: obj.meta().labels.as_ref().and_then(|l| l.get(LEASE_LABEL)).cloned(),
+        token: obj.meta().annotations.as_ref().and_then(|a| a.get(TOKEN_ANNOTATION)).cloned(),
     };
     let delete_precondition = request
         .options
@@ -205,28 +302,6 @@ pub fn request_facts(request: &AdmissionRequest<DynamicObject>) -> decision::Req
     }
 }
 
-/// Why a body cannot be judged.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Unreadable {
-    /// Not JSON, or no `request.uid` to answer to: refused with HTTP 400.
-    NotAReview(String),
-    /// An AdmissionReview whose request cannot be read: denied (code 400), failing closed.
-    Malformed { uid: String, message: String },
-}
-
-/// Reads a `/validate` body into the request to judge. Pure, and total on any bytes: the
-/// property tests (`tests/admission_props.rs`) feed it arbitrary and mutated bodies.
-pub fn parse_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Unreadable> {
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(|err| Unreadable::NotAReview(format!("the body is not JSON: {err}")))?;
-    let Some(uid) = value.pointer("/request/uid").and_then(|u| u.as_str()).map(str::to_string) else {
-        return Err(Unreadable::NotAReview("not an AdmissionReview: request.uid is missing".to_string()));
-    };
-    serde_json::from_value::<AdmissionReview<DynamicObject>>(value)
-        .map_err(|e| e.to_string())
-        .and_then(|review| TryInto::<AdmissionRequest<DynamicObject>>::try_into(review).map_err(|e| e.to_string()))
-        .map_err(|err| Unreadable::Malformed { uid, message: format!("kube-fence cannot read this AdmissionReview: {err}") })
-}
-
 fn record(metrics: &Metrics, verdict: &Verdict, started: Instant) {
     metrics.decisions.get_or_create(&DecisionLabels { verdict: verdict.kind(), reason: verdict.reason().as_str() }).inc();
     metrics.latency.observe(started.elapsed().as_secs_f64());
@@ -243,9 +318,10 @@ async fn validate(State(webhook): State<Arc<Webhook>>, headers: http::HeaderMap,
         Ok(body) => body,
         Err(err) => return (StatusCode::PAYLOAD_TOO_LARGE, format!("cannot read the body (at most {MAX_BODY_BYTES} bytes): {err}\n")).into_response(),
     };
-    let request = match parse_review(&body) {
+    let request = match decode(&body) {
         Ok(request) => request,
-        Err(Unreadable::NotAReview(message)) => return (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response(),
+        Err(Unreadable::NotAReview(message)) => return (StatusCode::BAD_REQUEST, format!("{message}
+")).into_response(),
         Err(Unreadable::Malformed { uid, message }) => {
             // The API server sent something we cannot read: deny (fail closed) and say why.
             let verdict = Verdict::Deny { code: 400, reason: Reason::MalformedRequest, message: message.clone() };
@@ -332,4 +408,41 @@ pub async fn run(
 /// This replica's name for Events: the Pod name when running in a cluster, else host and pid.
 pub fn instance_name() -> String {
     std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(|| format!("kube-fence-{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn review(object: serde_json::Value) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+                        "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+                        "name": "x", "namespace": "ns", "operation": "CREATE", "userInfo": {"username": "alice"},
+                        "object": object}
+        }))
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn decode_reads_a_review_in_one_pass() {
+        let body = review(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "labels": {LEASE_LABEL: "work"}, "annotations": {TOKEN_ANNOTATION: "7"}}}));
+        let request = decode(&body).map_err(|e| format!("{e:?}")).unwrap();
+        assert_eq!(request.uid, "u-1");
+        let facts = request_facts(&request);
+        assert_eq!(facts.new, Some(ObjectFacts::guarded("work", Some("7"))));
+        let response = response(&request, &Verdict::Allow { reason: Reason::Fenced });
+        assert!(response.allowed);
+        assert_eq!(response.uid, "u-1");
+    }
+
+    #[test]
+    fn decode_tells_unreadable_requests_from_non_reviews() {
+        assert!(matches!(decode(b"not json"), Err(Unreadable::NotAReview(m)) if m.contains("not JSON")));
+        assert!(matches!(decode(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#), Err(Unreadable::NotAReview(m)) if m.contains("uid")));
+        // Annotations that are not strings: the review is known (uid), its object unreadable.
+        let bad = review(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "annotations": {TOKEN_ANNOTATION: 5}}}));
+        assert!(matches!(decode(&bad), Err(Unreadable::Malformed { uid, .. }) if uid == "u-1"));
+    }
 }

@@ -1,0 +1,617 @@
+//! Items 2–5: everything that needs the control plane. kube-fence runs as separate processes —
+//! `kube-fence webhook` (HTTPS on 127.0.0.1, registered by URL for the bench namespace only) and
+//! `kube-fence controller` (scoped to the lease namespace) — so their memory and CPU can be read
+//! from /proc.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use http_body_util::{BodyExt, Full};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::Client;
+use kube_fence::admission::registration::{Endpoint, Registration};
+use kube_fence::admission::tls::SelfSigned;
+use kube_fence::api::{Lease, LeaseSpec};
+use kube_fence::client::{AcquireOptions, Leases};
+use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION};
+use serde_json::json;
+
+use crate::decision::{ISSUED, LEASE, SIZES};
+use crate::report::{Met, Samples, Table, met, mib, ms, rate};
+use crate::{Args, common, load};
+
+/// A child process, killed when dropped.
+struct Proc {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &'static str, program: &Path, args: &[String], kubeconfig: &Path, dir: &Path) -> anyhow::Result<Proc> {
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log)?;
+        let child = Command::new(program)
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting {name} ({}): {e}", program.display()))?;
+        Ok(Proc { name, child, log })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            anyhow::bail!("{} exited ({status}):\n{}", self.name, log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n"));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Resident memory (VmRSS, VmHWM) of `pid`, bytes.
+fn memory(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<u64>().ok()).unwrap_or(0) * 1024
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// CPU time (user + system) `pid` has used so far.
+fn cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<u64> = rest.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
+    let ticks = fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0);
+    // USER_HZ is 100 on every Linux this runs on.
+    Duration::from_millis(ticks * 10)
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
+}
+
+/// Polls `url` until it answers 200, at most 60 s.
+async fn wait_ready(https: &load::Https, url: &str, proc: &mut Proc) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        proc.alive()?;
+        if let Ok((200, _)) = load::request(https, http::Method::GET, url, Bytes::new()).await {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{} did not become ready at {url} within 60 s", proc.name);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The shared setup: namespaces, TLS files, the webhook process.
+struct Bench {
+    client: Client,
+    kubeconfig: PathBuf,
+    dir: tempfile::TempDir,
+    ca_pem: String,
+    cert: PathBuf,
+    key: PathBuf,
+    /// Guarded objects and the no-controller lease live here; the webhook is registered for it.
+    ns_hook: String,
+    /// The controller runs here (acquire, takeover, scale).
+    ns_lease: String,
+    webhook: Proc,
+    webhook_url: String,
+    https: load::Https,
+}
+
+pub async fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
+    let kubeconfig = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await?;
+    let client = common::client().await;
+    let dir = tempfile::Builder::new().prefix("kube-fence-bench.").tempdir()?;
+    let made = SelfSigned::generate(&["localhost".to_string()], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert, &made.serving.cert)?;
+    std::fs::write(&key, &made.serving.key)?;
+    let ns_hook = common::namespace(&client, "bench-hook").await;
+    let ns_lease = common::namespace(&client, "bench-lease").await;
+
+    // The lease the guarded objects are bound to; no controller runs in ns_hook, so its status
+    // (the issued token) is written here as admin, as tests/webhook.rs does.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns_hook);
+    leases.create(&PostParams::default(), &Lease::new(LEASE, LeaseSpec::default())).await?;
+    set_issued(&leases, ISSUED).await?;
+
+    let https = load::client(&made.ca_cert, args.concurrency)?;
+    let (webhook, port) = spawn_webhook(&https, &kubeconfig, dir.path(), &cert, &key, &ns_hook).await?;
+    let mut bench = Bench { client, kubeconfig, dir, ca_pem: made.ca_cert.clone(), cert, key, ns_hook, ns_lease, webhook, webhook_url: format!("https://127.0.0.1:{port}/validate"), https };
+    let result = sections(args, table, &mut bench).await;
+    // Leave nothing behind (the namespaces go in the background).
+    for ns in [&bench.ns_hook, &bench.ns_lease] {
+        let _ = Api::<Namespace>::all(bench.client.clone()).delete(ns, &DeleteParams::default()).await;
+    }
+    if std::env::var_os("KF_BENCH_KEEP").is_some() {
+        eprintln!("logs kept in {}", bench.dir.keep().display());
+    }
+    result
+}
+
+/// Starts `kube-fence webhook` on a free loopback port and waits until it is ready.
+async fn spawn_webhook(https: &load::Https, kubeconfig: &Path, dir: &Path, cert: &Path, key: &Path, own_namespace: &str) -> anyhow::Result<(Proc, u16)> {
+    let port = free_port()?;
+    let addr = format!("127.0.0.1:{port}");
+    let args: Vec<String> = ["webhook", "--addr", &addr, "--namespace", own_namespace, "--tls-cert-file", &cert.display().to_string(), "--tls-key-file", &key.display().to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut webhook = Proc::spawn("kube-fence-webhook", Path::new(env!("CARGO_BIN_EXE_kube-fence")), &args, kubeconfig, dir)?;
+    wait_ready(https, &format!("https://{addr}/readyz"), &mut webhook).await?;
+    eprintln!("webhook process {} serving on {addr} (logs in {})", webhook.pid(), dir.display());
+    Ok((webhook, port))
+}
+
+async fn set_issued(leases: &Api<Lease>, token: u64) -> anyhow::Result<()> {
+    let status = json!({"status": {"phase": "Held", "holder": "bench", "token": token}});
+    leases.patch_status(LEASE, &PatchParams::default(), &Patch::Merge(&status)).await?;
+    Ok(())
+}
+
+async fn sections(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
+    if args.runs("webhook") {
+        webhook_vs_noop(args, table, bench).await?;
+    }
+    if args.runs("apiserver") {
+        guarded_vs_unguarded(args, table, bench).await?;
+    }
+    if args.runs("acquire") || args.runs("scale") {
+        let metrics_port = free_port()?;
+        let controller_args: Vec<String> = ["controller", "--namespace", &bench.ns_lease, "--metrics-addr", &format!("127.0.0.1:{metrics_port}"), "--identity", "bench-controller"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut controller = Proc::spawn("kube-fence-controller", Path::new(env!("CARGO_BIN_EXE_kube-fence")), &controller_args, &bench.kubeconfig, bench.dir.path())?;
+        let metrics_url = format!("http://127.0.0.1:{metrics_port}/metrics");
+        wait_metrics(&metrics_url, &mut controller).await?;
+        eprintln!("controller process {} running in namespace {}", controller.pid(), bench.ns_lease);
+        if args.runs("acquire") {
+            acquire(args, table, bench).await?;
+            takeover(args, table, bench).await?;
+        }
+        if args.runs("scale") {
+            // A fresh webhook process, so its memory shows the lease cache rather than what the
+            // HTTPS load of section 2 left behind.
+            let (webhook, port) = spawn_webhook(&bench.https, &bench.kubeconfig, bench.dir.path(), &bench.cert, &bench.key, &bench.ns_hook).await?;
+            bench.webhook = webhook;
+            bench.webhook_url = format!("https://127.0.0.1:{port}/validate");
+            scale(args, table, bench, &mut controller, &metrics_url).await?;
+        }
+        controller.alive()?;
+    }
+    bench.webhook.alive()?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Webhook HTTPS vs the no-op server.
+
+async fn webhook_vs_noop(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
+    let port = free_port()?;
+    let noop_args = vec!["--noop-server".to_string(), format!("127.0.0.1:{port}"), bench.cert.display().to_string(), bench.key.display().to_string()];
+    let mut noop = Proc::spawn("noop-webhook", &std::env::current_exe()?, &noop_args, &bench.kubeconfig, bench.dir.path())?;
+    wait_ready(&bench.https, &format!("https://127.0.0.1:{port}/readyz"), &mut noop).await?;
+    let noop_url = format!("https://127.0.0.1:{port}/validate");
+    let c = args.concurrency;
+    eprintln!("[2] webhook over HTTPS vs a no-op axum+rustls server ({c} connections, ≤ {} requests or {} s per server and size)", args.requests(), args.webhook_secs());
+    let rounds = 2;
+    for (size, label) in SIZES {
+        let body = Bytes::from(crate::decision::review(&bench.ns_hook, size));
+        // Warm up both (connections, TLS sessions, allocator).
+        load::run(&bench.https, &noop_url, body.clone(), c, c * 4, 2.0).await;
+        load::run(&bench.https, &bench.webhook_url, body.clone(), c, c * 4, 2.0).await;
+        let (mut fence, mut limit) = (Vec::new(), Vec::new());
+        let (mut fence_cpu, mut limit_cpu) = (Duration::ZERO, Duration::ZERO);
+        let secs = args.webhook_secs() / rounds as f64;
+        let requests = args.requests() / rounds;
+        for _ in 0..rounds {
+            let before = cpu(noop.pid());
+            limit.push(load::run(&bench.https, &noop_url, body.clone(), c, requests, secs).await);
+            limit_cpu += cpu(noop.pid()) - before;
+            let before = cpu(bench.webhook.pid());
+            fence.push(load::run(&bench.https, &bench.webhook_url, body.clone(), c, requests, secs).await);
+            fence_cpu += cpu(bench.webhook.pid()) - before;
+        }
+        let (f, l) = (merge(fence), merge(limit));
+        anyhow::ensure!(f.ok > 0 && l.ok > 0, "no admitted responses for {label} (kube-fence {} failed, no-op {} failed)", f.failed, l.failed);
+        let ratio = f.per_sec() / l.per_sec();
+        let failures = if f.failed + l.failed > 0 { format!(" ({} / {} failed)", f.failed, l.failed) } else { String::new() };
+        table.add("2", format!("webhook HTTPS {label}, c={c}: throughput{failures}"), rate(f.per_sec(), "req"), rate(l.per_sec(), "req"), format!("{ratio:.2}×"), "≥ 0.80×", met(ratio >= 0.8));
+        table.add("2", format!("webhook HTTPS {label}: p50 / p99"), format!("{} / {}", ms(f.latency.p50()), ms(f.latency.p99())), format!("{} / {}", ms(l.latency.p50()), ms(l.latency.p99())), format!("{:.2}× / {:.2}×", ratio_of(f.latency.p50(), l.latency.p50()), ratio_of(f.latency.p99(), l.latency.p99())), "", Met::Info);
+        table.add("2", format!("webhook HTTPS {label}: server CPU per request"), ms(fence_cpu / f.ok.max(1) as u32), ms(limit_cpu / l.ok.max(1) as u32), format!("{:.2}×", ratio_of(fence_cpu / f.ok.max(1) as u32, limit_cpu / l.ok.max(1) as u32)), "", Met::Info);
+    }
+    let (fence_hwm, noop_hwm) = (memory(bench.webhook.pid()).1, memory(noop.pid()).1);
+    table.add("2", "… server resident memory, peak over the HTTPS load", mib(fence_hwm), mib(noop_hwm), format!("{:.2}×", fence_hwm as f64 / noop_hwm.max(1) as f64), "", Met::Info);
+    noop.alive()?;
+    Ok(())
+}
+
+fn merge(loads: Vec<load::Load>) -> load::Load {
+    let mut all = load::Load { ok: 0, failed: 0, elapsed: Duration::ZERO, latency: Samples::default() };
+    for l in loads {
+        all.ok += l.ok;
+        all.failed += l.failed;
+        all.elapsed += l.elapsed;
+        all.latency.extend(l.latency);
+    }
+    all
+}
+
+fn ratio_of(a: Duration, b: Duration) -> f64 {
+    if b.is_zero() { 0.0 } else { a.as_secs_f64() / b.as_secs_f64() }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Guarded vs unguarded ConfigMap updates through the API server.
+
+async fn guarded_vs_unguarded(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
+    let client = bench.client.clone();
+    let mut registration = Registration::new(format!("kf-bench-{}", bench.ns_hook), Endpoint::Url(bench.webhook_url.clone()));
+    registration.ca_bundle = Some(bench.ca_pem.clone());
+    registration.only_namespaces = Some(vec![bench.ns_hook.clone()]);
+    registration.apply(&client).await?;
+    let result = guarded_vs_unguarded_registered(args, table, bench).await;
+    registration.remove(&client).await?;
+    result
+}
+
+async fn guarded_vs_unguarded_registered(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
+    let cms: Api<ConfigMap> = Api::namespaced(bench.client.clone(), &bench.ns_hook);
+    let leases: Api<Lease> = Api::namespaced(bench.client.clone(), &bench.ns_hook);
+    // A guarded create needs the lease's newest token; wait until the API server calls the
+    // webhook (a create without a token is denied).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let probe = ConfigMap { metadata: meta("probe", Some(LEASE), None), ..Default::default() };
+        match cms.create(&PostParams::default(), &probe).await {
+            Err(kube::Error::Api(e)) if e.message.contains("fence.kubefence.io") => break,
+            Ok(_) => {
+                cms.delete("probe", &DeleteParams::default()).await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the API server did not call the webhook within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let writers = args.writers;
+    for w in 0..writers {
+        let data = Some([("seq".to_string(), "0".to_string())].into());
+        cms.create(&PostParams::default(), &ConfigMap { metadata: meta(&format!("guarded-{w}"), Some(LEASE), Some(ISSUED)), data: data.clone(), ..Default::default() }).await?;
+        cms.create(&PostParams::default(), &ConfigMap { metadata: meta(&format!("plain-{w}"), None, None), data, ..Default::default() }).await?;
+    }
+    // Later grants: room for every update's token (t > recorded, t <= issued).
+    set_issued(&leases, ISSUED * 2).await?;
+    let tokens = Arc::new(AtomicU64::new(ISSUED + 1));
+    eprintln!("[3] guarded vs unguarded ConfigMap updates through the API server ({} each, {writers} writers, then 1 writer)", args.updates());
+
+    // Throughput under load: rounds alternate so drift hits both alike.
+    updates(&cms, writers, writers * 5, true, &tokens).await?;
+    updates(&cms, writers, writers * 5, false, &tokens).await?;
+    let rounds = 3;
+    let (mut guarded, mut plain) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        guarded.push(updates(&cms, writers, args.updates() / rounds, true, &tokens).await?);
+        plain.push(updates(&cms, writers, args.updates() / rounds, false, &tokens).await?);
+    }
+    let (g, p) = (merge(guarded), merge(plain));
+    let ratio = g.per_sec() / p.per_sec();
+    let added99 = g.latency.p99().saturating_sub(p.latency.p99());
+    table.add("3", format!("ConfigMap updates via API server, {writers} writers: throughput"), rate(g.per_sec(), "upd"), rate(p.per_sec(), "upd"), format!("{ratio:.2}×"), "≥ 0.85×", met(ratio >= 0.85));
+    table.add(
+        "3",
+        format!("… {writers} writers: p50 / p99 (added)"),
+        format!("{} / {}", ms(g.latency.p50()), ms(g.latency.p99())),
+        format!("{} / {}", ms(p.latency.p50()), ms(p.latency.p99())),
+        format!("+{} / +{}", ms(g.latency.p50().saturating_sub(p.latency.p50())), ms(added99)),
+        "≤ +1.5 ms p99",
+        met(added99 <= Duration::from_micros(1500)),
+    );
+    // Latency alone: one writer, guarded and unguarded interleaved.
+    let (mut g1, mut p1) = (Samples::default(), Samples::default());
+    for _ in 0..(args.updates() / 2) {
+        g1.extend(updates(&cms, 1, 1, true, &tokens).await?.latency);
+        p1.extend(updates(&cms, 1, 1, false, &tokens).await?.latency);
+    }
+    let added99 = g1.p99().saturating_sub(p1.p99());
+    table.add(
+        "3",
+        "… 1 writer: p50 / p99 (added)",
+        format!("{} / {}", ms(g1.p50()), ms(g1.p99())),
+        format!("{} / {}", ms(p1.p50()), ms(p1.p99())),
+        format!("+{} / +{}", ms(g1.p50().saturating_sub(p1.p50())), ms(added99)),
+        "≤ +1.5 ms p99",
+        met(added99 <= Duration::from_micros(1500)),
+    );
+    Ok(())
+}
+
+fn meta(name: &str, lease: Option<&str>, token: Option<u64>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        labels: lease.map(|l| [(LEASE_LABEL.to_string(), l.to_string())].into()),
+        annotations: token.map(|t| [(TOKEN_ANNOTATION.to_string(), t.to_string())].into()),
+        ..Default::default()
+    }
+}
+
+/// `total` merge-patch updates from `writers` writers, each on its own ConfigMap (guarded ones
+/// stamped with a fresh, greater token; unguarded ones with an annotation of the same size).
+async fn updates(cms: &Api<ConfigMap>, writers: usize, total: usize, guarded: bool, tokens: &Arc<AtomicU64>) -> anyhow::Result<load::Load> {
+    let started = Instant::now();
+    let per = total.div_ceil(writers);
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| {
+            let (cms, tokens) = (cms.clone(), tokens.clone());
+            tokio::spawn(async move {
+                let mut latency = Samples::default();
+                let name = if guarded { format!("guarded-{w}") } else { format!("plain-{w}") };
+                for i in 0..per {
+                    let token = tokens.fetch_add(1, Ordering::Relaxed);
+                    let annotation = if guarded { TOKEN_ANNOTATION } else { "bench.kubefence.io/seq" };
+                    let patch = json!({"metadata": {"annotations": {annotation: token.to_string()}}, "data": {"seq": i.to_string()}});
+                    let t = Instant::now();
+                    cms.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                    latency.push(t.elapsed());
+                }
+                anyhow::Ok(latency)
+            })
+        })
+        .collect();
+    let mut out = load::Load { ok: 0, failed: 0, elapsed: Duration::ZERO, latency: Samples::default() };
+    for t in tasks {
+        let latency = t.await??;
+        out.ok += latency.len();
+        out.latency.extend(latency);
+    }
+    out.elapsed = started.elapsed();
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Acquire latency vs two raw writes; takeover delay vs the lease duration.
+
+async fn acquire(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
+    let n = args.acquires();
+    eprintln!("[4] lease acquire latency ({n} acquisitions) vs two raw API server writes");
+    let api: Api<Lease> = Api::namespaced(bench.client.clone(), &bench.ns_lease);
+    for i in 0..n {
+        api.create(&PostParams::default(), &Lease::new(&format!("acq-{i}"), LeaseSpec::default())).await?;
+    }
+    // The raw pair: a spec write then a status write (compare-and-swap each), on a Lease no
+    // controller watches — the two writes an acquisition needs at the least.
+    let raw_api: Api<Lease> = Api::namespaced(bench.client.clone(), &bench.ns_hook);
+    let mut raw_lease = raw_api.create(&PostParams::default(), &Lease::new("raw", LeaseSpec::default())).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let leases = Leases::new(bench.client.clone(), &bench.ns_lease);
+    let (mut acquired, mut raw) = (Samples::default(), Samples::default());
+    for i in 0..n {
+        let t = Instant::now();
+        let grant = leases.acquire(&format!("acq-{i}"), &format!("holder-{i}"), AcquireOptions::default().timeout(Duration::from_secs(30))).await?;
+        acquired.push(t.elapsed());
+        leases.release(&grant).await?;
+
+        let t = Instant::now();
+        raw_lease.spec.holder = Some(format!("holder-{i}"));
+        raw_lease.metadata.managed_fields = None;
+        raw_lease = raw_api.replace("raw", &PostParams::default(), &raw_lease).await?;
+        raw_lease.status = Some(kube_fence::api::LeaseStatus { holder: Some(format!("holder-{i}")), ..raw_lease.status.clone().unwrap_or_default() });
+        raw_lease = raw_api.replace_status("raw", &PostParams::default(), &raw_lease).await?;
+        raw.push(t.elapsed());
+    }
+    let ratio = ratio_of(acquired.p99(), raw.p99());
+    table.add(
+        "4",
+        format!("lease acquire, request → token ({n}): p50 / p99"),
+        format!("{} / {}", ms(acquired.p50()), ms(acquired.p99())),
+        format!("2 raw writes: {} / {}", ms(raw.p50()), ms(raw.p99())),
+        format!("{:.2}× / {ratio:.2}×", ratio_of(acquired.p50(), raw.p50())),
+        "p99 ≤ 2×",
+        met(ratio <= 2.0),
+    );
+    Ok(())
+}
+
+async fn takeover(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
+    let k = args.takeovers();
+    let secs = args.takeover_lease_secs;
+    let duration = Duration::from_secs(u64::from(secs));
+    eprintln!("[4] takeover after the holder dies ({k} at once, lease duration {secs} s)");
+    let tasks: Vec<_> = (0..k)
+        .map(|j| {
+            let leases = Leases::new(bench.client.clone(), &bench.ns_lease);
+            tokio::spawn(async move {
+                let name = format!("take-{j}");
+                let first = leases.acquire(&name, "dies", AcquireOptions::default().duration(duration).timeout(Duration::from_secs(30))).await?;
+                // The holder dies here: no heartbeat, no release.
+                let died = Instant::now();
+                let next = leases.acquire(&name, "successor", AcquireOptions::default().timeout(duration * 5 + Duration::from_secs(10))).await?;
+                anyhow::ensure!(next.token > first.token, "takeover token {} is not greater than {}", next.token, first.token);
+                anyhow::Ok(died.elapsed())
+            })
+        })
+        .collect();
+    let mut delays = Samples::default();
+    for t in tasks {
+        delays.push(t.await??);
+    }
+    table.add(
+        "4",
+        format!("takeover after the holder dies ({k}): mean / max"),
+        format!("{} / {}", ms(delays.mean()), ms(delays.quantile(1.0))),
+        format!("lease duration {}", ms(duration)),
+        format!("{:.2}× / {:.2}×", ratio_of(delays.mean(), duration), ratio_of(delays.quantile(1.0), duration)),
+        "≈ 1× (+ ≤ 1 s rounding)",
+        Met::Info,
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Many leases churning.
+
+async fn wait_metrics(url: &str, controller: &mut Proc) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        controller.alive()?;
+        if grants(url).await.is_ok() {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the controller's metrics did not answer within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The controller's grant counter, from its /metrics.
+async fn grants(url: &str) -> anyhow::Result<u64> {
+    let client: hyper_util::client::legacy::Client<_, Full<Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(hyper_util::client::legacy::connect::HttpConnector::new());
+    let resp = client.request(http::Request::get(url).body(Full::new(Bytes::new()))?).await?;
+    let body = resp.into_body().collect().await?.to_bytes();
+    let text = String::from_utf8_lossy(&body);
+    text.lines()
+        .find(|l| l.starts_with("kube_fence_lease_grants_total"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .ok_or_else(|| anyhow::anyhow!("no kube_fence_lease_grants_total in the controller's metrics"))
+}
+
+/// Peak resident memory of a process, sampled every 200 ms while it runs.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<u64>,
+}
+
+impl Sampler {
+    fn start(pid: u32) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut peak = 0;
+            while !flag.load(Ordering::Relaxed) {
+                peak = peak.max(memory(pid).0);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            peak
+        });
+        Sampler { stop, task }
+    }
+    async fn peak(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap_or(0)
+    }
+}
+
+async fn scale(args: &Args, table: &mut Table, bench: &mut Bench, controller: &mut Proc, metrics_url: &str) -> anyhow::Result<()> {
+    let n = args.leases();
+    let churners = args.churners.max(1);
+    let api: Api<Lease> = Api::namespaced(bench.client.clone(), &bench.ns_lease);
+    let (controller_idle, webhook_idle) = (memory(controller.pid()).0, memory(bench.webhook.pid()).0);
+    eprintln!("[5] scale: {n} leases, {churners} clients churning for {} s", args.churn_secs());
+    let (controller_peak, webhook_peak) = (Sampler::start(controller.pid()), Sampler::start(bench.webhook.pid()));
+
+    let created = Instant::now();
+    let tasks: Vec<_> = (0..churners)
+        .map(|w| {
+            let api = api.clone();
+            tokio::spawn(async move {
+                for i in (w..n).step_by(churners) {
+                    api.create(&PostParams::default(), &Lease::new(&format!("s-{i:05}"), LeaseSpec::default())).await?;
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await??;
+    }
+    let created = created.elapsed();
+    eprintln!("    created {n} leases in {created:.1?}");
+
+    let (grants_before, cpu_before, started) = (grants(metrics_url).await?, cpu(controller.pid()), Instant::now());
+    let deadline = started + Duration::from_secs_f64(args.churn_secs());
+    let tasks: Vec<_> = (0..churners)
+        .map(|w| {
+            let api = api.clone();
+            tokio::spawn(async move {
+                let mine: Vec<String> = (w..n).step_by(churners).map(|i| format!("s-{i:05}")).collect();
+                let mut claimed = vec![false; mine.len()];
+                let (mut writes, mut busy, mut round) = (0u64, 0u64, 0u64);
+                'churn: loop {
+                    for (j, name) in mine.iter().enumerate() {
+                        if Instant::now() >= deadline {
+                            break 'churn;
+                        }
+                        // Claim (a new holder) or release (clear the holder), alternately.
+                        let holder = if claimed[j] { serde_json::Value::Null } else { json!(format!("w{w}-{round}")) };
+                        match api.patch(name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"holder": holder}}))).await {
+                            Ok(_) => {
+                                claimed[j] = !claimed[j];
+                                writes += 1;
+                            }
+                            // Still held by the previous holder (the release not judged yet): the
+                            // CEL rule refuses the claim; come back next round.
+                            Err(kube::Error::Api(e)) if e.code == 422 => busy += 1,
+                            Err(e) => return Err(anyhow::Error::from(e)),
+                        }
+                    }
+                    round += 1;
+                }
+                anyhow::Ok((writes, busy))
+            })
+        })
+        .collect();
+    let (mut writes, mut busy) = (0, 0);
+    for t in tasks {
+        let (w, b) = t.await??;
+        writes += w;
+        busy += b;
+    }
+    let churned = started.elapsed();
+    // Let the controller finish the writes already made before reading its counter.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (granted, controller_cpu) = (grants(metrics_url).await? - grants_before, cpu(controller.pid()) - cpu_before);
+    let (controller_peak, webhook_peak) = (controller_peak.peak().await, webhook_peak.peak().await);
+    let (controller_now, webhook_now) = (memory(controller.pid()).0, memory(bench.webhook.pid()).0);
+    let cached = api.list_metadata(&Default::default()).await?.items.len();
+    eprintln!("    {writes} client writes, {busy} claims refused while still held, {granted} grants in {churned:.1?}; {cached} leases exist");
+
+    table.add(
+        "5",
+        format!("{n} leases, {churners} clients churning {:.0} s: grants/s", churned.as_secs_f64()),
+        rate(granted as f64 / churned.as_secs_f64(), "grants"),
+        format!("client writes {}", rate(writes as f64 / churned.as_secs_f64(), "w")),
+        "",
+        "",
+        Met::Info,
+    );
+    table.add("5", "… controller CPU per grant", ms(controller_cpu / granted.max(1) as u32), "", "", "", Met::Info);
+    table.add("5", format!("… controller resident memory, peak (idle {})", mib(controller_idle)), mib(controller_peak), format!("after: {}", mib(controller_now)), "", "≤ 64 MiB", met(controller_peak <= 64 << 20));
+    table.add("5", format!("… webhook resident memory, peak (idle {})", mib(webhook_idle)), mib(webhook_peak), format!("after: {}", mib(webhook_now)), "", "≤ 32 MiB", met(webhook_peak <= 32 << 20));
+    Ok(())
+}

@@ -1,0 +1,153 @@
+//! Item 1: the admission decision in-process — the whole per-request path of the server minus
+//! the network: parse the AdmissionReview JSON → reduce to facts → decide (lease from the cache)
+//! → serialize the response. Also the path as it was before the bench (parse into a
+//! `serde_json::Value`, then into `DynamicObject`s), to show what reading whole objects cost.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionReview};
+use kube_fence::admission::decision::{self, Exemptions, LeaseFacts, LeaseLookup};
+use kube_fence::admission::server;
+use kube_fence::api::{Comparison, Enforcement};
+use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token};
+use serde_json::json;
+
+use crate::Args;
+use crate::report::{Table, rate, us};
+
+/// Object sizes measured: 1 KiB, 64 KiB, 1 MiB.
+pub const SIZES: [(usize, &str); 3] = [(1024, "1 KiB"), (64 * 1024, "64 KiB"), (1024 * 1024, "1 MiB")];
+
+/// The lease every bench review is bound to, and the token it issued.
+pub const LEASE: &str = "work";
+pub const ISSUED: u64 = 1_000_000_000;
+
+/// A ConfigMap of about `size` bytes as JSON: many 64-byte values, like real configuration (one
+/// giant string would flatter the parser).
+pub fn configmap(name: &str, namespace: &str, size: usize, token: u64) -> serde_json::Value {
+    let mut data = serde_json::Map::new();
+    let value = "v".repeat(64);
+    let mut i = 0;
+    while (i + 1) * 80 < size.saturating_sub(300) || i == 0 {
+        data.insert(format!("key-{i:06}"), json!(value));
+        i += 1;
+    }
+    json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": "12345", "uid": "0f0e0d0c-0b0a-0908-0706-050403020100",
+                     "labels": {LEASE_LABEL: LEASE, "app": "bench"}, "annotations": {TOKEN_ANNOTATION: token.to_string()}},
+        "data": data,
+    })
+}
+
+/// An UPDATE review of a guarded ConfigMap of about `size` bytes (old and new object), whose new
+/// token is valid: the common, admitted case.
+pub fn review(namespace: &str, size: usize) -> Vec<u8> {
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+            "requestKind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+            "requestResource": {"group": "", "version": "v1", "resource": "configmaps"},
+            "name": "bench", "namespace": namespace, "operation": "UPDATE",
+            "userInfo": {"username": "system:serviceaccount:bench:worker", "groups": ["system:serviceaccounts", "system:authenticated"]},
+            "object": configmap("bench", namespace, size, 1_001),
+            "oldObject": configmap("bench", namespace, size, 1_000),
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "UpdateOptions"},
+        }
+    });
+    serde_json::to_vec(&review).unwrap_or_default()
+}
+
+fn lookup() -> LeaseLookup {
+    LeaseLookup {
+        lease: Some(LeaseFacts { issued: Token::new(ISSUED), comparison: Comparison::default(), enforcement: Enforcement::default() }),
+        linearizable: false,
+    }
+}
+
+/// The server's per-request path: bytes in, response bytes out, and whether it admitted.
+fn judge(body: &[u8], exempt: &Exemptions, lease: &LeaseLookup) -> (Vec<u8>, bool) {
+    let Ok(request) = server::decode(body) else { return (Vec::new(), false) };
+    judge_request(&request, exempt, lease)
+}
+
+fn judge_request<K: kube::Resource>(request: &AdmissionRequest<K>, exempt: &Exemptions, lease: &LeaseLookup) -> (Vec<u8>, bool) {
+    let facts = server::request_facts(request);
+    let verdict = decision::decide(&facts, exempt, Some(lease));
+    let response = server::response(request, &verdict);
+    (serde_json::to_vec(&response.into_review()).unwrap_or_default(), verdict.is_allowed())
+}
+
+/// The path before the bench: JSON → `Value` → `DynamicObject`s (every field of both objects
+/// copied into `Value`s, twice).
+fn judge_via_value(body: &[u8], exempt: &Exemptions, lease: &LeaseLookup) -> (Vec<u8>, bool) {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else { return (Vec::new(), false) };
+    let Ok(review) = serde_json::from_value::<AdmissionReview<DynamicObject>>(value) else { return (Vec::new(), false) };
+    let Ok(request) = TryInto::<AdmissionRequest<DynamicObject>>::try_into(review) else { return (Vec::new(), false) };
+    judge_request(&request, exempt, lease)
+}
+
+/// Runs `f` for about `secs` (after a short warm-up); (calls per second, mean time per call).
+fn measure(secs: f64, mut f: impl FnMut() -> bool) -> (f64, Duration) {
+    let warm = Instant::now();
+    while warm.elapsed() < Duration::from_secs_f64(secs / 5.0) {
+        black_box(f());
+    }
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed() < Duration::from_secs_f64(secs) {
+        for _ in 0..8 {
+            black_box(f());
+        }
+        n += 8;
+    }
+    let elapsed = started.elapsed();
+    (n as f64 / elapsed.as_secs_f64(), elapsed / u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+pub fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
+    eprintln!("[1] admission decision in-process ({} s per size)", args.decision_secs());
+    let exempt = Exemptions::default();
+    let lease = lookup();
+    for (size, label) in SIZES {
+        let body = review("bench", size);
+        anyhow::ensure!(judge(&body, &exempt, &lease).1, "the bench review of {label} was not admitted");
+        let (per_sec, each) = measure(args.decision_secs(), || judge(&body, &exempt, &lease).1);
+        let (before, before_each) = measure(args.decision_secs(), || judge_via_value(&body, &exempt, &lease).1);
+        let mb_s = per_sec * body.len() as f64 / 1e6;
+        table.add(
+            "1",
+            format!("decision in-process, {label} object (review {} KiB)", body.len() / 1024),
+            format!("{} ({} each, {mb_s:.0} MB/s)", rate(per_sec, "req"), us(each)),
+            format!("before: {} ({})", rate(before, "req"), us(before_each)),
+            format!("{:.2}× faster", per_sec / before),
+            "",
+            crate::report::Met::Info,
+        );
+    }
+    Ok(())
+}
+
+/// What `cargo test --all-targets` runs: the measured path admits the bench reviews and denies a
+/// stale one. No timing.
+pub fn smoke() -> anyhow::Result<()> {
+    let exempt = Exemptions::default();
+    let lease = lookup();
+    for (size, label) in SIZES {
+        let body = review("bench", size);
+        anyhow::ensure!(body.len() >= size, "the {label} review is {} bytes", body.len());
+        let (response, allowed) = judge(&body, &exempt, &lease);
+        anyhow::ensure!(allowed, "the {label} review was not admitted: {}", String::from_utf8_lossy(&response));
+        anyhow::ensure!(judge_via_value(&body, &exempt, &lease).0 == response, "the two paths disagree for {label}");
+    }
+    let stale = String::from_utf8(review("bench", 1024))?.replace(r#""kubefence.io/token":"1001""#, r#""kubefence.io/token":"999""#);
+    let (response, allowed) = judge(stale.as_bytes(), &exempt, &lease);
+    anyhow::ensure!(!allowed && String::from_utf8_lossy(&response).contains("StaleToken"), "a stale token was not denied");
+    Ok(())
+}
