@@ -27,9 +27,9 @@ say "installed and ready in $(( $(date +%s) - started )) s"
 kubectl -n "$NAMESPACE" get pods -o wide >&2
 
 say "running the end-to-end suite against the installed Pods"
-KUBE_FENCE_E2E_INSTALLED=1 cargo test --locked --test e2e -- --test-threads 2
+KUBE_FENCE_E2E_INSTALLED=1 cargo test --locked --test e2e -- --test-threads 2 --nocapture
 say "running the operations tests"
-KUBE_FENCE_E2E_INSTALLED=1 cargo test --locked --test operations -- --ignored --test-threads 1
+KUBE_FENCE_E2E_INSTALLED=1 cargo test --locked --test operations -- --ignored --test-threads 1 --nocapture
 
 say "uninstalling"
 helm uninstall "$RELEASE" --namespace "$NAMESPACE" --wait >&2

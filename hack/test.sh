@@ -37,3 +37,7 @@ say "running the test suite"
 cargo test --workspace --all-targets --locked "$@"
 say "running the documentation examples"
 cargo test --workspace --doc --locked
+
+# kube-fence installed for real: the chart on a real node, its Pods called through their Service.
+say "running the in-cluster suite on a real node (hack/e2e-node.sh)"
+KUBE_FENCE_IMAGE_PROFILE=${KUBE_FENCE_IMAGE_PROFILE:-debug} hack/e2e-node.sh

@@ -220,3 +220,36 @@ fn the_readme_demonstration_rejects_the_stale_write() {
     assert!(stderr.contains("presented token") && stderr.contains("recorded token"), "the rejection names both tokens:\n{stderr}");
     assert!(stderr.contains("still says writer=worker-b"), "B's effect stuck:\n{stderr}");
 }
+
+/// Admission latency as a user sees it: guarded updates through the API server, timed, with
+/// kube-fence in-process or installed (through its Service). Reported, never asserted.
+#[tokio::test]
+async fn guarded_update_latency_is_measured() {
+    let kf = KubeFence::start("e2e-latency").await;
+    let spec = kube_fence::api::LeaseSpec {
+        fencing: Some(kube_fence::api::FencingPolicy { comparison: Some(kube_fence::api::Comparison::AllowEqual), enforcement: None }),
+        ..Default::default()
+    };
+    Api::<kube_fence::api::Lease>::namespaced(kf.client.clone(), &kf.ns).create(&Default::default(), &kube_fence::api::Lease::new("timed", spec)).await.expect("lease");
+    let leases = Leases::new(kf.client.clone(), &kf.ns);
+    let grant = leases.acquire("timed", "timer", AcquireOptions::default().duration(Duration::from_secs(120)).timeout(Duration::from_secs(30))).await.expect("grant");
+    let configmaps: Api<ConfigMap> = Api::namespaced(kf.client.clone(), &kf.ns);
+    grant.create(&configmaps, &guarded_configmap("timed", "timed", "0")).await.expect("create");
+    let mut took = Vec::new();
+    for n in 0..200 {
+        let started = Instant::now();
+        let patch = kube::api::Patch::Merge(serde_json::json!({"data": {"writer": n.to_string()}}));
+        grant.patch(&configmaps, "timed", &Default::default(), patch).await.expect("fenced update");
+        took.push(started.elapsed());
+    }
+    took.sort();
+    let at = |q: f64| took[((took.len() as f64 - 1.0) * q).round() as usize];
+    eprintln!(
+        "MEASURED guarded update through the API server ({}): p50 {:.2} ms, p99 {:.2} ms over {} updates",
+        if installed() { "installed kube-fence, via its Service" } else { "kube-fence in-process, via 127.0.0.1" },
+        at(0.5).as_secs_f64() * 1e3,
+        at(0.99).as_secs_f64() * 1e3,
+        took.len()
+    );
+    kf.stop().await;
+}
