@@ -190,10 +190,14 @@ impl ControlPlane {
         }
     }
 
-    fn start_components(&mut self, opts: &Options) -> Result<()> {
-        let started = Instant::now();
-        let dir = self.dir.clone();
-        let pki = pki::generate(&[], &[])?;
+    /// Writes the PKI and the static token file into the state directory; returns the admin and
+    /// kube-controller-manager tokens.
+    ///
+    /// kube-controller-manager runs as its own user (bound by the API server's bootstrap RBAC)
+    /// and gives each controller its own service account, as kubeadm clusters do: the webhook's
+    /// exemptions name those identities (generic-garbage-collector, namespace-controller), so
+    /// tests must see the real ones.
+    pub(crate) fn write_credentials(&mut self, pki: &pki::Pki) -> Result<(String, String)> {
         let token = random_hex(24)?;
         let kcm_token = random_hex(24)?;
         for (name, contents) in [
@@ -203,18 +207,23 @@ impl ControlPlane {
             ("apiserver.key", &pki.serving_key_pem),
             ("sa.key", &pki.sa_key_pem),
             ("sa.pub", &pki.sa_pub_pem),
+            ("kubelet-client.crt", &pki.kubelet_client_cert_pem),
+            ("kubelet-client.key", &pki.kubelet_client_key_pem),
         ] {
-            write_private(&dir.join(name), contents)?;
+            write_private(&self.dir.join(name), contents)?;
         }
-        // kube-controller-manager runs as its own user (bound by the API server's bootstrap RBAC)
-        // and gives each controller its own service account, as kubeadm clusters do: the
-        // webhook's exemptions name those identities (generic-garbage-collector,
-        // namespace-controller), so tests must see the real ones.
         write_private(
-            &dir.join("tokens.csv"),
+            &self.dir.join("tokens.csv"),
             &format!("{token},admin,admin,system:masters\n{kcm_token},system:kube-controller-manager,system:kube-controller-manager\n"),
         )?;
         self.ca_pem = pki.ca_cert_pem.clone();
+        Ok((token, kcm_token))
+    }
+
+    fn start_components(&mut self, opts: &Options) -> Result<()> {
+        let started = Instant::now();
+        let dir = self.dir.clone();
+        let (token, kcm_token) = self.write_credentials(&pki::generate(&[], &[])?)?;
 
         let etcd_port = free_port()?;
         let peer_port = free_port()?;
@@ -440,10 +449,8 @@ static SHARED: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 static SHARED_CP: Mutex<Option<ControlPlane>> = Mutex::new(None);
 
 extern "C" fn stop_shared_at_exit() {
-    if let Ok(mut guard) = SHARED_CP.lock() {
-        if let Some(mut cp) = guard.take() {
-            cp.stop();
-        }
+    if let Some(mut cp) = SHARED_CP.lock().ok().and_then(|mut guard| guard.take()) {
+        cp.stop();
     }
 }
 
@@ -452,10 +459,8 @@ extern "C" fn stop_shared_at_exit() {
 /// that needs a cluster and has none must fail loudly, never pass by skipping.
 pub fn shared_kubeconfig() -> PathBuf {
     let result = SHARED.get_or_init(|| {
-        if let Ok(path) = std::env::var("KUBECONFIG") {
-            if !path.is_empty() {
-                return Ok(PathBuf::from(path));
-            }
+        if let Some(path) = std::env::var("KUBECONFIG").ok().filter(|p| !p.is_empty()) {
+            return Ok(PathBuf::from(path));
         }
         // Start from a thread that lives as long as the process, so PR_SET_PDEATHSIG (which
         // fires when the *spawning thread* exits) fires only when the test process dies.

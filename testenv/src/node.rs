@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{ControlPlane, Options, free_port, pki, random_hex, write_private};
+use crate::{ControlPlane, Options, free_port, pki};
 
 /// Name of the network namespace (`/run/netns/kfnode`) and of the Node object.
 pub const NETNS: &str = "kfnode";
@@ -289,25 +289,7 @@ impl ControlPlane {
             &[KUBERNETES_SERVICE_IP, NODE_IP],
             &["kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"],
         )?;
-        let token = random_hex(24)?;
-        let kcm_token = random_hex(24)?;
-        for (name, contents) in [
-            ("ca.crt", &pki.ca_cert_pem),
-            ("ca.key", &pki.ca_key_pem),
-            ("apiserver.crt", &pki.serving_cert_pem),
-            ("apiserver.key", &pki.serving_key_pem),
-            ("sa.key", &pki.sa_key_pem),
-            ("sa.pub", &pki.sa_pub_pem),
-            ("kubelet-client.crt", &pki.kubelet_client_cert_pem),
-            ("kubelet-client.key", &pki.kubelet_client_key_pem),
-        ] {
-            write_private(&dir.join(name), contents)?;
-        }
-        write_private(
-            &dir.join("tokens.csv"),
-            &format!("{token},admin,admin,system:masters\n{kcm_token},system:kube-controller-manager,system:kube-controller-manager\n"),
-        )?;
-        self.ca_pem = pki.ca_cert_pem.clone();
+        let (token, kcm_token) = self.write_credentials(&pki)?;
         let host_port = free_port()?;
         self.server = format!("https://127.0.0.1:{host_port}");
         let in_ns = format!("https://127.0.0.1:{API_PORT}");
