@@ -233,3 +233,37 @@ async fn helm_upgrade_keeps_fencing() {
     assert_eq!((stale_ok, failed), (0, 0));
     assert!(ok > 0 && stale_rejected > 0);
 }
+
+#[tokio::test]
+#[ignore = "needs an installed kube-fence: hack/e2e-node.sh"]
+async fn with_no_webhook_pod_guarded_writes_fail_closed_and_the_rest_still_works() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "ops-fail-closed").await;
+    let (kf_ns, kf) = release();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &kf_ns);
+    let scale = |replicas: i32| {
+        let deployments = deployments.clone();
+        let kf = kf.clone();
+        async move { deployments.patch(&kf, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": replicas}}))).await.expect("scale") }
+    };
+    let before = deployments.get(&kf).await.expect("deployment").spec.replicas.unwrap_or(2);
+    scale(0).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &kf_ns);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={kf}"))).await.expect("pods").items.is_empty() {
+        assert!(Instant::now() < deadline, "kube-fence Pods did not go away");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let err = cms.create(&PostParams::default(), &guarded("guarded", "l")).await.expect_err("a guarded write fails closed with no webhook");
+    assert!(err.to_string().contains("fence.kubefence.io"), "the failure names the webhook: {err}");
+    cms.create(&PostParams::default(), &ConfigMap { metadata: ObjectMeta { name: Some("plain".into()), ..Default::default() }, ..Default::default() })
+        .await
+        .expect("unguarded objects stay writable");
+    let system: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let name = format!("kf-labelled-{ns}");
+    system.create(&PostParams::default(), &guarded(&name, "l")).await.expect("kube-system is never fenced");
+    system.delete(&name, &DeleteParams::default()).await.expect("cleanup");
+    scale(before).await;
+    wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;
+}
