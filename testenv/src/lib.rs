@@ -220,6 +220,30 @@ impl ControlPlane {
         Ok((token, kcm_token))
     }
 
+    /// kube-controller-manager's flags, the same in plain and node mode but for `controllers`
+    /// (1.37 names end in `-controller`; the IPAM and volume binder controllers have nothing to
+    /// manage here).
+    pub(crate) fn controller_manager_args(&self, controllers: &str) -> Vec<String> {
+        let kc = self.dir.join("kcm.kubeconfig").display().to_string();
+        let p = |n: &str| self.dir.join(n).display().to_string();
+        [
+            "--kubeconfig", &kc,
+            "--authentication-kubeconfig", &kc,
+            "--authorization-kubeconfig", &kc,
+            "--bind-address", "127.0.0.1",
+            "--secure-port", "0",
+            "--service-account-private-key-file", &p("sa.key"),
+            "--root-ca-file", &p("ca.crt"),
+            "--use-service-account-credentials=true",
+            "--leader-elect=false",
+            "--controllers", controllers,
+            "--v", "0",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect()
+    }
+
     fn start_components(&mut self, opts: &Options) -> Result<()> {
         let started = Instant::now();
         let dir = self.dir.clone();
@@ -276,20 +300,9 @@ impl ControlPlane {
 
         if opts.controller_manager {
             self.say(opts, "starting kube-controller-manager (garbage collector, namespace controller)");
-            let kc = p("kcm.kubeconfig");
-            self.spawn(opts, "kube-controller-manager", Command::new(self.bin_dir.join("kube-controller-manager")).args([
-                "--kubeconfig", &kc,
-                "--authentication-kubeconfig", &kc,
-                "--authorization-kubeconfig", &kc,
-                "--bind-address", "127.0.0.1",
-                "--secure-port", "0",
-                "--service-account-private-key-file", &p("sa.key"),
-                "--root-ca-file", &p("ca.crt"),
-                "--use-service-account-credentials=true",
-                "--leader-elect=false",
-                "--controllers", "*,-node-ipam-controller,-node-lifecycle-controller,-persistentvolume-binder-controller",
-                "--v", "0",
-            ]))?;
+            // No node here: its lifecycle controller would only mark a node that never comes.
+            let args = self.controller_manager_args("*,-node-ipam-controller,-node-lifecycle-controller,-persistentvolume-binder-controller");
+            self.spawn(opts, "kube-controller-manager", Command::new(self.bin_dir.join("kube-controller-manager")).args(args))?;
         }
         self.say(opts, &format!("ready in {:.1}s; KUBECONFIG={}", started.elapsed().as_secs_f64(), self.kubeconfig.display()));
         Ok(())

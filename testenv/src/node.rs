@@ -352,20 +352,8 @@ impl ControlPlane {
         let default_ns = format!("{}/api/v1/namespaces/default", self.server);
         self.wait_until(opts, "kube-apiserver", Duration::from_secs(90), |cp| cp.curl_ok(&readyz, true) && cp.curl_ok(&default_ns, true))?;
 
-        let kc = p("kcm.kubeconfig");
-        self.spawn_node(opts, "kube-controller-manager", Command::new(self.bin_dir.join("kube-controller-manager")).args([
-            "--kubeconfig", &kc,
-            "--authentication-kubeconfig", &kc,
-            "--authorization-kubeconfig", &kc,
-            "--bind-address", "127.0.0.1",
-            "--secure-port", "0",
-            "--service-account-private-key-file", &p("sa.key"),
-            "--root-ca-file", &p("ca.crt"),
-            "--use-service-account-credentials=true",
-            "--leader-elect=false",
-            "--controllers", "*,-node-ipam-controller,-persistentvolume-binder-controller",
-            "--v", "0",
-        ]), true)?;
+        let args = self.controller_manager_args("*,-node-ipam-controller,-persistentvolume-binder-controller");
+        self.spawn_node(opts, "kube-controller-manager", Command::new(self.bin_dir.join("kube-controller-manager")).args(args), true)?;
         let nkc = p("node.kubeconfig");
         self.spawn_node(opts, "kube-scheduler", Command::new(self.bin_dir.join("kube-scheduler")).args([
             "--kubeconfig", &nkc,
