@@ -479,6 +479,39 @@ async fn admission_latency_is_measured() {
     f.stop().await;
 }
 
+/// A client that never finishes its headers (slowloris) is disconnected, and the server keeps
+/// serving others meanwhile.
+#[tokio::test]
+async fn a_client_trickling_headers_is_cut_off() {
+    use rustls::pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let f = Fixture::new("slowloris").await;
+    let hook = f.hook.as_ref().unwrap();
+    let (addr, ca) = (hook.addr, hook.ca_pem.clone());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    let mut slow = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.expect("TLS handshake");
+    slow.write_all(b"POST /validate HTTP/1.1\r\nHost: localhost\r\n").await.expect("partial headers");
+    let started = Instant::now();
+    // Others are served while the slow client hangs on.
+    let (code, _, _) = https(addr, &ca, "GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", b"").await;
+    assert_eq!(code, 200);
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(30), slow.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the trickling connection was still open after 30 s");
+    eprintln!("MEASURED slow client cut off after {:?} (header read timeout {:?})", started.elapsed(), kube_fence::admission::server::HEADER_READ_TIMEOUT);
+    f.stop().await;
+}
+
 /// One HTTPS request to the webhook, trusting `ca_pem`: (status code, body, served leaf DER).
 async fn https(addr: std::net::SocketAddr, ca_pem: &str, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
     use rustls::pki_types::pem::PemObject;

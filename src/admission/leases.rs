@@ -29,7 +29,16 @@ impl LeaseDirectory {
     /// directory is used).
     pub fn new(client: Client) -> (LeaseDirectory, impl Future<Output = ()> + Send + 'static) {
         let (store, writer) = reflector::store();
-        let stream = reflector::reflector(writer, watcher(Api::<Lease>::all(client.clone()), watcher::Config::default()))
+        // The webhook reads only spec.fencing and status.token: keep the cache small (10,000
+        // leases cost far less without managedFields, annotations and conditions).
+        let trimmed = watcher(Api::<Lease>::all(client.clone()), watcher::Config::default()).modify(|lease: &mut Lease| {
+            lease.metadata.managed_fields = None;
+            lease.metadata.annotations = None;
+            if let Some(status) = lease.status.as_mut() {
+                status.conditions.clear();
+            }
+        });
+        let stream = reflector::reflector(writer, trimmed)
             .default_backoff()
             .for_each(|event| async move {
                 if let Err(err) = event {

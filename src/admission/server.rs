@@ -30,6 +30,9 @@ use super::decision::{self, Exemptions, LeaseRead, ObjectFacts, Operation, Reaso
 use super::leases::LeaseDirectory;
 use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION};
 
+/// How long a client may take to send a request's headers (also the first request's).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Kubernetes objects are at most 1.5 MiB; an AdmissionReview carries two of them.
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 
@@ -386,7 +389,11 @@ pub async fn serve(listener: TcpListener, tls: RustlsConfig, router: Router, shu
         shutdown.await;
         stopper.graceful_shutdown(Some(Duration::from_secs(10)));
     });
-    axum_server::from_tcp_rustls(listener, tls)?.handle(handle).serve(router.into_make_service()).await
+    let mut server = axum_server::from_tcp_rustls(listener, tls)?.handle(handle).first_request_timeout(HEADER_READ_TIMEOUT);
+    // The API server sends whole requests at once; a client that trickles its headers
+    // (slowloris) must not keep the webhook's connections, so headers get a deadline.
+    server.http_builder().http1().header_read_timeout(Some(HEADER_READ_TIMEOUT));
+    server.serve(router.into_make_service()).await
 }
 
 /// Everything one webhook process serves, given its lease directory (whose cache future the
