@@ -483,23 +483,11 @@ async fn admission_latency_is_measured() {
 /// serving others meanwhile.
 #[tokio::test]
 async fn a_client_trickling_headers_is_cut_off() {
-    use rustls::pki_types::pem::PemObject;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let f = Fixture::new("slowloris").await;
     let hook = f.hook.as_ref().unwrap();
     let (addr, ca) = (hook.addr, hook.ca_pem.clone());
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
-    let mut slow = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.expect("TLS handshake");
+    let mut slow = tls_connect(addr, &ca).await;
     slow.write_all(b"POST /validate HTTP/1.1\r\nHost: localhost\r\n").await.expect("partial headers");
     let started = Instant::now();
     // Others are served while the slow client hangs on.
@@ -512,10 +500,9 @@ async fn a_client_trickling_headers_is_cut_off() {
     f.stop().await;
 }
 
-/// One HTTPS request to the webhook, trusting `ca_pem`: (status code, body, served leaf DER).
-async fn https(addr: std::net::SocketAddr, ca_pem: &str, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+/// A TLS connection to the webhook, trusting only `ca_pem` and checking its IP address.
+async fn tls_connect(addr: std::net::SocketAddr, ca_pem: &str) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     use rustls::pki_types::pem::PemObject;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(cert.unwrap()).unwrap();
@@ -527,7 +514,13 @@ async fn https(addr: std::net::SocketAddr, ca_pem: &str, head: &str, body: &[u8]
         .with_no_client_auth();
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
-    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.expect("TLS handshake with the webhook");
+    tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.expect("TLS handshake with the webhook")
+}
+
+/// One HTTPS request to the webhook, trusting `ca_pem`: (status code, body, served leaf DER).
+async fn https(addr: std::net::SocketAddr, ca_pem: &str, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = tls_connect(addr, ca_pem).await;
     let leaf = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| c.to_vec()).unwrap_or_default();
     let _ = tls.write_all(head.as_bytes()).await;
     let _ = tls.write_all(body).await;

@@ -425,20 +425,8 @@ impl ControlPlane {
             return;
         }
         while let Some(mut c) = self.components.pop() {
-            // SAFETY: plain kill(2) on a child we own and have not reaped.
-            unsafe { libc::kill(c.child.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                match c.child.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() > deadline => {
-                        let _ = c.child.kill();
-                        let _ = c.child.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-                }
-            }
+            let pid = c.child.id() as i32;
+            terminate(&mut c.child, pid);
         }
         if self.remove_dir {
             let _ = fs::remove_dir_all(&self.dir);
@@ -449,6 +437,25 @@ impl ControlPlane {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Sends SIGTERM to `target` (the child's pid, or `-pgid` for its whole process group), waits up
+/// to 10 s for the child to exit, then kills and reaps it.
+pub(crate) fn terminate(child: &mut Child, target: i32) {
+    // SAFETY: kill(2) on a child we started and have not reaped (or on its process group).
+    unsafe { libc::kill(target, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => return,
+            Ok(None) if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+        }
     }
 }
 

@@ -595,20 +595,7 @@ evictionHard:
     fn stop_components_by_group(&mut self) {
         while let Some(mut c) = self.components.pop() {
             let pid = c.child.id() as i32;
-            // SAFETY: kill(2) on the process group of a child we started and have not reaped.
-            unsafe { libc::kill(-pid, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                match c.child.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() > deadline => {
-                        let _ = c.child.kill();
-                        let _ = c.child.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-                }
-            }
+            crate::terminate(&mut c.child, -pid); // the whole process group
             // Leftover members of its group (socat's connection children).
             // SAFETY: as above.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
