@@ -40,16 +40,25 @@ impl std::fmt::Display for Violation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Violation::TokenNotIncreasing { lease, previous, next, resource_version } => {
-                write!(f, "lease {lease}: grant at resourceVersion {resource_version} has token {next}, not greater than the previous grant's {previous}")
+                write!(
+                    f,
+                    "lease {lease}: grant at resourceVersion {resource_version} has token {next}, not greater than the previous grant's {previous}"
+                )
             }
             Violation::TokenGrantedTwice { lease, token, first, second } => {
                 write!(f, "lease {lease}: token {token} was granted to both {first} and {second}")
             }
             Violation::StaleWriteAccepted { object, recorded, accepted, resource_version } => {
-                write!(f, "object {object}: write with token {accepted} accepted at resourceVersion {resource_version} after token {recorded}")
+                write!(
+                    f,
+                    "object {object}: write with token {accepted} accepted at resourceVersion {resource_version} after token {recorded}"
+                )
             }
             Violation::TokenNeverGranted { object, lease, token, resource_version } => {
-                write!(f, "object {object}: write with token {token} accepted at resourceVersion {resource_version}, but lease {lease} never granted that token")
+                write!(
+                    f,
+                    "object {object}: write with token {token} accepted at resourceVersion {resource_version}, but lease {lease} never granted that token"
+                )
             }
         }
     }
@@ -73,14 +82,21 @@ pub fn check(observations: &[Observation], allow_equal: impl Fn(&str) -> bool) -
                 grants.entry(lease).or_default().push((*resource_version, holder, *token));
                 granted.entry(lease).or_default().insert(*token);
             }
-            Observation::Write { object, token, resource_version, .. } => writes.entry(object).or_default().push((*resource_version, *token)),
+            Observation::Write { object, token, resource_version, .. } => {
+                writes.entry(object).or_default().push((*resource_version, *token))
+            }
         }
     }
     for o in observations {
         if let Observation::Write { object, lease, token, resource_version } = o
             && granted.get(lease.as_str()).is_some_and(|tokens| !tokens.contains(token))
         {
-            let v = Violation::TokenNeverGranted { object: object.clone(), lease: lease.clone(), token: *token, resource_version: *resource_version };
+            let v = Violation::TokenNeverGranted {
+                object: object.clone(),
+                lease: lease.clone(),
+                token: *token,
+                resource_version: *resource_version,
+            };
             if !violations.contains(&v) {
                 violations.push(v);
             }
@@ -98,16 +114,24 @@ pub fn check(observations: &[Observation], allow_equal: impl Fn(&str) -> bool) -
             }
             if let Some(first) = holder_of.get(&token).copied() {
                 if first != holder {
-                    violations.push(Violation::TokenGrantedTwice { lease: lease.to_string(), token, first: first.to_string(), second: holder.to_string() });
+                    violations.push(Violation::TokenGrantedTwice {
+                        lease: lease.to_string(),
+                        token,
+                        first: first.to_string(),
+                        second: holder.to_string(),
+                    });
                     continue;
                 }
             } else {
                 holder_of.insert(token, holder);
             }
             match newest {
-                Some((max, _)) if token <= max => {
-                    violations.push(Violation::TokenNotIncreasing { lease: lease.to_string(), previous: max, next: token, resource_version: rv })
-                }
+                Some((max, _)) if token <= max => violations.push(Violation::TokenNotIncreasing {
+                    lease: lease.to_string(),
+                    previous: max,
+                    next: token,
+                    resource_version: rv,
+                }),
                 _ => newest = Some((token, holder)),
             }
         }
@@ -121,7 +145,12 @@ pub fn check(observations: &[Observation], allow_equal: impl Fn(&str) -> bool) -
             if let Some(r) = recorded {
                 let admitted = if equal_ok { token >= r } else { token > r };
                 if !admitted {
-                    violations.push(Violation::StaleWriteAccepted { object: object.to_string(), recorded: r, accepted: token, resource_version: rv });
+                    violations.push(Violation::StaleWriteAccepted {
+                        object: object.to_string(),
+                        recorded: r,
+                        accepted: token,
+                        resource_version: rv,
+                    });
                 }
             }
             recorded = Some(recorded.map_or(token, |r| r.max(token)));
@@ -171,7 +200,10 @@ mod tests {
     fn equal_tokens_are_fine_only_where_the_lease_allows_them() {
         let history = vec![write("relaxed", 5, 1), write("relaxed", 5, 2), write("strict", 5, 3), write("strict", 5, 4)];
         let violations = check(&history, |o| o == "relaxed");
-        assert_eq!(violations, vec![Violation::StaleWriteAccepted { object: "strict".into(), recorded: t(5), accepted: t(5), resource_version: 4 }]);
+        assert_eq!(
+            violations,
+            vec![Violation::StaleWriteAccepted { object: "strict".into(), recorded: t(5), accepted: t(5), resource_version: 4 }]
+        );
     }
 
     #[test]
@@ -186,7 +218,10 @@ mod tests {
         history.push(write("o", 2_000, 5_003)); // granted (i = 190), but committed after token 5_000
         history.reverse();
         let violations = check(&history, |_| false);
-        assert_eq!(violations, vec![Violation::StaleWriteAccepted { object: "o".into(), recorded: t(5_000), accepted: t(2_000), resource_version: 5_003 }]);
+        assert_eq!(
+            violations,
+            vec![Violation::StaleWriteAccepted { object: "o".into(), recorded: t(5_000), accepted: t(2_000), resource_version: 5_003 }]
+        );
     }
 
     #[test]

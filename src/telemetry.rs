@@ -44,15 +44,25 @@ pub fn render(registry: &Registry) -> String {
 /// Serves `/metrics`, `/healthz` and `/readyz` over plain HTTP for a process that has no webhook
 /// server of its own (the `controller` subcommand). Metrics carry no secrets; the webhook's
 /// own port is HTTPS only.
-pub async fn serve_metrics(addr: SocketAddr, registry: Arc<Registry>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     use axum::{Router, routing::get};
-    let app = Router::new()
-        .route("/metrics", get(move || {
-            let registry = registry.clone();
-            async move { ([(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], render(&registry)) }
-        }))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }));
+    let app =
+        Router::new()
+            .route(
+                "/metrics",
+                get(move || {
+                    let registry = registry.clone();
+                    async move {
+                        ([(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], render(&registry))
+                    }
+                }),
+            )
+            .route("/healthz", get(|| async { "ok" }))
+            .route("/readyz", get(|| async { "ok" }));
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

@@ -224,11 +224,19 @@ fn lookup() -> impl Strategy<Value = Option<LeaseLookup>> {
         prop_oneof![9 => Just(Enforcement::Enforce), 1 => Just(Enforcement::Warn)],
     )
         .prop_map(|(issued, comparison, enforcement)| LeaseFacts { issued, comparison, enforcement });
-    proptest::option::weighted(0.9, (proptest::option::weighted(0.9, facts), any::<bool>()).prop_map(|(lease, linearizable)| LeaseLookup { lease, linearizable }))
+    proptest::option::weighted(
+        0.9,
+        (proptest::option::weighted(0.9, facts), any::<bool>()).prop_map(|(lease, linearizable)| LeaseLookup { lease, linearizable }),
+    )
 }
 
 /// The oracle: what any allowed write must satisfy, from DESIGN.md section 4.
-fn check_verdict(req: &decision::Request, exempt: &Exemptions, lookup: Option<&LeaseLookup>, verdict: &Verdict) -> Result<(), TestCaseError> {
+fn check_verdict(
+    req: &decision::Request,
+    exempt: &Exemptions,
+    lookup: Option<&LeaseLookup>,
+    verdict: &Verdict,
+) -> Result<(), TestCaseError> {
     let old_lease = req.old.as_ref().and_then(|o| o.lease.as_deref());
     let new_lease = req.new.as_ref().and_then(|n| n.lease.as_deref());
     let guarded = old_lease.is_some() || new_lease.is_some();

@@ -38,7 +38,12 @@ fn run(name: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
 
 fn ok(name: &str, args: &[&str], stdin: Option<&[u8]>) -> String {
     let out = run(name, args, stdin);
-    assert!(out.status.success(), "{name} {args:?} failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{name} {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -71,7 +76,13 @@ async fn rendered_objects_pass_a_server_side_dry_run_in_both_tls_modes() {
     let ns = common::namespace(&client, "chart-dry-run").await;
     let manifests = ok("helm", &["template", "dry", CHART, "-n", &ns, "--set", &format!("webhook.onlyNamespaces={{{ns}-nothing}}")], None);
     let out = ok("kubectl", &["apply", "--dry-run=server", "-n", &ns, "-f", "-"], Some(manifests.as_bytes()));
-    for kind in ["deployment.apps/dry-kube-fence", "service/dry-kube-fence-webhook", "validatingwebhookconfiguration.admissionregistration.k8s.io/dry-kube-fence", "clusterrole.rbac.authorization.k8s.io/dry-kube-fence", "poddisruptionbudget.policy/dry-kube-fence"] {
+    for kind in [
+        "deployment.apps/dry-kube-fence",
+        "service/dry-kube-fence-webhook",
+        "validatingwebhookconfiguration.admissionregistration.k8s.io/dry-kube-fence",
+        "clusterrole.rbac.authorization.k8s.io/dry-kube-fence",
+        "poddisruptionbudget.policy/dry-kube-fence",
+    ] {
         assert!(out.contains(kind), "dry run covered {kind}:\n{out}");
     }
     // cert-manager mode renders the injection annotation and a Certificate for the Service names.
@@ -90,7 +101,21 @@ async fn install_creates_what_the_values_say_and_uninstall_removes_the_webhook()
     // guarded write there fails closed until uninstall removes the webhook.
     let fenced = common::namespace(&client, "chart-fenced").await;
     let only = format!("webhook.onlyNamespaces={{{fenced}}}");
-    let args = ["install", release, CHART, "-n", &ns, "--set", "replicaCount=3", "--set", "webhook.timeoutSeconds=7", "--set", "leaderElection=false", "--set", &only];
+    let args = [
+        "install",
+        release,
+        CHART,
+        "-n",
+        &ns,
+        "--set",
+        "replicaCount=3",
+        "--set",
+        "webhook.timeoutSeconds=7",
+        "--set",
+        "leaderElection=false",
+        "--set",
+        &only,
+    ];
     ok("helm", &args, None);
 
     let deploy = Api::<Deployment>::namespaced(client.clone(), &ns).get("inst-kube-fence").await.expect("deployment");
@@ -118,7 +143,11 @@ async fn install_creates_what_the_values_say_and_uninstall_removes_the_webhook()
 
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &fenced);
     let guarded = || ConfigMap {
-        metadata: ObjectMeta { name: Some("guarded".into()), labels: Some([("kubefence.io/lease".to_string(), "l".to_string())].into()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some("guarded".into()),
+            labels: Some([("kubefence.io/lease".to_string(), "l".to_string())].into()),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -183,6 +212,10 @@ async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
     );
     assert_eq!(rules(&ns), expected_own, "permissions in kube-fence's own namespace");
     let elsewhere = common::namespace(&client, "chart-rbac-other").await;
-    assert_eq!(rules(&elsewhere), expected_everywhere.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>(), "permissions in any other namespace");
+    assert_eq!(
+        rules(&elsewhere),
+        expected_everywhere.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>(),
+        "permissions in any other namespace"
+    );
     ok("helm", &["uninstall", "rbac", "-n", &ns], None);
 }

@@ -40,7 +40,13 @@ async fn kubectl_explain_describes_the_lease_fields() {
         let (out, text) = loop {
             let out = tokio::task::spawn_blocking({
                 let (kubectl, kubeconfig, field) = (kubectl.clone(), kubeconfig.clone(), field.to_string());
-                move || std::process::Command::new(kubectl).args(["explain", &field]).env("KUBECONFIG", kubeconfig).output().expect("kubectl explain")
+                move || {
+                    std::process::Command::new(kubectl)
+                        .args(["explain", &field])
+                        .env("KUBECONFIG", kubeconfig)
+                        .output()
+                        .expect("kubectl explain")
+                }
             })
             .await
             .expect("thread");
@@ -50,15 +56,24 @@ async fn kubectl_explain_describes_the_lease_fields() {
             }
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         };
-        assert!(out.status.success() && text.contains(words), "kubectl explain {field} says {words:?}:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && text.contains(words),
+            "kubectl explain {field} says {words:?}:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     // `kubectl get flease` shows holder, token, phase, expiry and age.
     let ns = common::namespace(&client, "columns").await;
-    Api::<Lease>::namespaced(client.clone(), &ns).create(&PostParams::default(), &Lease::new("shown", LeaseSpec::default())).await.expect("create lease");
-    let out = tokio::task::spawn_blocking(move || std::process::Command::new(kubectl).args(["get", "flease", "-n", &ns]).env("KUBECONFIG", kubeconfig).output().expect("kubectl get"))
+    Api::<Lease>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &Lease::new("shown", LeaseSpec::default()))
         .await
-        .expect("thread");
+        .expect("create lease");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(kubectl).args(["get", "flease", "-n", &ns]).env("KUBECONFIG", kubeconfig).output().expect("kubectl get")
+    })
+    .await
+    .expect("thread");
     let header = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().split_whitespace().collect::<Vec<_>>().join(" ");
     assert_eq!(header, "NAME HOLDER TOKEN PHASE EXPIRES AGE");
 }

@@ -41,7 +41,12 @@ impl KubeFence {
             None
         } else {
             let mut registry = Registry::default();
-            let run = controller::run(client.clone(), ControllerOptions::new(format!("e2e-{test}")).namespace(&ns), &mut registry, futures::future::pending());
+            let run = controller::run(
+                client.clone(),
+                ControllerOptions::new(format!("e2e-{test}")).namespace(&ns),
+                &mut registry,
+                futures::future::pending(),
+            );
             let controller = tokio::spawn(async move {
                 if let Err(err) = run.await {
                     panic!("controller failed: {err}");
@@ -86,7 +91,11 @@ impl KubeFence {
 
 fn guarded_configmap(name: &str, lease: &str, writer: &str) -> ConfigMap {
     ConfigMap {
-        metadata: ObjectMeta { name: Some(name.into()), labels: Some([("kubefence.io/lease".to_string(), lease.to_string())].into()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([("kubefence.io/lease".to_string(), lease.to_string())].into()),
+            ..Default::default()
+        },
         data: Some([("writer".to_string(), writer.to_string())].into()),
         ..Default::default()
     }
@@ -127,7 +136,11 @@ async fn a_paused_holder_is_fenced_off_with_a_typed_error() {
             other => panic!("round {round}: A's stale write must fail with StaleToken, got {other:?}"),
         }
         let stored = configmaps.get("state").await.expect("read back");
-        assert_eq!(stored.data.unwrap_or_default().get("writer").cloned(), Some(format!("worker-b-{round}")), "round {round}: B's effect stuck");
+        assert_eq!(
+            stored.data.unwrap_or_default().get("writer").cloned(),
+            Some(format!("worker-b-{round}")),
+            "round {round}: B's effect stuck"
+        );
         leases.release(&b).await.expect("B releases");
     }
 
@@ -136,7 +149,10 @@ async fn a_paused_holder_is_fenced_off_with_a_typed_error() {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let seen = events.list(&Default::default()).await.expect("list events");
-        let stale = seen.items.iter().find(|e| e.reason.as_deref() == Some("StaleToken") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("state"));
+        let stale = seen
+            .items
+            .iter()
+            .find(|e| e.reason.as_deref() == Some("StaleToken") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("state"));
         if let Some(event) = stale {
             assert_eq!(event.type_.as_deref(), Some("Warning"));
             assert!(event.note.as_deref().unwrap_or_default().contains("presented token"), "{event:?}");
@@ -230,9 +246,15 @@ async fn guarded_update_latency_is_measured() {
         fencing: Some(kube_fence::api::FencingPolicy { comparison: Some(kube_fence::api::Comparison::AllowEqual), enforcement: None }),
         ..Default::default()
     };
-    Api::<kube_fence::api::Lease>::namespaced(kf.client.clone(), &kf.ns).create(&Default::default(), &kube_fence::api::Lease::new("timed", spec)).await.expect("lease");
+    Api::<kube_fence::api::Lease>::namespaced(kf.client.clone(), &kf.ns)
+        .create(&Default::default(), &kube_fence::api::Lease::new("timed", spec))
+        .await
+        .expect("lease");
     let leases = Leases::new(kf.client.clone(), &kf.ns);
-    let grant = leases.acquire("timed", "timer", AcquireOptions::default().duration(Duration::from_secs(120)).timeout(Duration::from_secs(30))).await.expect("grant");
+    let grant = leases
+        .acquire("timed", "timer", AcquireOptions::default().duration(Duration::from_secs(120)).timeout(Duration::from_secs(30)))
+        .await
+        .expect("grant");
     let configmaps: Api<ConfigMap> = Api::namespaced(kf.client.clone(), &kf.ns);
     grant.create(&configmaps, &guarded_configmap("timed", "timed", "0")).await.expect("create");
     let mut took = Vec::new();
@@ -290,7 +312,16 @@ async fn racing_writers_never_move_an_object_backwards() {
         leases.release(&high).await.expect("release");
         let write = |grant: kube_fence::client::Grant, who: &'static str| {
             let configmaps = configmaps.clone();
-            async move { grant.patch(&configmaps, "raced", &Default::default(), kube::api::Patch::Merge(serde_json::json!({"data": {"writer": format!("{who}-{round}")}}))).await }
+            async move {
+                grant
+                    .patch(
+                        &configmaps,
+                        "raced",
+                        &Default::default(),
+                        kube::api::Patch::Merge(serde_json::json!({"data": {"writer": format!("{who}-{round}")}})),
+                    )
+                    .await
+            }
         };
         let (l, h) = tokio::join!(write(low.clone(), "low"), write(high.clone(), "high"));
         h.unwrap_or_else(|e| panic!("round {round}: the higher token is always admitted: {e}"));
@@ -303,7 +334,10 @@ async fn racing_writers_never_move_an_object_backwards() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     recorder.abort();
     let history = seen.lock().map(|s| s.clone()).unwrap_or_default();
-    eprintln!("MEASURED racing writers: low token landed first {low_won} times, rejected {low_rejected} times; {} accepted versions watched", history.len());
+    eprintln!(
+        "MEASURED racing writers: low token landed first {low_won} times, rejected {low_rejected} times; {} accepted versions watched",
+        history.len()
+    );
     assert!(history.windows(2).all(|w| w[0] < w[1]), "the accepted history is strictly increasing: {history:?}");
     kf.stop().await;
 }
@@ -317,9 +351,15 @@ async fn garbage_collection_and_namespace_deletion_complete() {
     let kf = KubeFence::start("e2e-gc").await;
     let leases = Leases::new(kf.client.clone(), &kf.ns);
     let configmaps: Api<ConfigMap> = Api::namespaced(kf.client.clone(), &kf.ns);
-    let grant = leases.acquire("gc", "worker", AcquireOptions::default().duration(Duration::from_secs(60)).timeout(Duration::from_secs(30))).await.expect("grant");
+    let grant = leases
+        .acquire("gc", "worker", AcquireOptions::default().duration(Duration::from_secs(60)).timeout(Duration::from_secs(30)))
+        .await
+        .expect("grant");
     let owner = configmaps
-        .create(&PostParams::default(), &ConfigMap { metadata: ObjectMeta { name: Some("owner".into()), ..Default::default() }, ..Default::default() })
+        .create(
+            &PostParams::default(),
+            &ConfigMap { metadata: ObjectMeta { name: Some("owner".into()), ..Default::default() }, ..Default::default() },
+        )
         .await
         .expect("owner");
     let mut dependent = guarded_configmap("dependent", "gc", "worker");
@@ -331,7 +371,10 @@ async fn garbage_collection_and_namespace_deletion_complete() {
         ..Default::default()
     }]);
     grant.create(&configmaps, &dependent).await.expect("guarded dependent");
-    grant.create(&configmaps, &guarded_configmap("bystander", "gc", "worker")).await.expect("another guarded object, for the namespace deletion");
+    grant
+        .create(&configmaps, &guarded_configmap("bystander", "gc", "worker"))
+        .await
+        .expect("another guarded object, for the namespace deletion");
     configmaps.delete("owner", &DeleteParams::background()).await.expect("delete owner");
     let started = Instant::now();
     while configmaps.get_opt("dependent").await.expect("get").is_some() {

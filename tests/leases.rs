@@ -79,7 +79,13 @@ impl History {
                 };
                 let status = lease.status.clone().unwrap_or_default();
                 if let Ok(mut h) = sink.0.lock() {
-                    h.push(Seen { lease: lease.name_any(), uid: lease.uid().unwrap_or_default(), phase: status.phase, holder: status.holder, token: status.token });
+                    h.push(Seen {
+                        lease: lease.name_any(),
+                        uid: lease.uid().unwrap_or_default(),
+                        phase: status.phase,
+                        holder: status.holder,
+                        token: status.token,
+                    });
                 }
             }
         });
@@ -358,7 +364,8 @@ async fn deleting_and_recreating_a_lease_never_restarts_its_tokens() {
     // The grants were reported as Events.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let events: Api<K8sEvent> = Api::namespaced(client.clone(), &ns);
-    let reasons: Vec<String> = events.list(&ListParams::default()).await.expect("events").items.into_iter().filter_map(|e| e.reason).collect();
+    let reasons: Vec<String> =
+        events.list(&ListParams::default()).await.expect("events").items.into_iter().filter_map(|e| e.reason).collect();
     assert!(reasons.iter().any(|r| r == "Granted"), "no Granted event among {reasons:?}");
     controller.abort();
     recorder.abort();
@@ -390,13 +397,17 @@ async fn keep_alive_keeps_the_token_and_a_silent_holder_loses_the_lease() {
     let next = leases.acquire("silent", "eager", options(2, 30)).await.expect("the next holder gets the lease");
     let takeover = last_heartbeat.elapsed();
     assert!(next.token > silent.token, "{} after {}", next.token, silent.token);
-    let loss = tokio::time::timeout(Duration::from_secs(10), silent_keep_alive.lost()).await.expect("the silent holder's keep-alive reports the loss");
+    let loss = tokio::time::timeout(Duration::from_secs(10), silent_keep_alive.lost())
+        .await
+        .expect("the silent holder's keep-alive reports the loss");
     assert!(matches!(loss, Loss::Unconfirmed | Loss::Expired | Loss::Superseded { .. }), "{loss:?}");
     // Its heartbeat, if it came back now, is refused: the grant is lost.
     let err = leases.renew(&silent).await.expect_err("a lost grant cannot be renewed");
     assert!(matches!(err, Error::NotHeld { .. }), "{err}");
     history.assert_fencing_invariants();
-    eprintln!("MEASURED takeover: a 2 s lease whose holder went silent was granted to the next holder {takeover:.2?} after the silent holder's last heartbeat was sent (loss reported as {loss:?})");
+    eprintln!(
+        "MEASURED takeover: a 2 s lease whose holder went silent was granted to the next holder {takeover:.2?} after the silent holder's last heartbeat was sent (loss reported as {loss:?})"
+    );
     controller.abort();
     recorder.abort();
 }

@@ -29,7 +29,11 @@ fn release() -> (String, String) {
 
 fn guarded(name: &str, lease: &str) -> ConfigMap {
     ConfigMap {
-        metadata: ObjectMeta { name: Some(name.into()), labels: Some([("kubefence.io/lease".to_string(), lease.to_string())].into()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([("kubefence.io/lease".to_string(), lease.to_string())].into()),
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -41,7 +45,8 @@ fn bump(token: &Grant, n: u64) -> Patch<serde_json::Value> {
 
 /// A lease in AllowEqual mode, so one grant may write many times (a steady stream of valid writes).
 async fn allow_equal_lease(client: &Client, ns: &str, name: &str) {
-    let spec = LeaseSpec { fencing: Some(FencingPolicy { comparison: Some(Comparison::AllowEqual), enforcement: None }), ..Default::default() };
+    let spec =
+        LeaseSpec { fencing: Some(FencingPolicy { comparison: Some(Comparison::AllowEqual), enforcement: None }), ..Default::default() };
     Api::<Lease>::namespaced(client.clone(), ns).create(&PostParams::default(), &Lease::new(name, spec)).await.expect("create lease");
 }
 
@@ -52,7 +57,10 @@ async fn wait_deployment_ready(client: &Client, ns: &str, name: &str, limit: Dur
         let d = api.get(name).await.expect("get deployment");
         let want = d.spec.replicas.unwrap_or(1);
         let status = d.status.unwrap_or_default();
-        if status.ready_replicas.unwrap_or(0) == want && status.updated_replicas.unwrap_or(0) == want && status.replicas.unwrap_or(0) == want {
+        if status.ready_replicas.unwrap_or(0) == want
+            && status.updated_replicas.unwrap_or(0) == want
+            && status.replicas.unwrap_or(0) == want
+        {
             return start.elapsed();
         }
         assert!(start.elapsed() < limit, "deployment {ns}/{name} not ready within {limit:?}");
@@ -73,7 +81,8 @@ async fn under_load<F: std::future::Future<Output = ()>>(client: &Client, ns: &s
     let new = leases.acquire("load", "new", opts.duration(Duration::from_secs(300))).await.expect("new grant");
     new.patch(&cms, "state", &PatchParams::default(), bump(&new, 0)).await.expect("first write with the new grant");
 
-    let (valid_ok, valid_failed, stale_ok, stale_rejected) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (valid_ok, valid_failed, stale_ok, stale_rejected) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let valid = {
         let (cms, new, ok, failed) = (cms.clone(), new.clone(), valid_ok.clone(), valid_failed.clone());
@@ -108,7 +117,12 @@ async fn under_load<F: std::future::Future<Output = ()>>(client: &Client, ns: &s
     stale.await.expect("stale writer");
     let stored: u64 = cms.get("state").await.expect("get").data.unwrap_or_default().get("n").and_then(|n| n.parse().ok()).unwrap_or(0);
     assert!(stored < 1_000_000, "a stale write's effect stuck: n={stored}");
-    (valid_ok.load(Ordering::Relaxed), valid_failed.load(Ordering::Relaxed), stale_ok.load(Ordering::Relaxed), stale_rejected.load(Ordering::Relaxed))
+    (
+        valid_ok.load(Ordering::Relaxed),
+        valid_failed.load(Ordering::Relaxed),
+        stale_ok.load(Ordering::Relaxed),
+        stale_rejected.load(Ordering::Relaxed),
+    )
 }
 
 #[tokio::test]
@@ -122,13 +136,22 @@ async fn a_webhook_pod_killed_under_load_never_admits_a_stale_write() {
     let selector = format!("app.kubernetes.io/instance={kf}");
     let disrupt = async {
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let victim = pods.list(&ListParams::default().labels(&selector)).await.expect("list pods").items.into_iter().next().expect("a kube-fence pod");
+        let victim = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .expect("list pods")
+            .items
+            .into_iter()
+            .next()
+            .expect("a kube-fence pod");
         eprintln!("killing webhook pod {}", victim.name_any());
         pods.delete(&victim.name_any(), &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.expect("delete pod");
     };
     let (ok, failed, stale_ok, stale_rejected) = under_load(&client, &ns, 20, disrupt).await;
     let recovered = wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;
-    eprintln!("MEASURED webhook pod kill: valid writes ok={ok} failed={failed}; stale admitted={stale_ok} rejected={stale_rejected}; deployment ready again {recovered:?} after the load ended");
+    eprintln!(
+        "MEASURED webhook pod kill: valid writes ok={ok} failed={failed}; stale admitted={stale_ok} rejected={stale_rejected}; deployment ready again {recovered:?} after the load ended"
+    );
     assert_eq!(stale_ok, 0, "no stale write is admitted while a webhook Pod dies");
     assert!(stale_rejected > 0 && ok > 0, "both writers ran");
 }
@@ -145,9 +168,13 @@ async fn killing_the_controller_leader_hands_over_and_tokens_never_regress() {
     leases.release(&first).await.expect("release");
 
     let election: Api<CoordinationLease> = Api::namespaced(client.clone(), &kf_ns);
-    let leader = election.get("kube-fence-controller").await.expect("leader election lease").spec.and_then(|s| s.holder_identity).expect("a leader");
+    let leader =
+        election.get("kube-fence-controller").await.expect("leader election lease").spec.and_then(|s| s.holder_identity).expect("a leader");
     let killed = Instant::now();
-    Api::<Pod>::namespaced(client.clone(), &kf_ns).delete(&leader, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.expect("kill the leader");
+    Api::<Pod>::namespaced(client.clone(), &kf_ns)
+        .delete(&leader, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+        .await
+        .expect("kill the leader");
     let second = leases.acquire("work", "after", opts).await.expect("grant after the leader died");
     let takeover = killed.elapsed();
     assert!(second.token > first.token, "token after failover {} > before {}", second.token, first.token);
@@ -179,10 +206,15 @@ async fn a_rotated_certificate_is_picked_up_by_the_running_pods_without_a_failed
         async move {
             let path = format!("/api/v1/namespaces/{kf_ns}/pods/https:{pod}:8443/proxy/metrics");
             let text = client.request_text(http::Request::get(path).body(Vec::new()).expect("request")).await.unwrap_or_default();
-            text.lines().find(|l| l.starts_with("kube_fence_webhook_tls_reloads_total")).and_then(|l| l.split_whitespace().last()).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+            text.lines()
+                .find(|l| l.starts_with("kube_fence_webhook_tls_reloads_total"))
+                .and_then(|l| l.split_whitespace().last())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
         }
     };
-    let names_now: Vec<String> = pods.list(&ListParams::default().labels(&selector)).await.expect("pods").items.iter().map(|p| p.name_any()).collect();
+    let names_now: Vec<String> =
+        pods.list(&ListParams::default().labels(&selector)).await.expect("pods").items.iter().map(|p| p.name_any()).collect();
     let mut before = Vec::new();
     for p in &names_now {
         before.push(reloads(p.clone()).await);
@@ -194,7 +226,10 @@ async fn a_rotated_certificate_is_picked_up_by_the_running_pods_without_a_failed
             "tls.crt": k8s_openapi::ByteString(fresh.cert.clone()),
             "tls.key": k8s_openapi::ByteString(fresh.key.clone()),
         }});
-        secrets.patch("kube-fence-webhook-tls", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("rotate the serving certificate");
+        secrets
+            .patch("kube-fence-webhook-tls", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("rotate the serving certificate");
         // The Pods re-read the Secret every 30 s; keep the load on until all have reloaded.
         let deadline = Instant::now() + Duration::from_secs(75);
         for (p, b) in names_now.iter().zip(&before) {
@@ -244,7 +279,9 @@ async fn with_no_webhook_pod_guarded_writes_fail_closed_and_the_rest_still_works
     let scale = |replicas: i32| {
         let deployments = deployments.clone();
         let kf = kf.clone();
-        async move { deployments.patch(&kf, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": replicas}}))).await.expect("scale") }
+        async move {
+            deployments.patch(&kf, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": replicas}}))).await.expect("scale")
+        }
     };
     let before = deployments.get(&kf).await.expect("deployment").spec.replicas.unwrap_or(2);
     scale(0).await;
@@ -257,9 +294,12 @@ async fn with_no_webhook_pod_guarded_writes_fail_closed_and_the_rest_still_works
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let err = cms.create(&PostParams::default(), &guarded("guarded", "l")).await.expect_err("a guarded write fails closed with no webhook");
     assert!(err.to_string().contains("fence.kubefence.io"), "the failure names the webhook: {err}");
-    cms.create(&PostParams::default(), &ConfigMap { metadata: ObjectMeta { name: Some("plain".into()), ..Default::default() }, ..Default::default() })
-        .await
-        .expect("unguarded objects stay writable");
+    cms.create(
+        &PostParams::default(),
+        &ConfigMap { metadata: ObjectMeta { name: Some("plain".into()), ..Default::default() }, ..Default::default() },
+    )
+    .await
+    .expect("unguarded objects stay writable");
     let system: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
     let name = format!("kf-labelled-{ns}");
     system.create(&PostParams::default(), &guarded(&name, "l")).await.expect("kube-system is never fenced");

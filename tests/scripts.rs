@@ -48,12 +48,18 @@ fn kind_script_names_match_the_chart_the_crds_and_the_tests() {
     assert!(Path::new(ROOT).join(&chart).join("Chart.yaml").is_file(), "CHART={chart} is a chart");
 
     let helm = kube_fence_testenv::binaries().expect("helm").join("helm");
-    let out = Command::new(helm).args(["template", &release, &format!("{ROOT}/{chart}"), "-n", &namespace]).output().expect("helm template");
+    let out =
+        Command::new(helm).args(["template", &release, &format!("{ROOT}/{chart}"), "-n", &namespace]).output().expect("helm template");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let rendered = String::from_utf8_lossy(&out.stdout);
-    for (kind, used_as) in [("Deployment", "deployment/$RELEASE"), ("ValidatingWebhookConfiguration", "validatingwebhookconfiguration \"$RELEASE\"")] {
+    for (kind, used_as) in
+        [("Deployment", "deployment/$RELEASE"), ("ValidatingWebhookConfiguration", "validatingwebhookconfiguration \"$RELEASE\"")]
+    {
         assert!(script.contains(used_as), "the script uses {used_as}");
-        assert!(rendered.contains(&format!("kind: {kind}\nmetadata:\n  name: {release}\n")), "the chart renders a {kind} named {release} for release {release}");
+        assert!(
+            rendered.contains(&format!("kind: {kind}\nmetadata:\n  name: {release}\n")),
+            "the chart renders a {kind} named {release} for release {release}"
+        );
     }
 
     let crds = kube_fence::api::crds_yaml().expect("crds");
@@ -63,6 +69,9 @@ fn kind_script_names_match_the_chart_the_crds_and_the_tests() {
     let test = script.split("--test ").nth(1).and_then(|s| s.split_whitespace().next()).expect("the script runs a test target");
     let test_file = format!("{ROOT}/tests/{test}.rs");
     let source = std::fs::read_to_string(&test_file).unwrap_or_else(|_| panic!("--test {test} exists as tests/{test}.rs"));
-    assert!(source.contains("KUBE_FENCE_E2E_INSTALLED") && script.contains("KUBE_FENCE_E2E_INSTALLED"), "the script and the suite agree on KUBE_FENCE_E2E_INSTALLED");
+    assert!(
+        source.contains("KUBE_FENCE_E2E_INSTALLED") && script.contains("KUBE_FENCE_E2E_INSTALLED"),
+        "the script and the suite agree on KUBE_FENCE_E2E_INSTALLED"
+    );
     assert!(script.contains("image.pullPolicy=Never"), "kind-loaded images must not be pulled");
 }

@@ -72,7 +72,8 @@ async fn replicas_share_one_ca_and_keep_the_ca_bundle_right() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let ca = loop {
         let secret = secrets.get_opt("kube-fence-webhook-tls").await.expect("get secret");
-        let bundle = vwcs.get(&configuration).await.expect("get configuration").webhooks.unwrap_or_default()[0].client_config.ca_bundle.clone();
+        let bundle =
+            vwcs.get(&configuration).await.expect("get configuration").webhooks.unwrap_or_default()[0].client_config.ca_bundle.clone();
         if let (Some(secret), Some(bundle)) = (secret, bundle) {
             let ca = secret.data.unwrap_or_default().get("ca.crt").cloned().expect("the Secret holds ca.crt");
             assert_eq!(bundle.0, ca.0, "the caBundle is the Secret's CA");

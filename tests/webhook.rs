@@ -66,12 +66,20 @@ impl Fixture {
         loop {
             let mut labels = extra.clone();
             labels.insert(LEASE.into(), "probe".into());
-            let probe = ConfigMap { metadata: kube::api::ObjectMeta { name: Some("probe".into()), labels: Some(labels), ..Default::default() }, ..Default::default() };
+            let probe = ConfigMap {
+                metadata: kube::api::ObjectMeta { name: Some("probe".into()), labels: Some(labels), ..Default::default() },
+                ..Default::default()
+            };
             match cms.create(&PostParams::default(), &probe).await {
                 Err(kube::Error::Api(e)) if e.message.contains("fence.kubefence.io") => return,
                 Ok(created) => {
                     let rv = created.metadata.resource_version.clone();
-                    let _ = cms.delete("probe", &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() }).await;
+                    let _ = cms
+                        .delete(
+                            "probe",
+                            &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() },
+                        )
+                        .await;
                 }
                 Err(e) => panic!("unexpected error while probing the webhook: {e}"),
             }
@@ -91,7 +99,10 @@ impl Fixture {
     }
 
     async fn set_policy(&self, lease: &str, policy: serde_json::Value) {
-        self.leases().patch(lease, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"fencing": policy}}))).await.expect("set fencing policy");
+        self.leases()
+            .patch(lease, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"fencing": policy}})))
+            .await
+            .expect("set fencing policy");
     }
 
     async fn stop(mut self) {
@@ -128,7 +139,10 @@ fn guarded_meta(name: &str, lease: &str, token: u64) -> serde_json::Value {
 }
 
 fn configmap(name: &str, lease: &str, token: u64) -> DynamicObject {
-    serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": guarded_meta(name, lease, token), "data": {"k": "v"}})).unwrap()
+    serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": guarded_meta(name, lease, token), "data": {"k": "v"}}),
+    )
+    .unwrap()
 }
 
 fn deployment(name: &str, lease: &str, token: u64) -> DynamicObject {
@@ -142,7 +156,10 @@ fn deployment(name: &str, lease: &str, token: u64) -> DynamicObject {
 
 /// A kube-fence Lease used as an ordinary guarded custom resource (bound to another lease).
 fn custom_resource(name: &str, lease: &str, token: u64) -> DynamicObject {
-    serde_json::from_value(json!({"apiVersion": "kubefence.io/v1alpha1", "kind": "Lease", "metadata": guarded_meta(name, lease, token), "spec": {}})).unwrap()
+    serde_json::from_value(
+        json!({"apiVersion": "kubefence.io/v1alpha1", "kind": "Lease", "metadata": guarded_meta(name, lease, token), "spec": {}}),
+    )
+    .unwrap()
 }
 
 /// The pause test: A is granted n and pauses before its write; the lease moves on to B with
@@ -162,7 +179,10 @@ async fn pause_test(f: &Fixture, api: Api<DynamicObject>, object: DynamicObject,
         let (code, message) = denial(patch(&api, &name, &a_write).await); // A resumes
         assert_eq!(code, 409, "{message}");
         assert!(message.contains(&format!("presented token {n}")) && message.contains(&format!("recorded token {}", n + 1)), "{message}");
-        assert!(message.contains(&format!("{}/work", f.ns)) && message.contains("StaleToken") || message.contains("stale write"), "{message}");
+        assert!(
+            message.contains(&format!("{}/work", f.ns)) && message.contains("StaleToken") || message.contains("stale write"),
+            "{message}"
+        );
         rejected += 1;
         token = n + 1;
     }
@@ -248,7 +268,9 @@ async fn create_after_delete_with_a_stale_token_is_rejected() {
     f.grant("work", "a", 5).await;
     let created = api.create(&PostParams::default(), &configmap("state", "work", 5)).await.expect("create with the current token");
     let rv = created.metadata.resource_version.clone();
-    api.delete("state", &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() }).await.expect("delete with precondition");
+    api.delete("state", &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() })
+        .await
+        .expect("delete with precondition");
     f.grant("work", "b", 6).await;
     let (code, message) = denial(api.create(&PostParams::default(), &configmap("state", "work", 5)).await);
     assert_eq!(code, 409, "{message}");
@@ -272,7 +294,9 @@ async fn delete_needs_a_resource_version_precondition() {
     assert_eq!(e.code, 403);
     assert!(e.message.contains("resourceVersion precondition"), "{}", e.message);
     let rv = created.metadata.resource_version.clone();
-    api.delete("state", &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() }).await.expect("delete of the version read");
+    api.delete("state", &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() })
+        .await
+        .expect("delete of the version read");
     f.stop().await;
 }
 
@@ -286,12 +310,22 @@ async fn rebinding_unguarding_and_malformed_tokens() {
     f.grant("work", "a", 8).await;
 
     // Changing the bound lease: never, whatever the token.
-    let (code, message) = denial(patch(&api, "state", &json!({"metadata": {"labels": {LEASE: "other"}, "annotations": {TOKEN: "50"}}})).await);
+    let (code, message) =
+        denial(patch(&api, "state", &json!({"metadata": {"labels": {LEASE: "other"}, "annotations": {TOKEN: "50"}}})).await);
     assert_eq!(code, 403, "{message}");
     assert!(message.contains("never allowed"), "{message}");
 
     // Malformed tokens are denied, naming the problem.
-    for (raw, names) in [("", "empty"), (" 6", "whitespace"), ("06", "leading zero"), ("+6", "sign"), ("6.0", "not a decimal"), ("0x6", "not a decimal"), ("9223372036854775808", "larger than"), ("\u{0666}", "not a decimal")] {
+    for (raw, names) in [
+        ("", "empty"),
+        (" 6", "whitespace"),
+        ("06", "leading zero"),
+        ("+6", "sign"),
+        ("6.0", "not a decimal"),
+        ("0x6", "not a decimal"),
+        ("9223372036854775808", "larger than"),
+        ("\u{0666}", "not a decimal"),
+    ] {
         let (code, message) = denial(patch(&api, "state", &json!({"metadata": {"annotations": {TOKEN: raw}}})).await);
         assert_eq!(code, 400, "{raw:?}: {message}");
         assert!(message.contains(names), "{raw:?}: {message}");
@@ -302,13 +336,18 @@ async fn rebinding_unguarding_and_malformed_tokens() {
     // Unguarding is an UPDATE like any other: the stale token is refused, a fresh one admitted.
     let (code, message) = denial(patch(&api, "state", &json!({"metadata": {"labels": {LEASE: null}}})).await);
     assert_eq!(code, 409, "{message}");
-    patch(&api, "state", &json!({"metadata": {"labels": {LEASE: null}, "annotations": {TOKEN: "6"}}})).await.expect("unguard with a valid token");
+    patch(&api, "state", &json!({"metadata": {"labels": {LEASE: null}, "annotations": {TOKEN: "6"}}}))
+        .await
+        .expect("unguard with a valid token");
     // Unguarded now: written freely (the webhook is not even called).
     patch(&api, "state", &write(None, "anyone")).await.expect("unguarded write");
     // Guarding it again is a CREATE-strength check: the lease's newest token only.
-    let (code, message) = denial(patch(&api, "state", &json!({"metadata": {"labels": {LEASE: "work"}, "annotations": {TOKEN: "7"}}})).await);
+    let (code, message) =
+        denial(patch(&api, "state", &json!({"metadata": {"labels": {LEASE: "work"}, "annotations": {TOKEN: "7"}}})).await);
     assert_eq!(code, 409, "{message}");
-    patch(&api, "state", &json!({"metadata": {"labels": {LEASE: "work"}, "annotations": {TOKEN: "8"}}})).await.expect("guard with the newest token");
+    patch(&api, "state", &json!({"metadata": {"labels": {LEASE: "work"}, "annotations": {TOKEN: "8"}}}))
+        .await
+        .expect("guard with the newest token");
     f.stop().await;
 }
 
@@ -337,7 +376,12 @@ async fn allow_equal_and_warn_modes() {
     f.set_policy("work", json!({"comparison": "Strict", "enforcement": "Warn"})).await;
     admitted_soon(&api, &write(Some(3), "old"), "Warn admits a stale write").await;
     let metrics = kube_fence::telemetry::render(&f.registry);
-    assert!(metrics.lines().any(|l| l.starts_with("kube_fence_webhook_decisions_total") && l.contains("verdict=\"warned\"") && l.contains("StaleToken")), "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("kube_fence_webhook_decisions_total") && l.contains("verdict=\"warned\"") && l.contains("StaleToken")),
+        "{metrics}"
+    );
     // (Warn admitted the stale write, so the object now records 3: Warn is for rollouts only.)
     f.set_policy("work", json!({"enforcement": "Enforce"})).await;
     assert_eq!(denial(patch(&api, "state", &write(Some(2), "old")).await).0, 409);
@@ -350,7 +394,13 @@ async fn allow_equal_and_warn_modes() {
 async fn garbage_collection_and_namespace_deletion_complete() {
     let f = Fixture::new("gc").await;
     let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), &f.ns);
-    let owner = cms.create(&PostParams::default(), &ConfigMap { metadata: kube::api::ObjectMeta { name: Some("owner".into()), ..Default::default() }, ..Default::default() }).await.unwrap();
+    let owner = cms
+        .create(
+            &PostParams::default(),
+            &ConfigMap { metadata: kube::api::ObjectMeta { name: Some("owner".into()), ..Default::default() }, ..Default::default() },
+        )
+        .await
+        .unwrap();
     f.grant("work", "a", 5).await;
     let mut dependent = configmap("dependent", "work", 5);
     dependent.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
@@ -411,7 +461,13 @@ async fn webhook_down_fails_closed_but_spares_system_and_unguarded_objects() {
     };
     let api = f.api::<ConfigMap>();
     api.create(&PostParams::default(), &scoped("state")).await.expect("guarded create while the webhook serves");
-    api.create(&PostParams::default(), &ConfigMap { metadata: kube::api::ObjectMeta { name: Some("plain".into()), ..Default::default() }, ..Default::default() }.into_dynamic()).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &ConfigMap { metadata: kube::api::ObjectMeta { name: Some("plain".into()), ..Default::default() }, ..Default::default() }
+            .into_dynamic(),
+    )
+    .await
+    .unwrap();
     f.grant("work", "a", 6).await;
 
     let mut hook = f.hook.take().unwrap();
@@ -451,7 +507,13 @@ async fn admission_latency_is_measured() {
     let api = f.api::<ConfigMap>();
     f.grant("work", "a", 1_000_000).await;
     api.create(&PostParams::default(), &configmap("guarded", "work", 1_000_000)).await.unwrap();
-    api.create(&PostParams::default(), &ConfigMap { metadata: kube::api::ObjectMeta { name: Some("plain".into()), ..Default::default() }, ..Default::default() }.into_dynamic()).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &ConfigMap { metadata: kube::api::ObjectMeta { name: Some("plain".into()), ..Default::default() }, ..Default::default() }
+            .into_dynamic(),
+    )
+    .await
+    .unwrap();
     f.grant("work", "a", 2_000_000).await;
     let n = 300u64;
     let (mut guarded, mut plain) = (Vec::new(), Vec::new());
@@ -475,7 +537,10 @@ async fn admission_latency_is_measured() {
         q(&mut plain, 0.5),
         q(&mut plain, 0.99)
     );
-    eprintln!("server-side decision histogram:\n{}", metrics.lines().filter(|l| l.contains("decision_duration") || l.contains("lease_reads")).collect::<Vec<_>>().join("\n"));
+    eprintln!(
+        "server-side decision histogram:\n{}",
+        metrics.lines().filter(|l| l.contains("decision_duration") || l.contains("lease_reads")).collect::<Vec<_>>().join("\n")
+    );
     f.stop().await;
 }
 
@@ -496,7 +561,11 @@ async fn a_client_trickling_headers_is_cut_off() {
     let mut rest = Vec::new();
     let closed = tokio::time::timeout(Duration::from_secs(30), slow.read_to_end(&mut rest)).await;
     assert!(closed.is_ok(), "the trickling connection was still open after 30 s");
-    eprintln!("MEASURED slow client cut off after {:?} (header read timeout {:?})", started.elapsed(), kube_fence::admission::server::HEADER_READ_TIMEOUT);
+    eprintln!(
+        "MEASURED slow client cut off after {:?} (header read timeout {:?})",
+        started.elapsed(),
+        kube_fence::admission::server::HEADER_READ_TIMEOUT
+    );
     f.stop().await;
 }
 
@@ -535,7 +604,10 @@ async fn https(addr: std::net::SocketAddr, ca_pem: &str, head: &str, body: &[u8]
 }
 
 fn post(body: &[u8]) -> String {
-    format!("POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len())
+    format!(
+        "POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
 }
 
 /// Bad input gets a 400 or a clear denial, never a panic, and the server keeps serving.
@@ -562,7 +634,9 @@ async fn malformed_input_is_refused_and_the_server_keeps_serving() {
         .unwrap()
     };
     // Annotations that are not strings: the objects cannot be read; denied, saying so.
-    let bad = review(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "labels": {LEASE: "work"}, "annotations": {TOKEN: 5}}}));
+    let bad = review(
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "labels": {LEASE: "work"}, "annotations": {TOKEN: 5}}}),
+    );
     let (code, body, _) = https(addr, &ca, &post(&bad), &bad).await;
     assert_eq!(code, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -570,13 +644,18 @@ async fn malformed_input_is_refused_and_the_server_keeps_serving() {
     assert_eq!(v["response"]["allowed"], false);
     assert_eq!(v["response"]["status"]["code"], 400);
     // Garbage token: denied naming the problem.
-    let garbage = review(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "labels": {LEASE: "work"}, "annotations": {TOKEN: "0x1f"}}}));
+    let garbage = review(
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "labels": {LEASE: "work"}, "annotations": {TOKEN: "0x1f"}}}),
+    );
     let (_, body, _) = https(addr, &ca, &post(&garbage), &garbage).await;
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["response"]["status"]["reason"], "TokenMalformed", "{body}");
     assert!(v["response"]["status"]["message"].as_str().unwrap().contains("not a decimal integer"), "{body}");
     // Oversized: refused from the Content-Length alone.
-    let huge = format!("POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", 4 * 1024 * 1024);
+    let huge = format!(
+        "POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        4 * 1024 * 1024
+    );
     assert_eq!(https(addr, &ca, &huge, b"{").await.0, 413);
     // Still serving.
     let (code, body, _) = https(addr, &ca, "GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", b"").await;
@@ -620,7 +699,8 @@ async fn rotated_certificate_is_picked_up_without_a_failed_admission() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(server::run(leases, listener, tls, Exemptions::default(), metrics, registry.clone(), stop.clone().cancelled_owned()));
+    let server =
+        tokio::spawn(server::run(leases, listener, tls, Exemptions::default(), metrics, registry.clone(), stop.clone().cancelled_owned()));
     let mut registration = Registration::new(format!("kf-test-{ns}"), Endpoint::Url(format!("https://{addr}/validate")));
     registration.ca_bundle = Some(made.ca_cert.clone());
     registration.only_namespaces = Some(vec![ns.clone()]);
@@ -676,7 +756,10 @@ async fn rotated_certificate_is_picked_up_without_a_failed_admission() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     done.cancel();
     let (ok, after_reload, failed) = writer.await.unwrap();
-    eprintln!("rotation: {ok} guarded writes admitted ({after_reload} after the reload), {} failed; reloaded {reloaded_after:?} after the files changed", failed.len());
+    eprintln!(
+        "rotation: {ok} guarded writes admitted ({after_reload} after the reload), {} failed; reloaded {reloaded_after:?} after the files changed",
+        failed.len()
+    );
     assert!(failed.is_empty(), "admissions failed during the rotation: {failed:?}");
     assert!(ok > 0 && after_reload > 0);
 

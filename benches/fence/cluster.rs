@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use http_body_util::{BodyExt, Full};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::Client;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube_fence::admission::registration::{Endpoint, Registration};
 use kube_fence::admission::tls::SelfSigned;
 use kube_fence::api::{Lease, LeaseSpec};
@@ -55,7 +55,11 @@ impl Proc {
     fn alive(&mut self) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait()? {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            anyhow::bail!("{} exited ({status}):\n{}", self.name, log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n"));
+            anyhow::bail!(
+                "{} exited ({status}):\n{}",
+                self.name,
+                log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
         }
         Ok(())
     }
@@ -72,7 +76,13 @@ impl Drop for Proc {
 fn memory(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
-        status.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<u64>().ok()).unwrap_or(0) * 1024
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
     };
     (field("VmRSS:"), field("VmHWM:"))
 }
@@ -141,7 +151,19 @@ pub async fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
 
     let https = load::client(&made.ca_cert, args.concurrency)?;
     let (webhook, port) = spawn_webhook(&https, &kubeconfig, dir.path(), &cert, &key, &ns_hook).await?;
-    let mut bench = Bench { client, kubeconfig, dir, ca_pem: made.ca_cert.clone(), cert, key, ns_hook, ns_lease, webhook, webhook_url: format!("https://127.0.0.1:{port}/validate"), https };
+    let mut bench = Bench {
+        client,
+        kubeconfig,
+        dir,
+        ca_pem: made.ca_cert.clone(),
+        cert,
+        key,
+        ns_hook,
+        ns_lease,
+        webhook,
+        webhook_url: format!("https://127.0.0.1:{port}/validate"),
+        https,
+    };
     let result = sections(args, table, &mut bench).await;
     // Leave nothing behind (the namespaces go in the background).
     for ns in [&bench.ns_hook, &bench.ns_lease] {
@@ -154,13 +176,30 @@ pub async fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
 }
 
 /// Starts `kube-fence webhook` on a free loopback port and waits until it is ready.
-async fn spawn_webhook(https: &load::Https, kubeconfig: &Path, dir: &Path, cert: &Path, key: &Path, own_namespace: &str) -> anyhow::Result<(Proc, u16)> {
+async fn spawn_webhook(
+    https: &load::Https,
+    kubeconfig: &Path,
+    dir: &Path,
+    cert: &Path,
+    key: &Path,
+    own_namespace: &str,
+) -> anyhow::Result<(Proc, u16)> {
     let port = free_port()?;
     let addr = format!("127.0.0.1:{port}");
-    let args: Vec<String> = ["webhook", "--addr", &addr, "--namespace", own_namespace, "--tls-cert-file", &cert.display().to_string(), "--tls-key-file", &key.display().to_string()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let args: Vec<String> = [
+        "webhook",
+        "--addr",
+        &addr,
+        "--namespace",
+        own_namespace,
+        "--tls-cert-file",
+        &cert.display().to_string(),
+        "--tls-key-file",
+        &key.display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let mut webhook = Proc::spawn("kube-fence-webhook", Path::new(env!("CARGO_BIN_EXE_kube-fence")), &args, kubeconfig, dir)?;
     wait_ready(https, &format!("https://{addr}/readyz"), &mut webhook).await?;
     eprintln!("webhook process {} serving on {addr} (logs in {})", webhook.pid(), dir.display());
@@ -182,11 +221,25 @@ async fn sections(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::
     }
     if args.runs("acquire") || args.runs("scale") {
         let metrics_port = free_port()?;
-        let controller_args: Vec<String> = ["controller", "--namespace", &bench.ns_lease, "--metrics-addr", &format!("127.0.0.1:{metrics_port}"), "--identity", "bench-controller"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let mut controller = Proc::spawn("kube-fence-controller", Path::new(env!("CARGO_BIN_EXE_kube-fence")), &controller_args, &bench.kubeconfig, bench.dir.path())?;
+        let controller_args: Vec<String> = [
+            "controller",
+            "--namespace",
+            &bench.ns_lease,
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics_port}"),
+            "--identity",
+            "bench-controller",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut controller = Proc::spawn(
+            "kube-fence-controller",
+            Path::new(env!("CARGO_BIN_EXE_kube-fence")),
+            &controller_args,
+            &bench.kubeconfig,
+            bench.dir.path(),
+        )?;
         let metrics_url = format!("http://127.0.0.1:{metrics_port}/metrics");
         wait_metrics(&metrics_url, &mut controller).await?;
         eprintln!("controller process {} running in namespace {}", controller.pid(), bench.ns_lease);
@@ -197,7 +250,8 @@ async fn sections(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::
         if args.runs("scale") {
             // A fresh webhook process, so its memory shows the lease cache rather than what the
             // HTTPS load of section 2 left behind.
-            let (webhook, port) = spawn_webhook(&bench.https, &bench.kubeconfig, bench.dir.path(), &bench.cert, &bench.key, &bench.ns_hook).await?;
+            let (webhook, port) =
+                spawn_webhook(&bench.https, &bench.kubeconfig, bench.dir.path(), &bench.cert, &bench.key, &bench.ns_hook).await?;
             bench.webhook = webhook;
             bench.webhook_url = format!("https://127.0.0.1:{port}/validate");
             scale(args, table, bench, &mut controller, &metrics_url).await?;
@@ -213,12 +267,17 @@ async fn sections(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::
 
 async fn webhook_vs_noop(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
     let port = free_port()?;
-    let noop_args = vec!["--noop-server".to_string(), format!("127.0.0.1:{port}"), bench.cert.display().to_string(), bench.key.display().to_string()];
+    let noop_args =
+        vec!["--noop-server".to_string(), format!("127.0.0.1:{port}"), bench.cert.display().to_string(), bench.key.display().to_string()];
     let mut noop = Proc::spawn("noop-webhook", &std::env::current_exe()?, &noop_args, &bench.kubeconfig, bench.dir.path())?;
     wait_ready(&bench.https, &format!("https://127.0.0.1:{port}/readyz"), &mut noop).await?;
     let noop_url = format!("https://127.0.0.1:{port}/validate");
     let c = args.concurrency;
-    eprintln!("[2] webhook over HTTPS vs a no-op axum+rustls server ({c} connections, ≤ {} requests or {} s per server and size)", args.requests(), args.webhook_secs());
+    eprintln!(
+        "[2] webhook over HTTPS vs a no-op axum+rustls server ({c} connections, ≤ {} requests or {} s per server and size)",
+        args.requests(),
+        args.webhook_secs()
+    );
     let rounds = 2;
     for (size, label) in SIZES {
         let body = Bytes::from(crate::decision::review(&bench.ns_hook, size));
@@ -238,15 +297,52 @@ async fn webhook_vs_noop(args: &Args, table: &mut Table, bench: &mut Bench) -> a
             fence_cpu += cpu(bench.webhook.pid()) - before;
         }
         let (f, l) = (merge(fence), merge(limit));
-        anyhow::ensure!(f.ok > 0 && l.ok > 0, "no admitted responses for {label} (kube-fence {} failed, no-op {} failed)", f.failed, l.failed);
+        anyhow::ensure!(
+            f.ok > 0 && l.ok > 0,
+            "no admitted responses for {label} (kube-fence {} failed, no-op {} failed)",
+            f.failed,
+            l.failed
+        );
         let ratio = f.per_sec() / l.per_sec();
         let failures = if f.failed + l.failed > 0 { format!(" ({} / {} failed)", f.failed, l.failed) } else { String::new() };
-        table.add("2", format!("webhook HTTPS {label}, c={c}: throughput{failures}"), rate(f.per_sec(), "req"), rate(l.per_sec(), "req"), format!("{ratio:.2}×"), "≥ 0.80×", met(ratio >= 0.8));
-        table.add("2", format!("webhook HTTPS {label}: p50 / p99"), format!("{} / {}", ms(f.latency.p50()), ms(f.latency.p99())), format!("{} / {}", ms(l.latency.p50()), ms(l.latency.p99())), format!("{:.2}× / {:.2}×", ratio_of(f.latency.p50(), l.latency.p50()), ratio_of(f.latency.p99(), l.latency.p99())), "", Met::Info);
-        table.add("2", format!("webhook HTTPS {label}: server CPU per request"), ms(fence_cpu / f.ok.max(1) as u32), ms(limit_cpu / l.ok.max(1) as u32), format!("{:.2}×", ratio_of(fence_cpu / f.ok.max(1) as u32, limit_cpu / l.ok.max(1) as u32)), "", Met::Info);
+        table.add(
+            "2",
+            format!("webhook HTTPS {label}, c={c}: throughput{failures}"),
+            rate(f.per_sec(), "req"),
+            rate(l.per_sec(), "req"),
+            format!("{ratio:.2}×"),
+            "≥ 0.80×",
+            met(ratio >= 0.8),
+        );
+        table.add(
+            "2",
+            format!("webhook HTTPS {label}: p50 / p99"),
+            format!("{} / {}", ms(f.latency.p50()), ms(f.latency.p99())),
+            format!("{} / {}", ms(l.latency.p50()), ms(l.latency.p99())),
+            format!("{:.2}× / {:.2}×", ratio_of(f.latency.p50(), l.latency.p50()), ratio_of(f.latency.p99(), l.latency.p99())),
+            "",
+            Met::Info,
+        );
+        table.add(
+            "2",
+            format!("webhook HTTPS {label}: server CPU per request"),
+            ms(fence_cpu / f.ok.max(1) as u32),
+            ms(limit_cpu / l.ok.max(1) as u32),
+            format!("{:.2}×", ratio_of(fence_cpu / f.ok.max(1) as u32, limit_cpu / l.ok.max(1) as u32)),
+            "",
+            Met::Info,
+        );
     }
     let (fence_hwm, noop_hwm) = (memory(bench.webhook.pid()).1, memory(noop.pid()).1);
-    table.add("2", "… server resident memory, peak over the HTTPS load", mib(fence_hwm), mib(noop_hwm), format!("{:.2}×", fence_hwm as f64 / noop_hwm.max(1) as f64), "", Met::Info);
+    table.add(
+        "2",
+        "… server resident memory, peak over the HTTPS load",
+        mib(fence_hwm),
+        mib(noop_hwm),
+        format!("{:.2}×", fence_hwm as f64 / noop_hwm.max(1) as f64),
+        "",
+        Met::Info,
+    );
     noop.alive()?;
     Ok(())
 }
@@ -301,13 +397,21 @@ async fn guarded_vs_unguarded_registered(args: &Args, table: &mut Table, bench: 
     let writers = args.writers;
     for w in 0..writers {
         let data = Some([("seq".to_string(), "0".to_string())].into());
-        cms.create(&PostParams::default(), &ConfigMap { metadata: meta(&format!("guarded-{w}"), Some(LEASE), Some(ISSUED)), data: data.clone(), ..Default::default() }).await?;
-        cms.create(&PostParams::default(), &ConfigMap { metadata: meta(&format!("plain-{w}"), None, None), data, ..Default::default() }).await?;
+        cms.create(
+            &PostParams::default(),
+            &ConfigMap { metadata: meta(&format!("guarded-{w}"), Some(LEASE), Some(ISSUED)), data: data.clone(), ..Default::default() },
+        )
+        .await?;
+        cms.create(&PostParams::default(), &ConfigMap { metadata: meta(&format!("plain-{w}"), None, None), data, ..Default::default() })
+            .await?;
     }
     // Later grants: room for every update's token (t > recorded, t <= issued).
     set_issued(&leases, ISSUED * 2).await?;
     let tokens = Arc::new(AtomicU64::new(ISSUED + 1));
-    eprintln!("[3] guarded vs unguarded ConfigMap updates through the API server ({} each, {writers} writers, then 1 writer)", args.updates());
+    eprintln!(
+        "[3] guarded vs unguarded ConfigMap updates through the API server ({} each, {writers} writers, then 1 writer)",
+        args.updates()
+    );
 
     // Throughput under load: rounds alternate so drift hits both alike.
     updates(&cms, writers, writers * 5, true, &tokens).await?;
@@ -321,7 +425,15 @@ async fn guarded_vs_unguarded_registered(args: &Args, table: &mut Table, bench: 
     let (g, p) = (merge(guarded), merge(plain));
     let ratio = g.per_sec() / p.per_sec();
     let added99 = g.latency.p99().saturating_sub(p.latency.p99());
-    table.add("3", format!("ConfigMap updates via API server, {writers} writers: throughput"), rate(g.per_sec(), "upd"), rate(p.per_sec(), "upd"), format!("{ratio:.2}×"), "≥ 0.85×", met(ratio >= 0.85));
+    table.add(
+        "3",
+        format!("ConfigMap updates via API server, {writers} writers: throughput"),
+        rate(g.per_sec(), "upd"),
+        rate(p.per_sec(), "upd"),
+        format!("{ratio:.2}×"),
+        "≥ 0.85×",
+        met(ratio >= 0.85),
+    );
     table.add(
         "3",
         format!("… {writers} writers: p50 / p99 (added)"),
@@ -411,7 +523,8 @@ async fn acquire(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::R
     let (mut acquired, mut raw) = (Samples::default(), Samples::default());
     for i in 0..n {
         let t = Instant::now();
-        let grant = leases.acquire(&format!("acq-{i}"), &format!("holder-{i}"), AcquireOptions::default().timeout(Duration::from_secs(30))).await?;
+        let grant =
+            leases.acquire(&format!("acq-{i}"), &format!("holder-{i}"), AcquireOptions::default().timeout(Duration::from_secs(30))).await?;
         acquired.push(t.elapsed());
         leases.release(&grant).await?;
 
@@ -419,7 +532,8 @@ async fn acquire(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::R
         raw_lease.spec.holder = Some(format!("holder-{i}"));
         raw_lease.metadata.managed_fields = None;
         raw_lease = raw_api.replace("raw", &PostParams::default(), &raw_lease).await?;
-        raw_lease.status = Some(kube_fence::api::LeaseStatus { holder: Some(format!("holder-{i}")), ..raw_lease.status.clone().unwrap_or_default() });
+        raw_lease.status =
+            Some(kube_fence::api::LeaseStatus { holder: Some(format!("holder-{i}")), ..raw_lease.status.clone().unwrap_or_default() });
         raw_lease = raw_api.replace_status("raw", &PostParams::default(), &raw_lease).await?;
         raw.push(t.elapsed());
     }
@@ -446,10 +560,12 @@ async fn takeover(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::
             let leases = Leases::new(bench.client.clone(), &bench.ns_lease);
             tokio::spawn(async move {
                 let name = format!("take-{j}");
-                let first = leases.acquire(&name, "dies", AcquireOptions::default().duration(duration).timeout(Duration::from_secs(30))).await?;
+                let first =
+                    leases.acquire(&name, "dies", AcquireOptions::default().duration(duration).timeout(Duration::from_secs(30))).await?;
                 // The holder dies here: no heartbeat, no release.
                 let died = Instant::now();
-                let next = leases.acquire(&name, "successor", AcquireOptions::default().timeout(duration * 5 + Duration::from_secs(10))).await?;
+                let next =
+                    leases.acquire(&name, "successor", AcquireOptions::default().timeout(duration * 5 + Duration::from_secs(10))).await?;
                 anyhow::ensure!(next.token > first.token, "takeover token {} is not greater than {}", next.token, first.token);
                 anyhow::Ok(died.elapsed())
             })
@@ -489,7 +605,8 @@ async fn wait_metrics(url: &str, controller: &mut Proc) -> anyhow::Result<()> {
 /// The controller's grant counter, from its /metrics.
 async fn grants(url: &str) -> anyhow::Result<u64> {
     let client: hyper_util::client::legacy::Client<_, Full<Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(hyper_util::client::legacy::connect::HttpConnector::new());
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(hyper_util::client::legacy::connect::HttpConnector::new());
     let resp = client.request(http::Request::get(url).body(Full::new(Bytes::new()))?).await?;
     let body = resp.into_body().collect().await?.to_bytes();
     let text = String::from_utf8_lossy(&body);
@@ -599,7 +716,9 @@ async fn scale(args: &Args, table: &mut Table, bench: &mut Bench, controller: &m
     let (controller_peak, webhook_peak) = (controller_peak.peak().await, webhook_peak.peak().await);
     let (controller_now, webhook_now) = (memory(controller.pid()).0, memory(bench.webhook.pid()).0);
     let cached = api.list_metadata(&Default::default()).await?.items.len();
-    eprintln!("    {writes} client writes, {busy} claims refused while still held, {granted} grants in {churned:.1?}; {cached} leases exist");
+    eprintln!(
+        "    {writes} client writes, {busy} claims refused while still held, {granted} grants in {churned:.1?}; {cached} leases exist"
+    );
 
     table.add(
         "5",
@@ -611,7 +730,23 @@ async fn scale(args: &Args, table: &mut Table, bench: &mut Bench, controller: &m
         Met::Info,
     );
     table.add("5", "… controller CPU per grant", ms(controller_cpu / granted.max(1) as u32), "", "", "", Met::Info);
-    table.add("5", format!("… controller resident memory, peak (idle {})", mib(controller_idle)), mib(controller_peak), format!("after: {}", mib(controller_now)), "", "≤ 64 MiB", met(controller_peak <= 64 << 20));
-    table.add("5", format!("… webhook resident memory, peak (idle {})", mib(webhook_idle)), mib(webhook_peak), format!("after: {}", mib(webhook_now)), "", "≤ 32 MiB", met(webhook_peak <= 32 << 20));
+    table.add(
+        "5",
+        format!("… controller resident memory, peak (idle {})", mib(controller_idle)),
+        mib(controller_peak),
+        format!("after: {}", mib(controller_now)),
+        "",
+        "≤ 64 MiB",
+        met(controller_peak <= 64 << 20),
+    );
+    table.add(
+        "5",
+        format!("… webhook resident memory, peak (idle {})", mib(webhook_idle)),
+        mib(webhook_peak),
+        format!("after: {}", mib(webhook_now)),
+        "",
+        "≤ 32 MiB",
+        met(webhook_peak <= 32 << 20),
+    );
     Ok(())
 }

@@ -41,7 +41,8 @@ pub fn client(ca_pem: &str, connections: usize) -> anyhow::Result<Https> {
 
 /// One request: (HTTP status, body).
 pub async fn request(client: &Https, method: http::Method, url: &str, body: Bytes) -> anyhow::Result<(u16, Bytes)> {
-    let req = http::Request::builder().method(method).uri(url).header(http::header::CONTENT_TYPE, "application/json").body(Full::new(body))?;
+    let req =
+        http::Request::builder().method(method).uri(url).header(http::header::CONTENT_TYPE, "application/json").body(Full::new(body))?;
     let resp = client.request(req).await?;
     let status = resp.status().as_u16();
     Ok((status, resp.into_body().collect().await?.to_bytes()))

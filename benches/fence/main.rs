@@ -12,9 +12,9 @@
 //! The controller and the webhook run as separate `kube-fence` processes (the binary of the same
 //! profile: release under `cargo bench`), so their memory can be read from /proc.
 
+mod cluster;
 #[path = "../../tests/common/mod.rs"]
 mod common;
-mod cluster;
 mod decision;
 mod load;
 mod report;

@@ -68,8 +68,25 @@ pub struct Table {
 
 impl Table {
     #[allow(clippy::too_many_arguments)] // one argument per column
-    pub fn add(&mut self, section: &'static str, measure: impl Into<String>, fence: impl Into<String>, limit: impl Into<String>, ratio: impl Into<String>, target: impl Into<String>, met: Met) {
-        let row = Row { section, measure: measure.into(), fence: fence.into(), limit: limit.into(), ratio: ratio.into(), target: target.into(), met };
+    pub fn add(
+        &mut self,
+        section: &'static str,
+        measure: impl Into<String>,
+        fence: impl Into<String>,
+        limit: impl Into<String>,
+        ratio: impl Into<String>,
+        target: impl Into<String>,
+        met: Met,
+    ) {
+        let row = Row {
+            section,
+            measure: measure.into(),
+            fence: fence.into(),
+            limit: limit.into(),
+            ratio: ratio.into(),
+            target: target.into(),
+            met,
+        };
         eprintln!("  {} | {} | {} | {} | {} | {}", row.measure, row.fence, row.limit, row.ratio, row.target, mark(row.met));
         self.rows.push(row);
     }
@@ -93,7 +110,13 @@ fn mark(met: Met) -> &'static str {
 
 pub fn ms(d: Duration) -> String {
     let ms = d.as_secs_f64() * 1e3;
-    if ms >= 100.0 { format!("{ms:.0} ms") } else if ms >= 10.0 { format!("{ms:.1} ms") } else { format!("{ms:.2} ms") }
+    if ms >= 100.0 {
+        format!("{ms:.0} ms")
+    } else if ms >= 10.0 {
+        format!("{ms:.1} ms")
+    } else {
+        format!("{ms:.2} ms")
+    }
 }
 
 pub fn us(d: Duration) -> String {

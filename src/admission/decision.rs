@@ -21,10 +21,8 @@ use crate::token::{Token, TokenError};
 /// (cascading deletion of dependents whose owner is gone) and the namespace controller
 /// (deleting a namespace deletes everything in it). Without them a guarded object could pin a
 /// namespace or an orphaned dependent forever.
-pub const DEFAULT_EXEMPT: [&str; 2] = [
-    "system:serviceaccount:kube-system:generic-garbage-collector",
-    "system:serviceaccount:kube-system:namespace-controller",
-];
+pub const DEFAULT_EXEMPT: [&str; 2] =
+    ["system:serviceaccount:kube-system:generic-garbage-collector", "system:serviceaccount:kube-system:namespace-controller"];
 
 /// The operation under admission.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,13 +157,22 @@ impl fmt::Display for Reason {
 /// The judgement on one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
-    Allow { reason: Reason },
+    Allow {
+        reason: Reason,
+    },
     /// Would have been denied, but the lease's enforcement is `Warn`.
-    AllowWithWarning { reason: Reason, message: String },
+    AllowWithWarning {
+        reason: Reason,
+        message: String,
+    },
     /// `code` is the HTTP status the API server returns to the writer: 409 for a stale token
     /// (normal recovery: reread and retry under a newer grant), 403 for a write fencing
     /// forbids, 400 for malformed input, 500 for a caller bug.
-    Deny { code: u16, reason: Reason, message: String },
+    Deny {
+        code: u16,
+        reason: Reason,
+        message: String,
+    },
 }
 
 impl Verdict {
@@ -291,7 +298,10 @@ fn shape<'a>(req: &'a Request, exempt: &Exemptions) -> Shape<'a> {
                 return Shape::Reject(Verdict::Deny {
                     code: 400,
                     reason: Reason::LeaseLabelInvalid,
-                    message: format!("the {} label {lease:?} does not name a lease (a lowercase DNS subdomain name in the same namespace)", crate::token::LEASE_LABEL),
+                    message: format!(
+                        "the {} label {lease:?} does not name a lease (a lowercase DNS subdomain name in the same namespace)",
+                        crate::token::LEASE_LABEL
+                    ),
                 });
             }
             let presented = presented_token(new);
@@ -358,7 +368,11 @@ pub fn decide(req: &Request, exempt: &Exemptions, lease: Option<&LeaseLookup>) -
     };
     let ns = &req.namespace;
     let Some(lookup) = lease else {
-        return Verdict::Deny { code: 500, reason: Reason::LeaseReadRequired, message: format!("lease {ns}/{name} was not read (kube-fence bug; failing closed)") };
+        return Verdict::Deny {
+            code: 500,
+            reason: Reason::LeaseReadRequired,
+            message: format!("lease {ns}/{name} was not read (kube-fence bug; failing closed)"),
+        };
     };
     let needed = lease_read(req, exempt, Some(lookup));
     if needed == LeaseRead::Linearizable && !lookup.linearizable {
@@ -372,20 +386,27 @@ pub fn decide(req: &Request, exempt: &Exemptions, lease: Option<&LeaseLookup>) -
         return Verdict::Deny {
             code: 403,
             reason: Reason::LeaseNotFound,
-            message: format!("the object is bound to lease {ns}/{name}, which does not exist: create the lease and write with a token it granted"),
+            message: format!(
+                "the object is bound to lease {ns}/{name}, which does not exist: create the lease and write with a token it granted"
+            ),
         };
     };
     // From here on a denial is a fencing denial, which a Warn lease turns into a warning.
     let deny = |code: u16, reason: Reason, message: String| match facts.enforcement {
         Enforcement::Enforce => Verdict::Deny { code, reason, message },
-        Enforcement::Warn => Verdict::AllowWithWarning { reason, message: format!("kube-fence (lease {ns}/{name} enforcement Warn) would deny this write: {message}") },
+        Enforcement::Warn => Verdict::AllowWithWarning {
+            reason,
+            message: format!("kube-fence (lease {ns}/{name} enforcement Warn) would deny this write: {message}"),
+        },
     };
 
     if matches!(shape, Shape::UnconditionalDelete { .. }) {
         return deny(
             403,
             Reason::DeletePreconditionRequired,
-            format!("deleting an object guarded by lease {ns}/{name} requires a resourceVersion precondition (delete only the version you read)"),
+            format!(
+                "deleting an object guarded by lease {ns}/{name} requires a resourceVersion precondition (delete only the version you read)"
+            ),
         );
     }
     let presented = match presented {
@@ -394,15 +415,26 @@ pub fn decide(req: &Request, exempt: &Exemptions, lease: Option<&LeaseLookup>) -
             return deny(
                 403,
                 Reason::TokenMissing,
-                format!("the object is guarded by lease {ns}/{name}: the write must carry the {} annotation with a token granted by that lease", crate::token::TOKEN_ANNOTATION),
+                format!(
+                    "the object is guarded by lease {ns}/{name}: the write must carry the {} annotation with a token granted by that lease",
+                    crate::token::TOKEN_ANNOTATION
+                ),
             );
         }
         Err(Missing::Malformed(raw, err)) => {
-            return deny(400, Reason::TokenMalformed, format!("the {} annotation {raw:?} is not a token (lease {ns}/{name}): {err}", crate::token::TOKEN_ANNOTATION));
+            return deny(
+                400,
+                Reason::TokenMalformed,
+                format!("the {} annotation {raw:?} is not a token (lease {ns}/{name}): {err}", crate::token::TOKEN_ANNOTATION),
+            );
         }
     };
     let Some(issued) = facts.issued else {
-        return deny(403, Reason::TokenNotIssued, format!("lease {ns}/{name} has not granted any token yet; presented token {presented} was not issued by it"));
+        return deny(
+            403,
+            Reason::TokenNotIssued,
+            format!("lease {ns}/{name} has not granted any token yet; presented token {presented} was not issued by it"),
+        );
     };
     match recorded {
         // CREATE / newly guarded: there is no recorded token on the object to compare with,
@@ -411,9 +443,15 @@ pub fn decide(req: &Request, exempt: &Exemptions, lease: Option<&LeaseLookup>) -
         None if presented < issued => deny(
             409,
             Reason::StaleToken,
-            format!("stale write to an object guarded by lease {ns}/{name}: presented token {presented}, recorded token {issued} (the lease's newest grant); a guarded object is created or newly guarded only with the newest token"),
+            format!(
+                "stale write to an object guarded by lease {ns}/{name}: presented token {presented}, recorded token {issued} (the lease's newest grant); a guarded object is created or newly guarded only with the newest token"
+            ),
         ),
-        None => deny(403, Reason::TokenNotIssued, format!("presented token {presented} was not issued by lease {ns}/{name} (its newest token is {issued})")),
+        None => deny(
+            403,
+            Reason::TokenNotIssued,
+            format!("presented token {presented} was not issued by lease {ns}/{name} (its newest token is {issued})"),
+        ),
         Some(recorded) => {
             let fresh = match facts.comparison {
                 Comparison::Strict => presented > recorded,
@@ -427,10 +465,16 @@ pub fn decide(req: &Request, exempt: &Exemptions, lease: Option<&LeaseLookup>) -
                 deny(
                     409,
                     Reason::StaleToken,
-                    format!("stale write to an object guarded by lease {ns}/{name}: presented token {presented}, recorded token {recorded} (the presented token {relation} the recorded one)"),
+                    format!(
+                        "stale write to an object guarded by lease {ns}/{name}: presented token {presented}, recorded token {recorded} (the presented token {relation} the recorded one)"
+                    ),
                 )
             } else if presented > issued {
-                deny(403, Reason::TokenNotIssued, format!("presented token {presented} was not issued by lease {ns}/{name} (its newest token is {issued})"))
+                deny(
+                    403,
+                    Reason::TokenNotIssued,
+                    format!("presented token {presented} was not issued by lease {ns}/{name} (its newest token is {issued})"),
+                )
             } else {
                 Verdict::Allow { reason: Reason::Fenced }
             }

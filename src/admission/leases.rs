@@ -38,13 +38,11 @@ impl LeaseDirectory {
                 status.conditions.clear();
             }
         });
-        let stream = reflector::reflector(writer, trimmed)
-            .default_backoff()
-            .for_each(|event| async move {
-                if let Err(err) = event {
-                    tracing::warn!(error = %err, "lease watch failed; retrying");
-                }
-            });
+        let stream = reflector::reflector(writer, trimmed).default_backoff().for_each(|event| async move {
+            if let Err(err) = event {
+                tracing::warn!(error = %err, "lease watch failed; retrying");
+            }
+        });
         (LeaseDirectory { client, store }, stream)
     }
 

@@ -31,7 +31,13 @@ pub struct LocalOptions {
 
 impl LocalOptions {
     pub fn new(configuration_name: impl Into<String>) -> LocalOptions {
-        LocalOptions { port: 0, configuration_name: configuration_name.into(), only_namespaces: None, extra_object_labels: BTreeMap::new(), exempt: Exemptions::default() }
+        LocalOptions {
+            port: 0,
+            configuration_name: configuration_name.into(),
+            only_namespaces: None,
+            extra_object_labels: BTreeMap::new(),
+            exempt: Exemptions::default(),
+        }
     }
 }
 
@@ -61,8 +67,14 @@ pub struct LocalWebhook {
 
 impl LocalWebhook {
     /// Serves, waits for the lease cache, then registers.
-    pub async fn start(client: kube::Client, options: LocalOptions, metrics: Metrics, registry: Arc<Registry>) -> Result<LocalWebhook, LocalError> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, options.port)).map_err(|source| LocalError::Bind { port: options.port, source })?;
+    pub async fn start(
+        client: kube::Client,
+        options: LocalOptions,
+        metrics: Metrics,
+        registry: Arc<Registry>,
+    ) -> Result<LocalWebhook, LocalError> {
+        let listener =
+            TcpListener::bind((Ipv4Addr::LOCALHOST, options.port)).map_err(|source| LocalError::Bind { port: options.port, source })?;
         let addr = listener.local_addr().map_err(|source| LocalError::Bind { port: options.port, source })?;
         let made = SelfSigned::generate(&["localhost".to_string()], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
         let tls = RustlsConfig::from_config(made.server_config()?);
@@ -70,7 +82,15 @@ impl LocalWebhook {
         let (leases, cache) = LeaseDirectory::new(client.clone());
         let cache = tokio::spawn(cache);
         let stop = CancellationToken::new();
-        let server = tokio::spawn(server::run(leases.clone(), listener, tls, options.exempt.clone(), metrics.clone(), registry, stop.clone().cancelled_owned()));
+        let server = tokio::spawn(server::run(
+            leases.clone(),
+            listener,
+            tls,
+            options.exempt.clone(),
+            metrics.clone(),
+            registry,
+            stop.clone().cancelled_owned(),
+        ));
         let sync = Duration::from_secs(30);
         if !leases.wait_ready(sync).await {
             stop.cancel();

@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::{RuleWithOperations, ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig};
+use k8s_openapi::api::admissionregistration::v1::{
+    RuleWithOperations, ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
 
@@ -84,9 +86,14 @@ impl Registration {
         };
         let mut excluded: Vec<String> = SYSTEM_NAMESPACES.iter().map(|s| s.to_string()).collect();
         excluded.extend(self.operator_namespace.clone());
-        let mut namespace_rules = vec![LabelSelectorRequirement { key: NAMESPACE_NAME_LABEL.into(), operator: "NotIn".into(), values: Some(excluded) }];
+        let mut namespace_rules =
+            vec![LabelSelectorRequirement { key: NAMESPACE_NAME_LABEL.into(), operator: "NotIn".into(), values: Some(excluded) }];
         if let Some(only) = &self.only_namespaces {
-            namespace_rules.push(LabelSelectorRequirement { key: NAMESPACE_NAME_LABEL.into(), operator: "In".into(), values: Some(only.clone()) });
+            namespace_rules.push(LabelSelectorRequirement {
+                key: NAMESPACE_NAME_LABEL.into(),
+                operator: "In".into(),
+                values: Some(only.clone()),
+            });
         }
         let webhook = ValidatingWebhook {
             name: WEBHOOK_NAME.into(),
@@ -100,7 +107,11 @@ impl Registration {
                 scope: Some("Namespaced".into()),
             }]),
             object_selector: Some(LabelSelector {
-                match_expressions: Some(vec![LabelSelectorRequirement { key: LEASE_LABEL.into(), operator: "Exists".into(), values: None }]),
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: LEASE_LABEL.into(),
+                    operator: "Exists".into(),
+                    values: None,
+                }]),
                 match_labels: (!self.extra_object_labels.is_empty()).then(|| self.extra_object_labels.clone()),
             }),
             namespace_selector: Some(LabelSelector { match_expressions: Some(namespace_rules), match_labels: None }),
@@ -175,7 +186,10 @@ mod tests {
         reg.only_namespaces = Some(vec!["mine".into()]);
         let json = serde_json::to_value(reg.configuration()).unwrap();
         let w = &json["webhooks"][0];
-        assert_eq!(w["namespaceSelector"]["matchExpressions"][1], serde_json::json!({"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["mine"]}));
+        assert_eq!(
+            w["namespaceSelector"]["matchExpressions"][1],
+            serde_json::json!({"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["mine"]})
+        );
         assert_eq!(w["clientConfig"]["service"]["path"], "/validate");
         assert!(w["clientConfig"].get("url").is_none());
     }

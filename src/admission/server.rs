@@ -98,7 +98,10 @@ impl RejectionEvents {
 
     pub fn new(client: kube::Client, instance: String) -> RejectionEvents {
         let reporter = kube::runtime::events::Reporter { controller: "kube-fence-webhook".into(), instance: Some(instance) };
-        RejectionEvents { recorder: kube::runtime::events::Recorder::new(client, reporter), window: std::sync::Mutex::new((Instant::now(), 0)) }
+        RejectionEvents {
+            recorder: kube::runtime::events::Recorder::new(client, reporter),
+            window: std::sync::Mutex::new((Instant::now(), 0)),
+        }
     }
 
     fn admit_one(&self) -> bool {
@@ -158,7 +161,11 @@ impl Webhook {
             match self.leases.linearizable(ns, lease).await {
                 Ok(fresh) => lookup = Some(fresh),
                 Err(err) => {
-                    return Verdict::Deny { code: 500, reason: Reason::LeaseReadFailed, message: format!("cannot read lease {ns}/{lease} (failing closed): {err}") };
+                    return Verdict::Deny {
+                        code: 500,
+                        reason: Reason::LeaseReadFailed,
+                        message: format!("cannot read lease {ns}/{lease} (failing closed): {err}"),
+                    };
                 }
             }
         }
@@ -197,9 +204,12 @@ pub fn decode(body: &[u8]) -> Result<AdmissionRequest<Guardable>, Unreadable> {
         },
         Err(err) => err.to_string(),
     };
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(|err| Unreadable::NotAReview(format!("the body is not JSON: {err}")))?;
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|err| Unreadable::NotAReview(format!("the body is not JSON: {err}")))?;
     match value.pointer("/request/uid").and_then(|u| u.as_str()) {
-        Some(uid) => Err(Unreadable::Malformed { uid: uid.to_string(), message: format!("kube-fence cannot read this AdmissionReview: {error}") }),
+        Some(uid) => {
+            Err(Unreadable::Malformed { uid: uid.to_string(), message: format!("kube-fence cannot read this AdmissionReview: {error}") })
+        }
         None => Err(Unreadable::NotAReview("not an AdmissionReview: request.uid is missing".into())),
     }
 }
@@ -319,12 +329,23 @@ async fn validate(State(webhook): State<Arc<Webhook>>, headers: http::HeaderMap,
     }
     let body: Bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(body) => body,
-        Err(err) => return (StatusCode::PAYLOAD_TOO_LARGE, format!("cannot read the body (at most {MAX_BODY_BYTES} bytes): {err}\n")).into_response(),
+        Err(err) => {
+            return (StatusCode::PAYLOAD_TOO_LARGE, format!("cannot read the body (at most {MAX_BODY_BYTES} bytes): {err}\n"))
+                .into_response();
+        }
     };
     let request = match decode(&body) {
         Ok(request) => request,
-        Err(Unreadable::NotAReview(message)) => return (StatusCode::BAD_REQUEST, format!("{message}
-")).into_response(),
+        Err(Unreadable::NotAReview(message)) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "{message}
+"
+                ),
+            )
+                .into_response();
+        }
         Err(Unreadable::Malformed { uid, message }) => {
             // The API server sent something we cannot read: deny (fail closed) and say why.
             let verdict = Verdict::Deny { code: 400, reason: Reason::MalformedRequest, message: message.clone() };
@@ -343,7 +364,9 @@ async fn validate(State(webhook): State<Arc<Webhook>>, headers: http::HeaderMap,
     let user = request.user_info.username.as_deref().unwrap_or("");
     match &verdict {
         Verdict::Allow { reason } => tracing::debug!(kind, ns, name, user, op = ?request.operation, %reason, "admitted"),
-        Verdict::AllowWithWarning { reason, message } => tracing::warn!(kind, ns, name, user, op = ?request.operation, %reason, message, "admitted with a warning (enforcement Warn)"),
+        Verdict::AllowWithWarning { reason, message } => {
+            tracing::warn!(kind, ns, name, user, op = ?request.operation, %reason, message, "admitted with a warning (enforcement Warn)")
+        }
         Verdict::Deny { code, reason, message } => {
             tracing::info!(kind, ns, name, user, op = ?request.operation, code, %reason, message, "denied");
             if let Some(events) = &webhook.events {
@@ -365,7 +388,11 @@ pub fn router(webhook: Arc<Webhook>, registry: Arc<Registry>) -> Router {
             get(move || {
                 let ready = ready.clone();
                 async move {
-                    if ready.leases.is_ready() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "lease cache not synced yet") }
+                    if ready.leases.is_ready() {
+                        (StatusCode::OK, "ok")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "lease cache not synced yet")
+                    }
                 }
             }),
         )
@@ -373,7 +400,12 @@ pub fn router(webhook: Arc<Webhook>, registry: Arc<Registry>) -> Router {
             "/metrics",
             get(move || {
                 let registry = registry.clone();
-                async move { ([(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], crate::telemetry::render(&registry)) }
+                async move {
+                    (
+                        [(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                        crate::telemetry::render(&registry),
+                    )
+                }
             }),
         )
         .with_state(webhook)
@@ -381,7 +413,12 @@ pub fn router(webhook: Arc<Webhook>, registry: Arc<Registry>) -> Router {
 
 /// Serves `router` over TLS on `listener` until `shutdown` resolves (then drains for up to
 /// ten seconds).
-pub async fn serve(listener: TcpListener, tls: RustlsConfig, router: Router, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    tls: RustlsConfig,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let handle = axum_server::Handle::new();
     let stopper = handle.clone();
@@ -434,7 +471,9 @@ mod tests {
 
     #[test]
     fn decode_reads_a_review_in_one_pass() {
-        let body = review(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "labels": {LEASE_LABEL: "work"}, "annotations": {TOKEN_ANNOTATION: "7"}}}));
+        let body = review(
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "labels": {LEASE_LABEL: "work"}, "annotations": {TOKEN_ANNOTATION: "7"}}}),
+        );
         let request = decode(&body).map_err(|e| format!("{e:?}")).unwrap();
         assert_eq!(request.uid, "u-1");
         let facts = request_facts(&request);
@@ -447,9 +486,13 @@ mod tests {
     #[test]
     fn decode_tells_unreadable_requests_from_non_reviews() {
         assert!(matches!(decode(b"not json"), Err(Unreadable::NotAReview(m)) if m.contains("not JSON")));
-        assert!(matches!(decode(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#), Err(Unreadable::NotAReview(m)) if m.contains("uid")));
+        assert!(
+            matches!(decode(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#), Err(Unreadable::NotAReview(m)) if m.contains("uid"))
+        );
         // Annotations that are not strings: the review is known (uid), its object unreadable.
-        let bad = review(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "annotations": {TOKEN_ANNOTATION: 5}}}));
+        let bad = review(
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "annotations": {TOKEN_ANNOTATION: 5}}}),
+        );
         assert!(matches!(decode(&bad), Err(Unreadable::Malformed { uid, .. }) if uid == "u-1"));
     }
 }

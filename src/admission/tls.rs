@@ -9,10 +9,10 @@
 //!   Secret that every replica shares (created if absent, so concurrent replicas agree on one
 //!   CA), with the CA put into the webhook configuration's `caBundle`.
 
+use prometheus_client::metrics::counter::Counter;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use prometheus_client::metrics::counter::Counter;
 use std::time::Duration;
 
 use axum_server::tls_rustls::RustlsConfig;
@@ -178,10 +178,15 @@ impl SelfSigned {
     }
 
     fn to_secret(&self, name: &str, namespace: &str) -> Secret {
-        let data = [("ca.crt", self.ca_cert.as_bytes().to_vec()), ("ca.key", self.ca_key.as_bytes().to_vec()), ("tls.crt", self.serving.cert.clone()), ("tls.key", self.serving.key.clone())]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), ByteString(v)))
-            .collect();
+        let data = [
+            ("ca.crt", self.ca_cert.as_bytes().to_vec()),
+            ("ca.key", self.ca_key.as_bytes().to_vec()),
+            ("tls.crt", self.serving.cert.clone()),
+            ("tls.key", self.serving.key.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), ByteString(v)))
+        .collect();
         Secret {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -203,7 +208,8 @@ impl SelfSigned {
         Ok(SelfSigned {
             ca_cert: String::from_utf8_lossy(&get("ca.crt")?).into_owned(),
             ca_key: String::from_utf8_lossy(&get("ca.key")?).into_owned(),
-            serving: PemPair { cert: get("tls.crt")?, key: get("tls.key")? } })
+            serving: PemPair { cert: get("tls.crt")?, key: get("tls.key")? },
+        })
     }
 }
 
@@ -251,7 +257,9 @@ impl SelfManaged {
                     tracing::info!(secret = %self.secret, "TLS certificate reloaded from the Secret");
                 }
                 Ok(_) => {}
-                Err(err) => tracing::warn!(error = %err, secret = %self.secret, "cannot read the TLS Secret; serving the previous certificate"),
+                Err(err) => {
+                    tracing::warn!(error = %err, secret = %self.secret, "cannot read the TLS Secret; serving the previous certificate")
+                }
             }
         }
     }

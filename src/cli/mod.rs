@@ -6,9 +6,9 @@ use clap::{Parser, Subcommand};
 
 pub mod controller;
 mod crd;
+pub mod lease;
 pub mod run;
 pub mod webhook;
-pub mod lease;
 
 /// Fencing tokens for Kubernetes: leases that grant strictly increasing tokens, and a validating
 /// webhook that rejects every write carrying a stale one.

@@ -60,7 +60,12 @@ pub struct ControllerSettings {
 
 /// The lease controller, as `run` starts it: its leader-election Lease lives in kube-fence's own
 /// namespace (where the chart's Role allows it), whatever namespaces it watches.
-fn lease_controller(client: kube::Client, settings: ControllerSettings, registry: &mut Registry, shutdown: CancellationToken) -> BoxFuture<'static, anyhow::Result<()>> {
+fn lease_controller(
+    client: kube::Client,
+    settings: ControllerSettings,
+    registry: &mut Registry,
+    shutdown: CancellationToken,
+) -> BoxFuture<'static, anyhow::Result<()>> {
     let mut options = crate::lease::controller::ControllerOptions::new(settings.identity).leader_election(settings.leader_election);
     options.namespace = settings.namespace;
     options.leader_election_namespace = Some(settings.own_namespace);
@@ -104,7 +109,10 @@ pub async fn run_with_controller(
         options.exempt = Exemptions::new(args.webhook.exempt.clone());
         options.only_namespaces = args.watch_namespace.clone().map(|ns| vec![ns]);
         let local = LocalWebhook::start(client.clone(), options, metrics, registry).await.context("starting the local webhook")?;
-        eprintln!("kube-fence: webhook on https://{} registered as ValidatingWebhookConfiguration {}; Ctrl-C to stop and unregister", local.addr, local.registration.name);
+        eprintln!(
+            "kube-fence: webhook on https://{} registered as ValidatingWebhookConfiguration {}; Ctrl-C to stop and unregister",
+            local.addr, local.registration.name
+        );
         shutdown.cancelled().await;
         local.stop(&client).await.context("removing the local webhook registration")
     } else {

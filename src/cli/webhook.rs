@@ -88,7 +88,13 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Serves the webhook as `args` say until `shutdown` is cancelled.
-pub async fn serve(client: kube::Client, args: WebhookArgs, metrics: Metrics, registry: Arc<Registry>, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn serve(
+    client: kube::Client,
+    args: WebhookArgs,
+    metrics: Metrics,
+    registry: Arc<Registry>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => {
             let files = CertFiles { cert: cert.clone(), key: key.clone() };
@@ -109,7 +115,10 @@ pub async fn serve(client: kube::Client, args: WebhookArgs, metrics: Metrics, re
             };
             let pair = managed.ensure_secret(&client).await.context("making or reading the self-managed TLS Secret")?;
             let tls = RustlsConfig::from_config(pair.server_config()?);
-            spawn_until(managed.maintain(client.clone(), tls.clone(), pair, Duration::from_secs(30), metrics.tls_reloads.clone()), shutdown.clone());
+            spawn_until(
+                managed.maintain(client.clone(), tls.clone(), pair, Duration::from_secs(30), metrics.tls_reloads.clone()),
+                shutdown.clone(),
+            );
             tls
         }
         _ => anyhow::bail!("the webhook serves HTTPS only: give --tls-cert-file and --tls-key-file, or --self-managed-tls"),
@@ -118,7 +127,9 @@ pub async fn serve(client: kube::Client, args: WebhookArgs, metrics: Metrics, re
     spawn_until(cache, shutdown.clone());
     let listener = std::net::TcpListener::bind(args.addr).with_context(|| format!("binding {}", args.addr))?;
     tracing::info!(addr = %args.addr, exempt = ?args.exempt, "fencing webhook serving");
-    server::run(leases, listener, tls, Exemptions::new(args.exempt), metrics, registry, shutdown.cancelled_owned()).await.context("serving the webhook")?;
+    server::run(leases, listener, tls, Exemptions::new(args.exempt), metrics, registry, shutdown.cancelled_owned())
+        .await
+        .context("serving the webhook")?;
     Ok(())
 }
 

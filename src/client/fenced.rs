@@ -157,7 +157,8 @@ impl Grant {
         let root = patch.as_object_mut().ok_or(Error::UnsupportedPatch("the patch is not a JSON object"))?;
         let metadata = root.entry("metadata").or_insert_with(|| serde_json::json!({}));
         let metadata = metadata.as_object_mut().ok_or(Error::UnsupportedPatch("metadata is not an object"))?;
-        for (field, key, value) in [("labels", LEASE_LABEL, self.lease.clone()), ("annotations", TOKEN_ANNOTATION, self.token.to_string())] {
+        for (field, key, value) in [("labels", LEASE_LABEL, self.lease.clone()), ("annotations", TOKEN_ANNOTATION, self.token.to_string())]
+        {
             let map = metadata.entry(field).or_insert_with(|| serde_json::json!({}));
             let map = map.as_object_mut().ok_or(Error::UnsupportedPatch("metadata labels/annotations are not an object"))?;
             map.insert(key.to_string(), serde_json::Value::String(value));
@@ -194,7 +195,11 @@ mod tests {
 
     #[test]
     fn a_webhook_rejection_is_a_typed_stale_token() {
-        let err = classify(status(409, "StaleToken", "admission webhook \"fence.kubefence.io\" denied the request: presented token 4, recorded token 5"));
+        let err = classify(status(
+            409,
+            "StaleToken",
+            "admission webhook \"fence.kubefence.io\" denied the request: presented token 4, recorded token 5",
+        ));
         assert!(matches!(err, Error::StaleToken { presented, recorded } if presented == t(4) && recorded == t(5)), "{err:?}");
     }
 

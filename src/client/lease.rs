@@ -6,10 +6,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Client;
 use kube::api::{Api, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::watch_object;
-use kube::Client;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -150,9 +150,8 @@ pub fn loss(lease: Option<&Lease>, grant: &Grant) -> Option<Loss> {
         _ => match status.and_then(|s| s.token) {
             Some(token) if token > grant.token => Some(Loss::Superseded { token }),
             _ => {
-                let expired = status
-                    .and_then(|s| s.conditions.iter().find(|c| c.type_ == HELD_CONDITION))
-                    .is_some_and(|c| c.reason == "Expired");
+                let expired =
+                    status.and_then(|s| s.conditions.iter().find(|c| c.type_ == HELD_CONDITION)).is_some_and(|c| c.reason == "Expired");
                 Some(if expired { Loss::Expired } else { Loss::Released })
             }
         },

@@ -202,11 +202,8 @@ pub fn run(
         if !options.leader_election {
             return reconcile_until(client, &options, metrics, stop).await;
         }
-        let election_ns = options
-            .leader_election_namespace
-            .clone()
-            .or_else(|| options.namespace.clone())
-            .unwrap_or_else(|| "default".to_string());
+        let election_ns =
+            options.leader_election_namespace.clone().or_else(|| options.namespace.clone()).unwrap_or_else(|| "default".to_string());
         let config = ElectionConfig {
             name: options.leader_election_name.clone(),
             identity: options.identity.clone(),
@@ -230,12 +227,7 @@ async fn reconcile_until(client: Client, options: &ControllerOptions, metrics: M
     };
     let controller = Controller::new(leases, watcher::Config::default()).graceful_shutdown_on(stop.cancelled_owned());
     let reporter = Reporter { controller: CONTROLLER_NAME.to_string(), instance: Some(options.identity.clone()) };
-    let context = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
-        client,
-        metrics,
-        store: controller.store(),
-    });
+    let context = Arc::new(Context { recorder: Recorder::new(client.clone(), reporter), client, metrics, store: controller.store() });
     tracing::info!(namespace = options.namespace.as_deref().unwrap_or("<all>"), identity = %options.identity, "lease controller running");
     controller
         .run(reconcile, error_policy, context)
@@ -332,7 +324,8 @@ fn report(ctx: &Context, lease: &Lease, transition: &Transition) {
         }
         Transition::Nothing => return,
     };
-    let event = Event { type_, reason: transition.reason().to_string(), note: Some(note), action: "Reconcile".to_string(), secondary: None };
+    let event =
+        Event { type_, reason: transition.reason().to_string(), note: Some(note), action: "Reconcile".to_string(), secondary: None };
     let recorder = ctx.recorder.clone();
     let reference = lease.object_ref(&());
     // Published off the reconcile path: an Event is a report, and must not slow the next grant.

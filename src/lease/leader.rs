@@ -152,7 +152,8 @@ impl Elector {
                     return false;
                 }
             };
-            let honoured = spec.lease_duration_seconds.map_or(self.config.lease_duration, |s| Duration::from_secs(u64::try_from(s).unwrap_or(0)));
+            let honoured =
+                spec.lease_duration_seconds.map_or(self.config.lease_duration, |s| Duration::from_secs(u64::try_from(s).unwrap_or(0)));
             if seen_at.elapsed() < honoured {
                 return false;
             }

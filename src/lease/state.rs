@@ -214,19 +214,15 @@ pub fn decide(observed: &Observed<'_>, now: Timestamp) -> Decision {
 
     let new = with_condition(new, &transition, generation, now);
     let requeue_at = held(Some(&new)).map(|_| expiry(&new, observed.spec));
-    let status = if observed.status == Some(&new) || (observed.status.is_none() && new == LeaseStatus::default()) {
-        None
-    } else {
-        Some(new)
-    };
+    let status =
+        if observed.status == Some(&new) || (observed.status.is_none() && new == LeaseStatus::default()) { None } else { Some(new) };
     Decision { transition, status, requeue_at }
 }
 
 /// The token a grant on this version would carry, if it may be issued.
 fn candidate_token(resource_version: Option<&str>, recorded: Option<Token>) -> Result<Token, Refusal> {
     let rv = resource_version.ok_or(Refusal::NoResourceVersion)?;
-    let candidate: Token =
-        rv.parse().map_err(|error| Refusal::ResourceVersionNotToken { resource_version: rv.to_string(), error })?;
+    let candidate: Token = rv.parse().map_err(|error| Refusal::ResourceVersionNotToken { resource_version: rv.to_string(), error })?;
     match recorded {
         Some(recorded) if candidate <= recorded => Err(Refusal::WouldNotIncrease { candidate, recorded }),
         _ => Ok(candidate),
@@ -413,7 +409,12 @@ mod tests {
     #[case::release(None, 6, S::Held("a", 7, 5, 110), 100)]
     #[case::expire(Some("a"), 5, S::Held("a", 7, 5, 110), 110)]
     #[case::nothing_held(Some("a"), 5, S::Held("a", 7, 5, 110), 105)]
-    fn a_token_never_goes_down_and_is_never_lost(#[case] holder: Option<&str>, #[case] generation: i64, #[case] stored: S, #[case] now: i64) {
+    fn a_token_never_goes_down_and_is_never_lost(
+        #[case] holder: Option<&str>,
+        #[case] generation: i64,
+        #[case] stored: S,
+        #[case] now: i64,
+    ) {
         let before = status(stored).and_then(|s| s.token);
         let d = judge(holder, generation, "500", stored, now);
         let after = d.status.as_ref().or(status(stored).as_ref()).and_then(|s| s.token);
@@ -455,7 +456,11 @@ mod tests {
     #[rstest]
     #[case::release(None, 6, 100)]
     #[case::expire(Some("a"), 5, 110)]
-    fn losing_the_lease_keeps_the_token_and_marks_the_claim_handled(#[case] holder: Option<&str>, #[case] generation: i64, #[case] now: i64) {
+    fn losing_the_lease_keeps_the_token_and_marks_the_claim_handled(
+        #[case] holder: Option<&str>,
+        #[case] generation: i64,
+        #[case] now: i64,
+    ) {
         let d = judge(holder, generation, "900", S::Held("a", 7, 5, 110), now);
         let s = d.status.expect("writes status");
         assert_eq!(s.phase, Phase::Unheld);
@@ -479,7 +484,10 @@ mod tests {
     #[test]
     fn the_clients_heartbeat_timestamp_is_never_read() {
         let at = |heartbeat: i64| {
-            let spec = LeaseSpec { heartbeat_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(ts(heartbeat))), ..spec(Some("a")) };
+            let spec = LeaseSpec {
+                heartbeat_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(ts(heartbeat))),
+                ..spec(Some("a"))
+            };
             let stored = status(S::Held("a", 7, 5, 110));
             decide(&Observed { generation: Some(6), resource_version: Some("900"), spec: &spec, status: stored.as_ref() }, ts(105))
         };
@@ -551,7 +559,9 @@ mod tests {
         let spec = spec(Some("a"));
         let s = LeaseStatus { expire_time: None, ..status(S::Held("a", 7, 5, 110)).unwrap_or_default() };
         // renewTime = 100, duration 10.
-        let judge = |now| decide(&Observed { generation: Some(5), resource_version: Some("50"), spec: &spec, status: Some(&s) }, ts(now)).transition;
+        let judge = |now| {
+            decide(&Observed { generation: Some(5), resource_version: Some("50"), spec: &spec, status: Some(&s) }, ts(now)).transition
+        };
         assert_eq!(judge(109), Transition::Nothing);
         assert_eq!(judge(110), expire("a", 7));
     }

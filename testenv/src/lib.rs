@@ -227,17 +227,26 @@ impl ControlPlane {
         let kc = self.dir.join("kcm.kubeconfig").display().to_string();
         let p = |n: &str| self.dir.join(n).display().to_string();
         [
-            "--kubeconfig", &kc,
-            "--authentication-kubeconfig", &kc,
-            "--authorization-kubeconfig", &kc,
-            "--bind-address", "127.0.0.1",
-            "--secure-port", "0",
-            "--service-account-private-key-file", &p("sa.key"),
-            "--root-ca-file", &p("ca.crt"),
+            "--kubeconfig",
+            &kc,
+            "--authentication-kubeconfig",
+            &kc,
+            "--authorization-kubeconfig",
+            &kc,
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            "0",
+            "--service-account-private-key-file",
+            &p("sa.key"),
+            "--root-ca-file",
+            &p("ca.crt"),
             "--use-service-account-credentials=true",
             "--leader-elect=false",
-            "--controllers", controllers,
-            "--v", "0",
+            "--controllers",
+            controllers,
+            "--v",
+            "0",
         ]
         .iter()
         .map(|a| a.to_string())
@@ -258,50 +267,80 @@ impl ControlPlane {
 
         self.say(opts, &format!("starting etcd on 127.0.0.1:{etcd_port} (state in {})", dir.display()));
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        self.spawn(opts, "etcd", Command::new(self.bin_dir.join("etcd")).args([
-            "--name", "kube-fence",
-            "--data-dir", &dir.join("etcd").to_string_lossy(),
-            "--listen-client-urls", &etcd_url,
-            "--advertise-client-urls", &etcd_url,
-            "--listen-peer-urls", &format!("http://127.0.0.1:{peer_port}"),
-            "--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer_port}"),
-            "--initial-cluster", &format!("kube-fence=http://127.0.0.1:{peer_port}"),
-            "--unsafe-no-fsync",
-            "--log-level", "warn",
-        ]))?;
+        self.spawn(
+            opts,
+            "etcd",
+            Command::new(self.bin_dir.join("etcd")).args([
+                "--name",
+                "kube-fence",
+                "--data-dir",
+                &dir.join("etcd").to_string_lossy(),
+                "--listen-client-urls",
+                &etcd_url,
+                "--advertise-client-urls",
+                &etcd_url,
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{peer_port}"),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer_port}"),
+                "--initial-cluster",
+                &format!("kube-fence=http://127.0.0.1:{peer_port}"),
+                "--unsafe-no-fsync",
+                "--log-level",
+                "warn",
+            ]),
+        )?;
         self.wait_until(opts, "etcd", Duration::from_secs(30), |cp| cp.curl_ok(&format!("{etcd_url}/health"), false))?;
 
         self.say(opts, &format!("starting kube-apiserver on {}", self.server));
         let p = |n: &str| dir.join(n).to_string_lossy().into_owned();
-        self.spawn(opts, "kube-apiserver", Command::new(self.bin_dir.join("kube-apiserver")).args([
-            "--etcd-servers", &etcd_url,
-            "--bind-address", "127.0.0.1",
-            "--advertise-address", "127.0.0.1",
-            "--secure-port", &api_port.to_string(),
-            "--tls-cert-file", &p("apiserver.crt"),
-            "--tls-private-key-file", &p("apiserver.key"),
-            "--client-ca-file", &p("ca.crt"),
-            "--token-auth-file", &p("tokens.csv"),
-            "--authorization-mode", "RBAC",
-            "--service-account-issuer", &format!("{}/", self.server),
-            "--service-account-key-file", &p("sa.pub"),
-            "--service-account-signing-key-file", &p("sa.key"),
-            "--service-cluster-ip-range", "10.0.0.0/24",
-            // Required on 1.37 with a loopback advertise address (see shared CONTROL-PLANE.md).
-            "--endpoint-reconciler-type", "none",
-            "--allow-privileged=true",
-            "--v", "0",
-        ]))?;
+        self.spawn(
+            opts,
+            "kube-apiserver",
+            Command::new(self.bin_dir.join("kube-apiserver")).args([
+                "--etcd-servers",
+                &etcd_url,
+                "--bind-address",
+                "127.0.0.1",
+                "--advertise-address",
+                "127.0.0.1",
+                "--secure-port",
+                &api_port.to_string(),
+                "--tls-cert-file",
+                &p("apiserver.crt"),
+                "--tls-private-key-file",
+                &p("apiserver.key"),
+                "--client-ca-file",
+                &p("ca.crt"),
+                "--token-auth-file",
+                &p("tokens.csv"),
+                "--authorization-mode",
+                "RBAC",
+                "--service-account-issuer",
+                &format!("{}/", self.server),
+                "--service-account-key-file",
+                &p("sa.pub"),
+                "--service-account-signing-key-file",
+                &p("sa.key"),
+                "--service-cluster-ip-range",
+                "10.0.0.0/24",
+                // Required on 1.37 with a loopback advertise address (see shared CONTROL-PLANE.md).
+                "--endpoint-reconciler-type",
+                "none",
+                "--allow-privileged=true",
+                "--v",
+                "0",
+            ]),
+        )?;
         let readyz = format!("{}/readyz", self.server);
         let default_ns = format!("{}/api/v1/namespaces/default", self.server);
-        self.wait_until(opts, "kube-apiserver", Duration::from_secs(90), |cp| {
-            cp.curl_ok(&readyz, true) && cp.curl_ok(&default_ns, true)
-        })?;
+        self.wait_until(opts, "kube-apiserver", Duration::from_secs(90), |cp| cp.curl_ok(&readyz, true) && cp.curl_ok(&default_ns, true))?;
 
         if opts.controller_manager {
             self.say(opts, "starting kube-controller-manager (garbage collector, namespace controller)");
             // No node here: its lifecycle controller would only mark a node that never comes.
-            let args = self.controller_manager_args("*,-node-ipam-controller,-node-lifecycle-controller,-persistentvolume-binder-controller");
+            let args =
+                self.controller_manager_args("*,-node-ipam-controller,-node-lifecycle-controller,-persistentvolume-binder-controller");
             self.spawn(opts, "kube-controller-manager", Command::new(self.bin_dir.join("kube-controller-manager")).args(args))?;
         }
         self.say(opts, &format!("ready in {:.1}s; KUBECONFIG={}", started.elapsed().as_secs_f64(), self.kubeconfig.display()));
@@ -313,13 +352,19 @@ impl ControlPlane {
     }
 
     fn write_kubeconfig_to(&self, path: &Path, server: &str, user: &str, token: &str) -> Result<()> {
-        use std::fmt::Write as _;
         use base64::Engine as _;
+        use std::fmt::Write as _;
         let ca_b64 = base64::engine::general_purpose::STANDARD.encode(self.ca_pem.as_bytes());
         let mut kc = String::new();
-        writeln!(kc, "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-fence-local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_b64}")?;
+        writeln!(
+            kc,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-fence-local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_b64}"
+        )?;
         writeln!(kc, "users:\n- name: {user}\n  user:\n    token: {token}")?;
-        writeln!(kc, "contexts:\n- name: kube-fence-local\n  context:\n    cluster: kube-fence-local\n    user: {user}\n    namespace: default\ncurrent-context: kube-fence-local")?;
+        writeln!(
+            kc,
+            "contexts:\n- name: kube-fence-local\n  context:\n    cluster: kube-fence-local\n    user: {user}\n    namespace: default\ncurrent-context: kube-fence-local"
+        )?;
         write_private(path, &kc)
     }
 

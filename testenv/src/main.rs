@@ -49,9 +49,7 @@ enum Cmd {
         node: bool,
     },
     /// Import an image tarball (docker-archive or OCI) into the running node's containerd.
-    Import {
-        tarball: PathBuf,
-    },
+    Import { tarball: PathBuf },
     /// Print shell exports for the running control plane.
     Env,
     /// Stop the control plane and remove its state directory.

@@ -141,10 +141,7 @@ fn sysctl_path(name: &str) -> PathBuf {
 
 /// Current values of [`HOST_SYSCTLS`] (those this kernel has).
 pub fn host_sysctls() -> Vec<(String, String)> {
-    HOST_SYSCTLS
-        .iter()
-        .filter_map(|k| fs::read_to_string(sysctl_path(k)).ok().map(|v| (k.to_string(), v.trim().to_string())))
-        .collect()
+    HOST_SYSCTLS.iter().filter_map(|k| fs::read_to_string(sysctl_path(k)).ok().map(|v| (k.to_string(), v.trim().to_string()))).collect()
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
@@ -220,7 +217,10 @@ fn lock() -> Result<std::os::unix::net::UnixListener> {
     use std::os::linux::net::SocketAddrExt as _;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(LOCK_NAME)?;
     std::os::unix::net::UnixListener::bind_addr(&addr).map_err(|e| {
-        anyhow::anyhow!("another kube-fence node is running on this machine (it holds the abstract socket @{}: {e}); stop it first with `kf-env down`", String::from_utf8_lossy(LOCK_NAME))
+        anyhow::anyhow!(
+            "another kube-fence node is running on this machine (it holds the abstract socket @{}: {e}); stop it first with `kf-env down`",
+            String::from_utf8_lossy(LOCK_NAME)
+        )
     })
 }
 
@@ -272,7 +272,10 @@ impl ControlPlane {
         set_active(Some(Active { record, pgids: Vec::new() }));
         self.node_mode = true;
 
-        say(opts, &format!("creating network namespace {NETNS} (node IP {NODE_IP}, pods {POD_CIDR}, services {SERVICE_CIDR}, no route out)"));
+        say(
+            opts,
+            &format!("creating network namespace {NETNS} (node IP {NODE_IP}, pods {POD_CIDR}, services {SERVICE_CIDR}, no route out)"),
+        );
         let ns = NETNS;
         ip(&["netns", "add", ns]).context("creating the node's network namespace")?;
         let netns = fs::File::open(Path::new("/run/netns").join(ns))?;
@@ -300,54 +303,95 @@ impl ControlPlane {
 
         // The API from the host: host 127.0.0.1:<port> -> unix socket -> netns 127.0.0.1:6443.
         let sock = p("kas.sock");
-        self.spawn_node(opts, "socat-netns", Command::new("socat").args([
-            &format!("UNIX-LISTEN:{sock},fork,unlink-early,mode=600"),
-            &format!("TCP:127.0.0.1:{API_PORT}"),
-        ]), true)?;
-        self.spawn_node(opts, "socat-host", Command::new("socat").args([
-            &format!("TCP-LISTEN:{host_port},bind=127.0.0.1,fork,reuseaddr"),
-            &format!("UNIX-CONNECT:{sock}"),
-        ]), false)?;
+        self.spawn_node(
+            opts,
+            "socat-netns",
+            Command::new("socat").args([&format!("UNIX-LISTEN:{sock},fork,unlink-early,mode=600"), &format!("TCP:127.0.0.1:{API_PORT}")]),
+            true,
+        )?;
+        self.spawn_node(
+            opts,
+            "socat-host",
+            Command::new("socat").args([&format!("TCP-LISTEN:{host_port},bind=127.0.0.1,fork,reuseaddr"), &format!("UNIX-CONNECT:{sock}")]),
+            false,
+        )?;
 
         say(opts, &format!("starting etcd (state in {})", dir.display()));
-        self.spawn_node(opts, "etcd", Command::new(self.bin_dir.join("etcd")).args([
-            "--name", "kube-fence",
-            "--data-dir", &p("etcd"),
-            "--listen-client-urls", "http://127.0.0.1:2379",
-            "--advertise-client-urls", "http://127.0.0.1:2379",
-            "--listen-peer-urls", "http://127.0.0.1:2380",
-            "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
-            "--initial-cluster", "kube-fence=http://127.0.0.1:2380",
-            "--listen-metrics-urls", "",
-            "--unsafe-no-fsync",
-            "--log-level", "warn",
-        ]), true)?;
+        self.spawn_node(
+            opts,
+            "etcd",
+            Command::new(self.bin_dir.join("etcd")).args([
+                "--name",
+                "kube-fence",
+                "--data-dir",
+                &p("etcd"),
+                "--listen-client-urls",
+                "http://127.0.0.1:2379",
+                "--advertise-client-urls",
+                "http://127.0.0.1:2379",
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-cluster",
+                "kube-fence=http://127.0.0.1:2380",
+                "--listen-metrics-urls",
+                "",
+                "--unsafe-no-fsync",
+                "--log-level",
+                "warn",
+            ]),
+            true,
+        )?;
 
         say(opts, &format!("starting kube-apiserver (in the namespace on {NODE_IP}:{API_PORT}; from the host {})", self.server));
-        self.spawn_node(opts, "kube-apiserver", Command::new(self.bin_dir.join("kube-apiserver")).args([
-            "--etcd-servers", "http://127.0.0.1:2379",
-            // 0.0.0.0 of the node's namespace: loopback, the node IP and the CNI gateway only.
-            "--bind-address", "0.0.0.0",
-            "--advertise-address", &NODE_IP.to_string(),
-            "--secure-port", &API_PORT.to_string(),
-            "--tls-cert-file", &p("apiserver.crt"),
-            "--tls-private-key-file", &p("apiserver.key"),
-            "--client-ca-file", &p("ca.crt"),
-            "--token-auth-file", &p("tokens.csv"),
-            "--authorization-mode", "RBAC",
-            "--service-account-issuer", "https://kubernetes.default.svc",
-            "--service-account-key-file", &p("sa.pub"),
-            "--service-account-signing-key-file", &p("sa.key"),
-            "--service-cluster-ip-range", SERVICE_CIDR,
-            // The apiserver itself keeps default/kubernetes -> 10.99.0.1:6443.
-            "--endpoint-reconciler-type", "lease",
-            "--enable-aggregator-routing=true",
-            "--kubelet-preferred-address-types", "InternalIP",
-            "--kubelet-client-certificate", &p("kubelet-client.crt"),
-            "--kubelet-client-key", &p("kubelet-client.key"),
-            "--allow-privileged=true",
-            "--v", "0",
-        ]), true)?;
+        self.spawn_node(
+            opts,
+            "kube-apiserver",
+            Command::new(self.bin_dir.join("kube-apiserver")).args([
+                "--etcd-servers",
+                "http://127.0.0.1:2379",
+                // 0.0.0.0 of the node's namespace: loopback, the node IP and the CNI gateway only.
+                "--bind-address",
+                "0.0.0.0",
+                "--advertise-address",
+                &NODE_IP.to_string(),
+                "--secure-port",
+                &API_PORT.to_string(),
+                "--tls-cert-file",
+                &p("apiserver.crt"),
+                "--tls-private-key-file",
+                &p("apiserver.key"),
+                "--client-ca-file",
+                &p("ca.crt"),
+                "--token-auth-file",
+                &p("tokens.csv"),
+                "--authorization-mode",
+                "RBAC",
+                "--service-account-issuer",
+                "https://kubernetes.default.svc",
+                "--service-account-key-file",
+                &p("sa.pub"),
+                "--service-account-signing-key-file",
+                &p("sa.key"),
+                "--service-cluster-ip-range",
+                SERVICE_CIDR,
+                // The apiserver itself keeps default/kubernetes -> 10.99.0.1:6443.
+                "--endpoint-reconciler-type",
+                "lease",
+                "--enable-aggregator-routing=true",
+                "--kubelet-preferred-address-types",
+                "InternalIP",
+                "--kubelet-client-certificate",
+                &p("kubelet-client.crt"),
+                "--kubelet-client-key",
+                &p("kubelet-client.key"),
+                "--allow-privileged=true",
+                "--v",
+                "0",
+            ]),
+            true,
+        )?;
         let readyz = format!("{}/readyz", self.server);
         let default_ns = format!("{}/api/v1/namespaces/default", self.server);
         self.wait_until(opts, "kube-apiserver", Duration::from_secs(90), |cp| cp.curl_ok(&readyz, true) && cp.curl_ok(&default_ns, true))?;
@@ -355,30 +399,48 @@ impl ControlPlane {
         let args = self.controller_manager_args("*,-node-ipam-controller,-persistentvolume-binder-controller");
         self.spawn_node(opts, "kube-controller-manager", Command::new(self.bin_dir.join("kube-controller-manager")).args(args), true)?;
         let nkc = p("node.kubeconfig");
-        self.spawn_node(opts, "kube-scheduler", Command::new(self.bin_dir.join("kube-scheduler")).args([
-            "--kubeconfig", &nkc,
-            "--authentication-kubeconfig", &nkc,
-            "--authorization-kubeconfig", &nkc,
-            "--bind-address", "127.0.0.1",
-            "--secure-port", "0",
-            "--leader-elect=false",
-            "--v", "0",
-        ]), true)?;
+        self.spawn_node(
+            opts,
+            "kube-scheduler",
+            Command::new(self.bin_dir.join("kube-scheduler")).args([
+                "--kubeconfig",
+                &nkc,
+                "--authentication-kubeconfig",
+                &nkc,
+                "--authorization-kubeconfig",
+                &nkc,
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                "0",
+                "--leader-elect=false",
+                "--v",
+                "0",
+            ]),
+            true,
+        )?;
 
         // containerd, with every path under the state directory.
         create_cgroup_root()?;
         let ctrd = dir.join("containerd");
         fs::create_dir_all(&ctrd)?;
         fs::create_dir_all(dir.join("cni/net.d"))?;
-        fs::write(dir.join("cni/net.d/10-kfbr.conflist"), format!(
-            r#"{{"cniVersion": "0.4.0", "name": "kfnet", "plugins": [
+        fs::write(
+            dir.join("cni/net.d/10-kfbr.conflist"),
+            format!(
+                r#"{{"cniVersion": "0.4.0", "name": "kfnet", "plugins": [
   {{"type": "bridge", "bridge": "kfbr0", "isGateway": true, "isDefaultGateway": true, "ipMasq": false,
    "hairpinMode": true,
    "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{POD_CIDR}"}}]], "dataDir": "{}"}}}}]}}
-"#, p("cni/ipam")))?;
+"#,
+                p("cni/ipam")
+            ),
+        )?;
         let sock = ctrd.join("containerd.sock");
-        fs::write(ctrd.join("config.toml"), format!(
-            r#"version = 2
+        fs::write(
+            ctrd.join("config.toml"),
+            format!(
+                r#"version = 2
 root = "{root}"
 state = "{state}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
@@ -409,17 +471,28 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni}"
 "#,
-            root = ctrd.join("root").display(),
-            state = ctrd.join("state").display(),
-            sock = sock.display(),
-            opt = ctrd.join("opt").display(),
-            cni = p("cni/net.d"),
-        ))?;
+                root = ctrd.join("root").display(),
+                state = ctrd.join("state").display(),
+                sock = sock.display(),
+                opt = ctrd.join("opt").display(),
+                cni = p("cni/net.d"),
+            ),
+        )?;
         say(opts, "starting containerd");
         self.spawn_node(opts, "containerd", Command::new("containerd").arg("--config").arg(ctrd.join("config.toml")), true)?;
         let ctr_ok = {
             let sock = sock.clone();
-            move || Command::new("ctr").arg("--address").arg(&sock).args(["version"]).stdout(Stdio::null()).stderr(Stdio::null()).status().map(|s| s.success()).unwrap_or(false)
+            move || {
+                Command::new("ctr")
+                    .arg("--address")
+                    .arg(&sock)
+                    .args(["version"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .map(|s| s.success())
+                    .unwrap_or(false)
+            }
         };
         self.wait_until(opts, "containerd", Duration::from_secs(30), |_| ctr_ok())?;
         self.containerd_address = Some(sock.clone());
@@ -427,8 +500,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
         let kubelet_dir = dir.join("kubelet");
         fs::create_dir_all(&kubelet_dir)?;
-        fs::write(dir.join("kubelet-config.yaml"), format!(
-            r#"apiVersion: kubelet.config.k8s.io/v1beta1
+        fs::write(
+            dir.join("kubelet-config.yaml"),
+            format!(
+                r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
@@ -458,36 +533,63 @@ evictionHard:
   nodefs.inodesFree: "1%"
   imagefs.available: "1%"
 "#,
-            sock = sock.display(),
-            logs = p("pod-logs"),
-            ca = p("ca.crt"),
-        ))?;
+                sock = sock.display(),
+                logs = p("pod-logs"),
+                ca = p("ca.crt"),
+            ),
+        )?;
         say(opts, "starting kubelet");
-        self.spawn_node(opts, "kubelet", Command::new(self.bin_dir.join("kubelet")).args([
-            "--config", &p("kubelet-config.yaml"),
-            "--kubeconfig", &nkc,
-            "--root-dir", &kubelet_dir.to_string_lossy(),
-            "--hostname-override", NODE_NAME,
-            "--node-ip", &NODE_IP.to_string(),
-            "--v", "1",
-        ]), true)?;
+        self.spawn_node(
+            opts,
+            "kubelet",
+            Command::new(self.bin_dir.join("kubelet")).args([
+                "--config",
+                &p("kubelet-config.yaml"),
+                "--kubeconfig",
+                &nkc,
+                "--root-dir",
+                &kubelet_dir.to_string_lossy(),
+                "--hostname-override",
+                NODE_NAME,
+                "--node-ip",
+                &NODE_IP.to_string(),
+                "--v",
+                "1",
+            ]),
+            true,
+        )?;
         self.wait_until(opts, "node registration", Duration::from_secs(90), |cp| cp.node_ready().is_some())?;
 
         say(opts, "starting kube-proxy (iptables mode, rules inside the namespace)");
-        self.spawn_node(opts, "kube-proxy", Command::new(self.bin_dir.join("kube-proxy")).args([
-            "--kubeconfig", &nkc,
-            "--hostname-override", NODE_NAME,
-            "--proxy-mode", "iptables",
-            "--cluster-cidr", POD_CIDR,
-            // 0 = leave as is: nf_conntrack_max is read-only in a non-init netns and the hashsize
-            // module parameter is host-global.
-            "--conntrack-max-per-core", "0",
-            "--conntrack-tcp-timeout-established", "0",
-            "--conntrack-tcp-timeout-close-wait", "0",
-            "--healthz-bind-address", "127.0.0.1:10256",
-            "--metrics-bind-address", "127.0.0.1:10249",
-            "--v", "2",
-        ]), true)?;
+        self.spawn_node(
+            opts,
+            "kube-proxy",
+            Command::new(self.bin_dir.join("kube-proxy")).args([
+                "--kubeconfig",
+                &nkc,
+                "--hostname-override",
+                NODE_NAME,
+                "--proxy-mode",
+                "iptables",
+                "--cluster-cidr",
+                POD_CIDR,
+                // 0 = leave as is: nf_conntrack_max is read-only in a non-init netns and the hashsize
+                // module parameter is host-global.
+                "--conntrack-max-per-core",
+                "0",
+                "--conntrack-tcp-timeout-established",
+                "0",
+                "--conntrack-tcp-timeout-close-wait",
+                "0",
+                "--healthz-bind-address",
+                "127.0.0.1:10256",
+                "--metrics-bind-address",
+                "127.0.0.1:10249",
+                "--v",
+                "2",
+            ]),
+            true,
+        )?;
         self.wait_until(opts, "kube-proxy's first rule sync", Duration::from_secs(60), |cp| {
             cp.in_netns(Command::new("curl").args(["-sf", "-o", "/dev/null", "--max-time", "2", "http://127.0.0.1:10256/healthz"]))
         })?;
@@ -496,14 +598,30 @@ evictionHard:
         let admin = tokens.split(',').next().unwrap_or_default().to_string();
         let ca = p("ca.crt");
         self.wait_until(opts, "the kubernetes Service (10.96.0.1:443, TLS-verified) from the namespace", Duration::from_secs(60), |cp| {
-            cp.in_netns(Command::new("curl").args(["-sf", "-o", "/dev/null", "--max-time", "3", "--cacert", &ca, "-H", &format!("Authorization: Bearer {admin}"), &format!("https://{KUBERNETES_SERVICE_IP}:443/readyz")]))
+            cp.in_netns(Command::new("curl").args([
+                "-sf",
+                "-o",
+                "/dev/null",
+                "--max-time",
+                "3",
+                "--cacert",
+                &ca,
+                "-H",
+                &format!("Authorization: Bearer {admin}"),
+                &format!("https://{KUBERNETES_SERVICE_IP}:443/readyz"),
+            ]))
         })?;
         // Pods can be created as soon as start returns: the namespace `default` has its service
         // account and the CA bundle the kubelet projects into Pods.
         let sa = format!("{}/api/v1/namespaces/default/serviceaccounts/default", self.server);
         let root_ca = format!("{}/api/v1/namespaces/default/configmaps/kube-root-ca.crt", self.server);
-        self.wait_until(opts, "service account default/default", Duration::from_secs(60), |cp| cp.curl_ok(&sa, true) && cp.curl_ok(&root_ca, true))?;
-        self.say(opts, &format!("node {NODE_NAME} Ready in {:.1}s; KUBECONFIG={}", started.elapsed().as_secs_f64(), self.kubeconfig.display()));
+        self.wait_until(opts, "service account default/default", Duration::from_secs(60), |cp| {
+            cp.curl_ok(&sa, true) && cp.curl_ok(&root_ca, true)
+        })?;
+        self.say(
+            opts,
+            &format!("node {NODE_NAME} Ready in {:.1}s; KUBECONFIG={}", started.elapsed().as_secs_f64(), self.kubeconfig.display()),
+        );
         Ok(())
     }
 
@@ -632,7 +750,12 @@ fn cgroup_hierarchies() -> Vec<PathBuf> {
         return vec![root.to_path_buf()];
     }
     let mut v: Vec<PathBuf> = fs::read_dir(root)
-        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("cgroup.procs").exists() && !fs::symlink_metadata(p).map(|m| m.file_type().is_symlink()).unwrap_or(true)).collect())
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.join("cgroup.procs").exists() && !fs::symlink_metadata(p).map(|m| m.file_type().is_symlink()).unwrap_or(true))
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -701,13 +824,8 @@ pub fn netns_pids() -> BTreeSet<u32> {
 /// Mount points under `dir` (from /proc/self/mountinfo), deepest first.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
-    let mut v: Vec<PathBuf> = text
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape_mount)
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(dir))
-        .collect();
+    let mut v: Vec<PathBuf> =
+        text.lines().filter_map(|l| l.split(' ').nth(4)).map(unescape_mount).map(PathBuf::from).filter(|p| p.starts_with(dir)).collect();
     v.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
     v.dedup();
     v

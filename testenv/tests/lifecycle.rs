@@ -27,7 +27,11 @@ fn start_serves_the_api_and_stop_removes_every_process_and_file() {
 
     let out = kubectl(&cp.kubeconfig, &["get", "--raw", "/version"]);
     assert!(out.status.success(), "kubectl reaches the API: {}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("\"gitVersion\": \"v1.37.2\""), "version is stamped: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("\"gitVersion\": \"v1.37.2\""),
+        "version is stamped: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 
     // kube-controller-manager really runs its controllers: namespace deletion completes.
     assert!(kubectl(&cp.kubeconfig, &["create", "namespace", "doomed"]).status.success());
@@ -76,7 +80,12 @@ fn kf_env_up_env_down_from_the_shell() {
 #[test]
 fn env_without_a_running_control_plane_says_so() {
     let state = tempfile::tempdir().expect("tempdir");
-    let out = Command::new(env!("CARGO_BIN_EXE_kf-env")).arg("--state-dir").arg(state.path().join("none")).arg("env").output().expect("run kf-env env");
+    let out = Command::new(env!("CARGO_BIN_EXE_kf-env"))
+        .arg("--state-dir")
+        .arg(state.path().join("none"))
+        .arg("env")
+        .output()
+        .expect("run kf-env env");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no control plane is running"), "{}", String::from_utf8_lossy(&out.stderr));
 }

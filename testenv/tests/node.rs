@@ -209,7 +209,10 @@ fn node_runs_pods_and_services_and_stop_leaves_nothing_behind() {
     // The namespace itself (where hostNetwork pods and kubectl-in-netns run) reaches the Service too.
     let ip = kubectl(&cp.kubeconfig, &["-n", "kf-node-test", "get", "service", "server", "-o", "jsonpath={.spec.clusterIP}"]);
     let cluster_ip = String::from_utf8_lossy(&ip.stdout).into_owned();
-    assert!(cp.in_netns(Command::new("curl").args(["-sf", "--max-time", "5", &format!("http://{cluster_ip}/")])), "ClusterIP {cluster_ip} answers from the node's namespace");
+    assert!(
+        cp.in_netns(Command::new("curl").args(["-sf", "--max-time", "5", &format!("http://{cluster_ip}/")])),
+        "ClusterIP {cluster_ip} answers from the node's namespace"
+    );
 
     // Everything the node runs: components, containerd shims, pods.
     let mut pids: BTreeSet<u32> = cp.pids().into_iter().map(|(_, p)| p).collect();
@@ -217,7 +220,13 @@ fn node_runs_pods_and_services_and_stop_leaves_nothing_behind() {
     pids.extend(node::cgroup_pids());
     let rss = kube_fence_testenv::rss_by_process(pids.iter().copied());
     let total: u64 = rss.iter().map(|(_, b)| b).sum();
-    eprintln!("[figures] node start {:.1}s; pod created -> in-cluster GET 200 {:.1}s; {} processes, RSS total {} MiB:", start_time.as_secs_f64(), pod_to_api.as_secs_f64(), pids.len(), total >> 20);
+    eprintln!(
+        "[figures] node start {:.1}s; pod created -> in-cluster GET 200 {:.1}s; {} processes, RSS total {} MiB:",
+        start_time.as_secs_f64(),
+        pod_to_api.as_secs_f64(),
+        pids.len(),
+        total >> 20
+    );
     for (name, bytes) in &rss {
         eprintln!("[figures]   {name:<24} {:>5} MiB", bytes >> 20);
     }
@@ -261,12 +270,21 @@ fn kf_env_up_node_prints_exports_imports_images_and_down_cleans_up() {
     let containerd = var("CONTAINERD_ADDRESS");
     assert_eq!(var("CONTAINERD_NAMESPACE"), "k8s.io");
 
-    let nodes = kubectl(Path::new(&kubeconfig), &["get", "node", node::NODE_NAME, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"]);
+    let nodes = kubectl(
+        Path::new(&kubeconfig),
+        &["get", "node", node::NODE_NAME, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"],
+    );
     assert_eq!(String::from_utf8_lossy(&nodes.stdout), "True", "node Ready: {}", String::from_utf8_lossy(&nodes.stderr));
 
     // The documented way to load an image: `ctr images import` with the exported variables.
     let image = incluster_image(work.path());
-    let import = Command::new("ctr").args(["images", "import"]).arg(&image).env("CONTAINERD_ADDRESS", &containerd).env("CONTAINERD_NAMESPACE", "k8s.io").output().expect("run ctr");
+    let import = Command::new("ctr")
+        .args(["images", "import"])
+        .arg(&image)
+        .env("CONTAINERD_ADDRESS", &containerd)
+        .env("CONTAINERD_NAMESPACE", "k8s.io")
+        .output()
+        .expect("run ctr");
     assert!(import.status.success(), "ctr images import: {}", String::from_utf8_lossy(&import.stderr));
     let import = Command::new(kf_env).arg("--state-dir").arg(&dir).arg("import").arg(&image).output().expect("run kf-env import");
     assert!(import.status.success(), "kf-env import: {}", String::from_utf8_lossy(&import.stderr));
@@ -423,7 +441,9 @@ fn kube_fence_image_runs_in_the_node() {
     cp.import_image(&tar).expect("import");
     let manifest = work.path().join("pod.yaml");
     // `crd` is a subcommand every kube-fence build has; it prints the CRD and exits 0.
-    fs::write(&manifest, r#"
+    fs::write(
+        &manifest,
+        r#"
 apiVersion: v1
 kind: Pod
 metadata: {name: kube-fence-image, namespace: default}
@@ -436,7 +456,9 @@ spec:
     imagePullPolicy: Never
     args: ["crd"]
     securityContext: {runAsNonRoot: true, allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
-"#).expect("write manifest");
+"#,
+    )
+    .expect("write manifest");
     let out = kubectl(&cp.kubeconfig, &["create", "-f", &manifest.to_string_lossy()]);
     assert!(out.status.success(), "kubectl create: {}", String::from_utf8_lossy(&out.stderr));
     let start = Instant::now();

@@ -38,7 +38,8 @@ async fn install_crds(client: Client) {
 
 /// A fresh namespace for one test, named after it.
 pub async fn namespace(client: &Client, test: &str) -> String {
-    let suffix: String = format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    let suffix: String =
+        format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
     let mut name: String = format!("kf-{}-{}", test.replace('_', "-"), &suffix[suffix.len().saturating_sub(6)..]);
     name.truncate(63);
     let name = name.trim_end_matches('-').to_string();

@@ -117,9 +117,10 @@ impl Config {
 }
 
 fn seed_from_env() -> u64 {
-    std::env::var("KF_TORTURE_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-    })
+    std::env::var("KF_TORTURE_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1))
 }
 
 /// A small deterministic generator (splitmix64): one per worker, seeded from the run's seed.
@@ -174,7 +175,8 @@ impl Fault {
         Fault::EtcdRestarted,
     ];
     /// The faults the driver's fault task injects, round after round.
-    const CONTROL_PLANE: [Fault; 5] = [Fault::ControllerKilled, Fault::TwoControllers, Fault::WebhookRestarted, Fault::ApiServerRestarted, Fault::EtcdRestarted];
+    const CONTROL_PLANE: [Fault; 5] =
+        [Fault::ControllerKilled, Fault::TwoControllers, Fault::WebhookRestarted, Fault::ApiServerRestarted, Fault::EtcdRestarted];
 
     fn describe(self) -> &'static str {
         match self {
@@ -234,7 +236,12 @@ impl Recorder {
     fn grant(&self, grant: &Grant) {
         // The token is the resourceVersion of the claim the grant was judged on, and the grant's
         // status write is that version's immediate successor: as a commit position it is exact.
-        self.push(Observation::Grant { lease: grant.lease.clone(), holder: grant.holder.clone(), token: grant.token, resource_version: grant.token.get() });
+        self.push(Observation::Grant {
+            lease: grant.lease.clone(),
+            holder: grant.holder.clone(),
+            token: grant.token,
+            resource_version: grant.token.get(),
+        });
     }
     fn write(&self, cm: &ConfigMap) {
         let lease = cm.labels().get(LEASE_LABEL).cloned();
@@ -273,7 +280,16 @@ impl Report {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.config;
-        writeln!(f, "kube-fence under faults: {} workers, {} leases x {} objects, lease {} s, seed {}, {:.0} s", c.workers, c.leases, c.objects_per_lease, c.lease_seconds, c.seed, self.elapsed.as_secs_f64())?;
+        writeln!(
+            f,
+            "kube-fence under faults: {} workers, {} leases x {} objects, lease {} s, seed {}, {:.0} s",
+            c.workers,
+            c.leases,
+            c.objects_per_lease,
+            c.lease_seconds,
+            c.seed,
+            self.elapsed.as_secs_f64()
+        )?;
         writeln!(f)?;
         writeln!(f, "| measure | count |")?;
         writeln!(f, "| --- | ---: |")?;
@@ -317,7 +333,8 @@ impl Plane {
         let thread = std::thread::Builder::new()
             .name("kube-fence-fault-plane".into())
             .spawn(move || {
-                let options = kube_fence_testenv::Options { die_with_parent: true, controller_manager: false, verbose: false, ..Default::default() };
+                let options =
+                    kube_fence_testenv::Options { die_with_parent: true, controller_manager: false, verbose: false, ..Default::default() };
                 let mut cp = match kube_fence_testenv::ControlPlane::start(options) {
                     Ok(cp) => cp,
                     Err(e) => {
@@ -386,7 +403,12 @@ struct ControllerReplica {
 impl ControllerReplica {
     fn start(client: &Client, ns: &str, identity: &str) -> ControllerReplica {
         let stop = CancellationToken::new();
-        let run = controller::run(client.clone(), ControllerOptions::new(identity).namespace(ns), &mut Registry::default(), stop.clone().cancelled_owned());
+        let run = controller::run(
+            client.clone(),
+            ControllerOptions::new(identity).namespace(ns),
+            &mut Registry::default(),
+            stop.clone().cancelled_owned(),
+        );
         let task = tokio::spawn(async move {
             if let Err(err) = run.await {
                 eprintln!("controller ended with an error: {err}");
@@ -458,14 +480,23 @@ async fn wait_enforced(client: &Client, ns: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let probe = ConfigMap {
-            metadata: ObjectMeta { name: Some("probe".into()), labels: Some([(LEASE_LABEL.to_string(), "probe".to_string())].into()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some("probe".into()),
+                labels: Some([(LEASE_LABEL.to_string(), "probe".to_string())].into()),
+                ..Default::default()
+            },
             ..Default::default()
         };
         match cms.create(&PostParams::default(), &probe).await {
             Err(kube::Error::Api(e)) if e.message.contains("fence.kubefence.io") => return,
             Ok(created) => {
                 let rv = created.metadata.resource_version.clone();
-                let _ = cms.delete("probe", &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() }).await;
+                let _ = cms
+                    .delete(
+                        "probe",
+                        &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() },
+                    )
+                    .await;
             }
             Err(_) => {}
         }
@@ -752,10 +783,20 @@ pub async fn run(config: Config) -> Report {
     install_crds(&client).await;
     let ns = "faults".to_string();
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let namespace = k8s_openapi::api::core::v1::Namespace { metadata: ObjectMeta { name: Some(ns.clone()), ..Default::default() }, ..Default::default() };
+    let namespace = k8s_openapi::api::core::v1::Namespace {
+        metadata: ObjectMeta { name: Some(ns.clone()), ..Default::default() },
+        ..Default::default()
+    };
     namespaces.create(&PostParams::default(), &namespace).await.expect("create the namespace");
 
-    let world = Arc::new(World { client: client.clone(), ns: ns.clone(), config: config.clone(), counters: Counters::default(), recorder: Recorder::default(), stop: CancellationToken::new() });
+    let world = Arc::new(World {
+        client: client.clone(),
+        ns: ns.clone(),
+        config: config.clone(),
+        counters: Counters::default(),
+        recorder: Recorder::default(),
+        stop: CancellationToken::new(),
+    });
     let watch_stop = CancellationToken::new();
     let watchers = record(&client, &ns, &world.recorder, &watch_stop);
 
@@ -773,7 +814,11 @@ pub async fn run(config: Config) -> Report {
         leases.create(&PostParams::default(), &Lease::new(&lease_name(i), spec)).await.expect("create a lease");
         let grant = world.acquire(&lease_name(i), "setup").await.expect("first grant");
         for j in 0..config.objects_per_lease {
-            let cm = ConfigMap { metadata: ObjectMeta { name: Some(object_name(i, j)), ..Default::default() }, data: Some([("seq".to_string(), "0".to_string())].into()), ..Default::default() };
+            let cm = ConfigMap {
+                metadata: ObjectMeta { name: Some(object_name(i, j)), ..Default::default() },
+                data: Some([("seq".to_string(), "0".to_string())].into()),
+                ..Default::default()
+            };
             let created = grant.create(&world.objects(), &cm).await.expect("create a guarded object");
             world.recorder.write(&created);
         }
@@ -822,7 +867,13 @@ pub async fn run(config: Config) -> Report {
             eprintln!("[faults] a worker did not finish its cycle within 60 s");
         }
     }
-    let newest_write = world.recorder.snapshot().iter().filter_map(|o| if let Observation::Write { resource_version, .. } = o { Some(*resource_version) } else { None }).max().unwrap_or(0);
+    let newest_write = world
+        .recorder
+        .snapshot()
+        .iter()
+        .filter_map(|o| if let Observation::Write { resource_version, .. } = o { Some(*resource_version) } else { None })
+        .max()
+        .unwrap_or(0);
     let deadline = Instant::now() + Duration::from_secs(20);
     // The object watch has caught up when it delivered a version at least as new as any the workers got.
     while Instant::now() < deadline && world.recorder.watched.load(Ordering::Relaxed) < newest_write {
@@ -840,7 +891,10 @@ pub async fn run(config: Config) -> Report {
     hook.stop(&client).await;
 
     let observations = world.recorder.snapshot();
-    let equal_objects: HashSet<String> = (0..config.leases).filter(|i| allows_equal(*i)).flat_map(|i| (0..config.objects_per_lease).map(move |j| object_name(i, j))).collect();
+    let equal_objects: HashSet<String> = (0..config.leases)
+        .filter(|i| allows_equal(*i))
+        .flat_map(|i| (0..config.objects_per_lease).map(move |j| object_name(i, j)))
+        .collect();
     let violations = history::check(&observations, |object| equal_objects.contains(object));
     let mut writes = HashSet::new();
     let mut grants = HashSet::new();

@@ -164,7 +164,12 @@ fn allow_equal_deciding_a_write_is_confirmed_by_a_quorum_read() {
 // CREATE rule applies (rather than locking the object forever).
 #[case::recorded_missing(Operation::Update, g("l", None), "9", None)]
 #[case::recorded_garbage(Operation::Update, g("l", Some("x")), "8", Some((409, Reason::StaleToken)))]
-fn create_and_newly_guarded(#[case] op: Operation, #[case] old: Option<ObjectFacts>, #[case] presented: &str, #[case] expect: Option<(u16, Reason)>) {
+fn create_and_newly_guarded(
+    #[case] op: Operation,
+    #[case] old: Option<ObjectFacts>,
+    #[case] presented: &str,
+    #[case] expect: Option<(u16, Reason)>,
+) {
     let req = request(op, old, g("l", Some(presented)));
     let exempt = Exemptions::default();
     assert_eq!(lease_read(&req, &exempt, None), LeaseRead::Linearizable);
@@ -246,7 +251,6 @@ fn delete(#[case] user: &str, #[case] precondition: bool, #[case] expect: Option
     }
 }
 
-
 // --- Exempt identities write without a token; the list is configurable.
 
 #[rstest]
@@ -287,7 +291,11 @@ fn exempt_identities(#[case] op: Operation, #[case] old: Option<ObjectFacts>, #[
 #[case::fullwidth_digits("\u{FF11}\u{FF12}", "not a decimal integer")]
 #[case::superscript("\u{00B9}", "not a decimal integer")]
 #[case::json_quoted("\"12\"", "not a decimal integer")]
-fn malformed_tokens_are_denied_naming_the_problem(#[case] raw: &str, #[case] names: &str, #[values(Operation::Create, Operation::Update)] op: Operation) {
+fn malformed_tokens_are_denied_naming_the_problem(
+    #[case] raw: &str,
+    #[case] names: &str,
+    #[values(Operation::Create, Operation::Update)] op: Operation,
+) {
     let old = match op {
         Operation::Create => None,
         _ => g("l", Some("5")),
@@ -324,7 +332,12 @@ fn the_largest_token_is_accepted() {
 #[case::not_issued(Operation::Update, g("l", Some("5")), g("l", Some("99")), Reason::TokenNotIssued)]
 #[case::create_stale(Operation::Create, None, g("l", Some("1")), Reason::StaleToken)]
 #[case::delete(Operation::Delete, g("l", Some("5")), None, Reason::DeletePreconditionRequired)]
-fn warn_mode_admits_with_a_warning(#[case] op: Operation, #[case] old: Option<ObjectFacts>, #[case] new: Option<ObjectFacts>, #[case] reason: Reason) {
+fn warn_mode_admits_with_a_warning(
+    #[case] op: Operation,
+    #[case] old: Option<ObjectFacts>,
+    #[case] new: Option<ObjectFacts>,
+    #[case] reason: Reason,
+) {
     let req = request(op, old, new);
     let warn = facts(Some(9), Comparison::Strict, Enforcement::Warn);
     // Warn relaxes fencing, so it is confirmed by a quorum read.
