@@ -102,7 +102,13 @@ impl LocalWebhook {
         registration.ca_bundle = Some(made.ca_cert.clone());
         registration.only_namespaces = options.only_namespaces;
         registration.extra_object_labels = options.extra_object_labels;
-        if let Err(err) = registration.apply(&client).await {
+        // Lease status is written by this process's controller, under this process's identity.
+        let registered = async {
+            let me = super::registration::whoami(&client).await?;
+            registration.apply_status_policy(&client, &[me]).await?;
+            registration.apply(&client).await
+        };
+        if let Err(err) = registered.await {
             stop.cancel();
             cache.abort();
             return Err(LocalError::Register(err));

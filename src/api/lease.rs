@@ -31,7 +31,8 @@ pub const DEFAULT_LEASE_DURATION_SECONDS: u32 = 15;
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Held or Unheld"}"#,
     printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".status.expireTime","description":"When the holder's lease expires unless renewed (controller clock)"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase != 'Held' || !has(oldSelf.status.holder) || !has(self.spec.holder) || self.spec.holder == oldSelf.status.holder").message("the lease is held by another holder: wait until it is released or expires").reason(Reason::FieldValueForbidden)
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase != 'Held' || !has(oldSelf.status.holder) || !has(self.spec.holder) || self.spec.holder == oldSelf.status.holder").message("the lease is held by another holder: wait until it is released or expires").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("(has(oldSelf.spec.fencing) && has(oldSelf.spec.fencing.enforcement) && oldSelf.spec.fencing.enforcement == 'Warn') || !has(self.spec.fencing) || !has(self.spec.fencing.enforcement) || self.spec.fencing.enforcement == 'Enforce'").message("spec.fencing.enforcement of an existing lease can be tightened (Warn to Enforce) but never relaxed to Warn: a holder must not be able to switch fencing off. To use Warn, create a new Lease with it").reason(Reason::FieldValueForbidden)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseSpec {
@@ -54,7 +55,9 @@ pub struct LeaseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_time: Option<MicroTime>,
 
-    /// How writes to the objects this lease guards are judged.
+    /// How writes to the objects this lease guards are judged. Fencing can be tightened on an
+    /// existing lease, never relaxed: the API server rejects a change of `enforcement` from
+    /// `Enforce` to `Warn`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing: Option<FencingPolicy>,
 }
@@ -63,15 +66,16 @@ pub struct LeaseSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FencingPolicy {
-    /// `Strict` (default) admits a write only when its token is greater than the recorded one:
-    /// one write per grant. `AllowEqual` also admits an equal token, so a holder may write the
-    /// same object several times under one grant; still safe, because a token belongs to
-    /// exactly one grant and a later grant always has a greater token.
+    /// `Strict`: a write is admitted only when its token is greater than the one the object
+    /// records (one write per grant). The only comparison: `AllowEqual` (0.1) was removed,
+    /// because an unchanged annotation restates the recorded token for any writer; leases
+    /// stored with it are judged as `Strict`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comparison: Option<Comparison>,
 
     /// `Enforce` (default) denies stale writes. `Warn` admits them with an admission warning,
-    /// counts and logs them: for rolling fencing out onto a running system.
+    /// counts and logs them: for rolling fencing out onto a running system. Set it when the
+    /// lease is created; it can later be changed to `Enforce`, never back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enforcement: Option<Enforcement>,
 }
@@ -82,7 +86,8 @@ pub enum Comparison {
     /// Admit only `presented > recorded`.
     #[default]
     Strict,
-    /// Admit `presented >= recorded`.
+    /// Removed in 0.2 (judged as `Strict`); still read so leases stored by 0.1 stay readable.
+    #[schemars(skip)]
     AllowEqual,
 }
 

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Error;
 use crate::api::{Lease, LeaseSpec};
-use crate::lease::state::{HELD_CONDITION, held};
+use crate::lease::state::{HELD_CONDITION, REASON_EXPIRED, held};
 use crate::token::Token;
 
 /// How many times a heartbeat or release retries a lost compare-and-swap before giving up.
@@ -150,8 +150,9 @@ pub fn loss(lease: Option<&Lease>, grant: &Grant) -> Option<Loss> {
         _ => match status.and_then(|s| s.token) {
             Some(token) if token > grant.token => Some(Loss::Superseded { token }),
             _ => {
-                let expired =
-                    status.and_then(|s| s.conditions.iter().find(|c| c.type_ == HELD_CONDITION)).is_some_and(|c| c.reason == "Expired");
+                let expired = status
+                    .and_then(|s| s.conditions.iter().find(|c| c.type_ == HELD_CONDITION))
+                    .is_some_and(|c| c.reason == REASON_EXPIRED);
                 Some(if expired { Loss::Expired } else { Loss::Released })
             }
         },
