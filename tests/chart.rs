@@ -61,10 +61,54 @@ fn chart_crds_are_the_generated_crds() {
     assert!(chart == generated, "charts/kube-fence/crds/ differs from crds/: cp crds/*.yaml charts/kube-fence/crds/");
 }
 
+/// The chart's webhook configuration and lease-status policy are what local mode registers
+/// (`src/admission/registration.rs`): rules, match condition, selectors, failure policy, and the
+/// policy's rule, all compared field by field.
+#[test]
+fn the_chart_registers_what_local_mode_registers() {
+    use kube_fence::admission::registration::{Endpoint, Registration};
+    let rendered = ok("helm", &["template", "cmp", CHART, "-n", "kf-system", "--set", "webhook.onlyNamespaces={a,b}"], None);
+    let docs: Vec<serde_json::Value> = rendered
+        .split("\n---")
+        .filter_map(|doc| serde_yaml::from_str::<serde_json::Value>(doc).ok())
+        .filter(|doc| doc.is_object())
+        .collect();
+    let find = |kind: &str| docs.iter().find(|d| d["kind"] == kind).cloned().unwrap_or_else(|| panic!("the chart renders a {kind}"));
+    let mut reg = Registration::new("cmp-kube-fence", Endpoint::Service { namespace: "kf-system".into(), name: "x".into(), port: 443 });
+    reg.operator_namespace = Some("kf-system".into());
+    reg.only_namespaces = Some(vec!["a".into(), "b".into()]);
+    let ours = serde_json::to_value(reg.configuration()).expect("configuration");
+    let chart = find("ValidatingWebhookConfiguration");
+    for field in [
+        "name",
+        "rules",
+        "matchConditions",
+        "objectSelector",
+        "namespaceSelector",
+        "failurePolicy",
+        "sideEffects",
+        "matchPolicy",
+        "admissionReviewVersions",
+    ] {
+        assert_eq!(chart["webhooks"][0][field], ours["webhooks"][0][field], "webhook field {field}");
+    }
+    let (policy, binding) = reg.status_policy(&["system:serviceaccount:kf-system:cmp-kube-fence".into()]);
+    let (policy, binding) = (serde_json::to_value(policy).expect("policy"), serde_json::to_value(binding).expect("binding"));
+    let chart_policy = find("ValidatingAdmissionPolicy");
+    for field in ["failurePolicy", "matchConstraints", "validations"] {
+        assert_eq!(chart_policy["spec"][field], policy["spec"][field], "policy field {field}");
+    }
+    let chart_binding = find("ValidatingAdmissionPolicyBinding");
+    assert_eq!(chart_binding["spec"]["matchResources"], binding["spec"]["matchResources"]);
+    assert_eq!(chart_binding["spec"]["validationActions"], binding["spec"]["validationActions"]);
+}
+
 #[test]
 fn chart_lints_and_the_schema_rejects_bad_values() {
     ok("helm", &["lint", "--strict", CHART], None);
-    for bad in ["replicaCount=0", "tls.mode=bogus", "webhook.timeoutSeconds=60", "logFormat=xml", "nosuchvalue=1"] {
+    for bad in
+        ["replicaCount=0", "tls.mode=bogus", "webhook.timeoutSeconds=60", "logFormat=xml", "nosuchvalue=1", "leaseStatusWriters={o'brien}"]
+    {
         let out = run("helm", &["template", "t", CHART, "--set", bad], None);
         assert!(!out.status.success(), "values {bad} must be rejected by values.schema.json");
     }
@@ -82,6 +126,8 @@ async fn rendered_objects_pass_a_server_side_dry_run_in_both_tls_modes() {
         "validatingwebhookconfiguration.admissionregistration.k8s.io/dry-kube-fence",
         "clusterrole.rbac.authorization.k8s.io/dry-kube-fence",
         "poddisruptionbudget.policy/dry-kube-fence",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/dry-kube-fence-lease-status",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/dry-kube-fence-lease-status",
     ] {
         assert!(out.contains(kind), "dry run covered {kind}:\n{out}");
     }

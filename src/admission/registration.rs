@@ -102,8 +102,8 @@ impl Registration {
             rules: Some(vec![RuleWithOperations {
                 api_groups: Some(vec!["*".into()]),
                 api_versions: Some(vec!["*".into()]),
-                // `*` matches resources, `*/*` their subresources (`/status`, `/scale`, ...).
-                resources: Some(vec!["*".into(), "*/*".into()]),
+                // `*/*`: every resource and every subresource (`/status`, `/scale`, ...).
+                resources: Some(vec!["*/*".into()]),
                 operations: Some(vec!["CREATE".into(), "UPDATE".into(), "DELETE".into()]),
                 scope: Some("Namespaced".into()),
             }]),
@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(w["sideEffects"], "None");
         assert_eq!(w["matchPolicy"], "Equivalent");
         assert_eq!(w["admissionReviewVersions"], serde_json::json!(["v1"]));
-        assert_eq!(w["rules"][0]["resources"], serde_json::json!(["*", "*/*"]));
+        assert_eq!(w["rules"][0]["resources"], serde_json::json!(["*/*"]));
         assert_eq!(w["matchConditions"][0]["name"], GUARD_CONDITION_NAME);
         assert_eq!(w["matchConditions"][0]["expression"], guard_condition());
         assert_eq!(w["rules"][0]["apiGroups"], serde_json::json!(["*"]));

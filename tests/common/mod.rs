@@ -5,6 +5,8 @@
 //! gets a namespace of its own, so tests never see each other's objects.
 #![allow(dead_code)]
 
+pub mod identity;
+
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
