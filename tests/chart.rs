@@ -136,6 +136,10 @@ async fn rendered_objects_pass_a_server_side_dry_run_in_both_tls_modes() {
     assert!(cm.contains(&format!("cert-manager.io/inject-ca-from: {ns}/dry-kube-fence-webhook")), "{cm}");
     assert!(cm.contains(&format!("dry-kube-fence-webhook.{ns}.svc")), "{cm}");
     assert!(cm.contains("--tls-cert-file=/etc/kube-fence/tls/tls.crt") && !cm.contains("--self-managed-tls"));
+    // Client-certificate authentication of the API server: the flag, the CA mounted, probes on the port.
+    let mtls = ok("helm", &["template", "dry", CHART, "-n", &ns, "--set", "webhook.clientCASecret=api-server-ca"], None);
+    assert!(mtls.contains("--client-ca-file=/etc/kube-fence/client-ca/ca.crt") && mtls.contains("secretName: api-server-ca"), "{mtls}");
+    assert!(mtls.contains("tcpSocket") && !mtls.contains("path: /readyz"), "{mtls}");
 }
 
 #[tokio::test]

@@ -699,7 +699,7 @@ async fn rotated_certificate_is_picked_up_without_a_failed_admission() {
     let loopback = [std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)];
     let made = SelfSigned::generate(&["localhost".into()], &loopback).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let files = CertFiles { cert: dir.path().join("tls.crt"), key: dir.path().join("tls.key") };
+    let files = CertFiles { cert: dir.path().join("tls.crt"), key: dir.path().join("tls.key"), client_auth: Default::default() };
     std::fs::write(&files.cert, &made.serving.cert).unwrap();
     std::fs::write(&files.key, &made.serving.key).unwrap();
 

@@ -80,7 +80,9 @@ pub struct FencingPolicy {
     pub enforcement: Option<Enforcement>,
 }
 
-/// Token comparison for writes to guarded objects.
+/// Token comparison for writes to guarded objects: `Strict` only — a write must present a token
+/// greater than the one the object records. (`AllowEqual` was removed in 0.2: an unchanged
+/// annotation restates the recorded token for any writer.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Comparison {
     /// Admit only `presented > recorded`.
@@ -91,7 +93,9 @@ pub enum Comparison {
     AllowEqual,
 }
 
-/// What happens to a write the fencing rules reject.
+/// What happens to a write the fencing rules reject: `Enforce` denies it, `Warn` admits it with a
+/// warning (for rollouts). Chosen when the lease is created; `Warn` can be tightened to `Enforce`,
+/// never back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Enforcement {
     /// Deny it (HTTP 409).

@@ -14,7 +14,7 @@ use crate::admission::decision::{DEFAULT_EXEMPT, Exemptions};
 use crate::admission::leases::LeaseDirectory;
 use crate::admission::registration::CONFIGURATION_NAME;
 use crate::admission::server::{self, Metrics};
-use crate::admission::tls::{CertFiles, SelfManaged};
+use crate::admission::tls::{CertFiles, ClientAuth, SelfManaged};
 use crate::telemetry::{LogFormat, init_logging};
 
 /// Arguments of `kube-fence webhook` (also used by `kube-fence run`).
@@ -57,6 +57,12 @@ pub struct WebhookArgs {
     #[arg(long, default_value = CONFIGURATION_NAME)]
     pub webhook_configuration: String,
 
+    /// Accept connections only from clients presenting a certificate signed by a CA in this PEM
+    /// file: configure the API server to present one to webhooks (an AdmissionConfiguration
+    /// kubeconfig, README "Authenticating the API server"), and nobody else can reach the webhook.
+    #[arg(long, value_name = "PEM")]
+    pub client_ca_file: Option<std::path::PathBuf>,
+
     /// Users that may write guarded objects without a token (repeat the flag; replaces the
     /// defaults: the garbage collector and the namespace controller).
     #[arg(long = "exempt", value_name = "USER", default_values_t = DEFAULT_EXEMPT.map(String::from))]
@@ -95,9 +101,13 @@ pub async fn serve(
     registry: Arc<Registry>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let client_auth = match &args.client_ca_file {
+        Some(path) => ClientAuth::require_file(path).with_context(|| format!("loading the client CA {}", path.display()))?,
+        None => ClientAuth::none(),
+    };
     let tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => {
-            let files = CertFiles { cert: cert.clone(), key: key.clone() };
+            let files = CertFiles { cert: cert.clone(), key: key.clone(), client_auth: client_auth.clone() };
             let (tls, loaded) = files.load().await.context("loading the TLS files")?;
             let watcher = files.watch(tls.clone(), loaded, args.tls_reload_interval, metrics.tls_reloads.clone());
             spawn_until(watcher, shutdown.clone());
@@ -112,9 +122,10 @@ pub async fn serve(
                     format!("{}.{}.svc.cluster.local", args.service_name, args.namespace),
                 ],
                 webhook_configuration: args.webhook_configuration.clone(),
+                client_auth: client_auth.clone(),
             };
             let pair = managed.ensure_secret(&client).await.context("making or reading the self-managed TLS Secret")?;
-            let tls = RustlsConfig::from_config(pair.server_config()?);
+            let tls = RustlsConfig::from_config(pair.server_config_for(&client_auth)?);
             spawn_until(
                 managed.maintain(client.clone(), tls.clone(), pair, Duration::from_secs(30), metrics.tls_reloads.clone()),
                 shutdown.clone(),
