@@ -13,7 +13,7 @@ use std::str::FromStr;
 
 use kube_fence::admission::decision::{self, Cached, Exemptions, Judged, LeaseFacts, Operation, Plan, Quorum, Reason, Verdict};
 use kube_fence::admission::review::{self as server, Unreadable};
-use kube_fence::api::Enforcement;
+use kube_fence::api::{Comparison, Enforcement};
 use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token};
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -221,9 +221,10 @@ fn apply(mut value: Value, mutations: &[Mutation]) -> Vec<u8> {
 fn lease() -> impl Strategy<Value = Option<LeaseFacts>> {
     let facts = (
         proptest::option::of((0u64..6).prop_map(|n| Token::new(n).unwrap_or(Token::MAX))),
+        select(vec![Comparison::Strict, Comparison::AllowEqual]),
         prop_oneof![9 => Just(Enforcement::Enforce), 1 => Just(Enforcement::Warn)],
     )
-        .prop_map(|(issued, enforcement)| LeaseFacts { issued, enforcement });
+        .prop_map(|(issued, comparison, enforcement)| LeaseFacts { issued, comparison, enforcement });
     proptest::option::weighted(0.9, facts)
 }
 
@@ -271,7 +272,10 @@ fn check_verdict(req: &decision::Request, exempt: &Exemptions, facts: Option<&Le
     }
     let recorded = old_lease.and(req.old.as_ref().and_then(|o| o.token.as_deref())).and_then(|r| Token::from_str(r).ok());
     match recorded {
-        Some(r) => prop_assert!(t > r, "allowed {} over recorded {}", t, r),
+        Some(r) if facts.comparison == Comparison::Strict => prop_assert!(t > r, "allowed {} over recorded {}", t, r),
+        // The reviews generated here carry no kubefence.io/write annotation: an equal token
+        // is never restated, so it is stale under AllowEqual too.
+        Some(r) => prop_assert!(t > r, "allowed {} over recorded {} without a restatement", t, r),
         None => prop_assert_eq!(Some(t), issued, "a create / newly guarded write must carry the newest token"),
     }
     Ok(())
@@ -315,7 +319,7 @@ proptest! {
         let body = apply(review("UPDATE", "alice", &side(old_token), &side(new_token), None), &[]);
         let request = server::decode(&body).map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
         let req = server::request_facts(&request);
-        let facts = |issued: u64| Some(LeaseFacts { issued: Token::new(issued), enforcement: Enforcement::Enforce });
+        let facts = |issued: u64| Some(LeaseFacts { issued: Token::new(issued), comparison: Comparison::Strict, enforcement: Enforcement::Enforce });
         // The watch cache may lag behind the quorum; the verdict must not depend on it.
         let (verdict, _) = judge(&req, &Exemptions::default(), &facts(issued.saturating_sub(cache_lag)), &facts(issued));
         let fresh = new_token > old_token;

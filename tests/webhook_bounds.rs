@@ -115,7 +115,7 @@ async fn memory_and_time_per_connection_are_bounded() {
     let longest = outcomes.iter().map(|(_, t)| *t).max().unwrap_or_default();
     eprintln!(
         "100 connections x {} MiB bodies: resident memory grew {} MiB (budget {} MiB); {busy} refused at once (503), {slow} cut off (408), all answered within {longest:?}",
-        length >> 20,
+        (length + 1) >> 20,
         grown >> 20,
         BODY_BUDGET_BYTES >> 20,
     );

@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use crate::api::Enforcement;
+use crate::api::{Comparison, Enforcement};
 use crate::token::{Token, TokenError};
 
 /// Identities that may write guarded objects without a token by default: the garbage collector
@@ -43,6 +43,10 @@ pub struct ObjectFacts {
     pub lease: Option<String>,
     /// Raw value of the `kubefence.io/token` annotation, unparsed (parsing is part of judging).
     pub token: Option<String>,
+    /// Value of the `kubefence.io/write` annotation: a fresh value per write, set by the client
+    /// library next to the token. Under `AllowEqual` it tells a write that restated the token
+    /// from one that left the annotations alone.
+    pub write: Option<String>,
     /// Whether `metadata.deletionTimestamp` is set: the object is being deleted.
     pub deleting: bool,
     /// `metadata.finalizers`.
@@ -98,6 +102,7 @@ impl Request {
 pub struct LeaseFacts {
     /// Newest token the lease issued (`status.token`); `None` before its first grant.
     pub issued: Option<Token>,
+    pub comparison: Comparison,
     pub enforcement: Enforcement,
 }
 
@@ -329,8 +334,9 @@ enum Rule {
     /// CREATE, or UPDATE of an object with no valid recorded token (newly guarded, or guarded
     /// before kube-fence ran): `t` must equal the lease's newest issued token.
     Fresh { presented: Result<Token, Missing> },
-    /// UPDATE of an object that records `r`: `t > r`, and `t <= issued`.
-    Successor { presented: Result<Token, Missing>, recorded: Token },
+    /// UPDATE of an object that records `r`: `t > r` (or, under `AllowEqual`, `t == r` with a new
+    /// `kubefence.io/write` value: the token restated by this write), and `t <= issued`.
+    Successor { presented: Result<Token, Missing>, recorded: Token, restated: bool },
     /// DELETE without a resourceVersion precondition: denied unless the lease is in Warn mode.
     UnconditionalDelete,
 }
@@ -425,8 +431,11 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
             // The recorded token only counts while the stored object is guarded: an annotation
             // on an unguarded object was never judged.
             let recorded = old_lease.and(req.old.as_ref()).and_then(|o| o.token.as_deref()).and_then(|r| r.parse::<Token>().ok());
+            let restated = new.write.is_some() && new.write != req.old.as_ref().and_then(|o| o.write.clone());
             match recorded {
-                Some(recorded) => Plan::Cache(CacheRead(Pending { lease: lease(name), rule: Rule::Successor { presented, recorded } })),
+                Some(recorded) => {
+                    Plan::Cache(CacheRead(Pending { lease: lease(name), rule: Rule::Successor { presented, recorded, restated } }))
+                }
                 None => Plan::Quorum(QuorumRead(Pending { lease: lease(name), rule: Rule::Fresh { presented } })),
             }
         }
@@ -450,8 +459,8 @@ impl<'r> CacheRead<'r> {
 
     /// Judges from the cache, or asks for a quorum read when the cache could be stale in the
     /// unsafe direction: the lease is absent from it, the presented token is newer than the
-    /// newest token it has seen, or the lease is in Warn mode (a lease switched to Enforce a
-    /// moment ago must not be missed).
+    /// newest token it has seen, or the lease relaxes fencing — Warn mode, or `AllowEqual`
+    /// deciding the write (a lease tightened a moment ago must not be missed).
     pub fn judge(self, cached: Cached) -> Judged<'r> {
         let Pending { lease, rule } = self.0;
         let quorum = |rule| Judged::Quorum(QuorumRead(Pending { lease, rule }));
@@ -466,8 +475,8 @@ impl<'r> CacheRead<'r> {
         if facts.enforcement == Enforcement::Warn {
             return quorum(rule);
         }
-        if let Rule::Successor { presented: Ok(t), .. } = &rule
-            && facts.issued.is_none_or(|issued| *t > issued)
+        if let Rule::Successor { presented: Ok(t), recorded, .. } = &rule
+            && (facts.issued.is_none_or(|issued| *t > issued) || (t == recorded && facts.comparison == Comparison::AllowEqual))
         {
             return quorum(rule);
         }
@@ -520,8 +529,9 @@ fn judge(lease: LeaseRef<'_>, rule: &Rule, facts: Option<&LeaseFacts>) -> Verdic
             );
         }
         Rule::Fresh { presented } => (presented, None),
-        Rule::Successor { presented, recorded } => (presented, Some(*recorded)),
+        Rule::Successor { presented, recorded, .. } => (presented, Some(*recorded)),
     };
+    let restated = matches!(rule, Rule::Successor { restated: true, .. });
     let presented = match presented {
         Ok(t) => *t,
         Err(Missing::Absent) => {
@@ -574,7 +584,18 @@ fn judge(lease: LeaseRef<'_>, rule: &Rule, facts: Option<&LeaseFacts>) -> Verdic
             facts_with(Some(issued)),
         ),
         None => not_issued(),
-        Some(recorded) if presented <= recorded => deny(
+        // AllowEqual: several writes under one grant, each restating the token (a new write
+        // annotation), so a write that leaves the annotations alone is not taken for one.
+        Some(recorded) if presented == recorded && facts.comparison == Comparison::AllowEqual && !restated => deny(
+            409,
+            Reason::StaleToken,
+            format!(
+                "stale write to an object guarded by lease {lease}: presented token {presented}, recorded token {recorded}; under AllowEqual an equal token counts only when the write restates it with a new {} annotation (the client library does)",
+                crate::token::WRITE_ANNOTATION
+            ),
+            facts_with(Some(recorded)),
+        ),
+        Some(recorded) if presented < recorded || (presented == recorded && facts.comparison == Comparison::Strict) => deny(
             409,
             Reason::StaleToken,
             format!(

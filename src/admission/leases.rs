@@ -78,6 +78,9 @@ impl LeaseDirectory {
 /// What fencing needs from a lease.
 pub fn facts(lease: &Lease) -> LeaseFacts {
     let policy = lease.spec.fencing.clone().unwrap_or_default();
-    // `comparison` is not read: `AllowEqual` (0.1) is judged as `Strict`.
-    LeaseFacts { issued: lease.status.as_ref().and_then(|s| s.token), enforcement: policy.enforcement.unwrap_or_default() }
+    LeaseFacts {
+        issued: lease.status.as_ref().and_then(|s| s.token),
+        comparison: policy.comparison.unwrap_or_default(),
+        enforcement: policy.enforcement.unwrap_or_default(),
+    }
 }

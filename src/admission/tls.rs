@@ -97,7 +97,8 @@ pub fn server_config_for(cert_pem: &[u8], key_pem: &[u8], auth: &ClientAuth) -> 
         return Err(TlsError::NoCertificate);
     }
     let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(TlsError::Key)?;
-    let builder = ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider())).with_safe_default_protocol_versions()?;
+    let builder =
+        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider())).with_safe_default_protocol_versions()?;
     let builder = match &auth.0 {
         Some(verifier) => builder.with_client_cert_verifier(verifier.clone()),
         None => builder.with_no_client_auth(),

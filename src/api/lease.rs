@@ -32,7 +32,8 @@ pub const DEFAULT_LEASE_DURATION_SECONDS: u32 = 15;
     printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".status.expireTime","description":"When the holder's lease expires unless renewed (controller clock)"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase != 'Held' || !has(oldSelf.status.holder) || !has(self.spec.holder) || self.spec.holder == oldSelf.status.holder").message("the lease is held by another holder: wait until it is released or expires").reason(Reason::FieldValueForbidden),
-    validation = Rule::new("(has(oldSelf.spec.fencing) && has(oldSelf.spec.fencing.enforcement) && oldSelf.spec.fencing.enforcement == 'Warn') || !has(self.spec.fencing) || !has(self.spec.fencing.enforcement) || self.spec.fencing.enforcement == 'Enforce'").message("spec.fencing.enforcement of an existing lease can be tightened (Warn to Enforce) but never relaxed to Warn: a holder must not be able to switch fencing off. To use Warn, create a new Lease with it").reason(Reason::FieldValueForbidden)
+    validation = Rule::new("(has(oldSelf.spec.fencing) && has(oldSelf.spec.fencing.enforcement) && oldSelf.spec.fencing.enforcement == 'Warn') || !has(self.spec.fencing) || !has(self.spec.fencing.enforcement) || self.spec.fencing.enforcement == 'Enforce'").message("spec.fencing.enforcement of an existing lease can be tightened (Warn to Enforce) but never relaxed to Warn: a holder must not be able to switch fencing off. To use Warn, create a new Lease with it").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("(has(oldSelf.spec.fencing) && has(oldSelf.spec.fencing.comparison) && oldSelf.spec.fencing.comparison == 'AllowEqual') || !has(self.spec.fencing) || !has(self.spec.fencing.comparison) || self.spec.fencing.comparison == 'Strict'").message("spec.fencing.comparison of an existing lease can be tightened (AllowEqual to Strict) but never relaxed to AllowEqual. To use AllowEqual, create a new Lease with it").reason(Reason::FieldValueForbidden)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseSpec {
@@ -66,10 +67,11 @@ pub struct LeaseSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FencingPolicy {
-    /// `Strict`: a write is admitted only when its token is greater than the one the object
-    /// records (one write per grant). The only comparison: `AllowEqual` (0.1) was removed,
-    /// because an unchanged annotation restates the recorded token for any writer; leases
-    /// stored with it are judged as `Strict`.
+    /// `Strict` (default) admits a write only when its token is greater than the recorded one:
+    /// one write per grant. `AllowEqual` also admits an equal token when the write restates it
+    /// (a new `kubefence.io/write` annotation, which the client library sets on every write), so
+    /// a holder may write the same object several times under one grant. Set it when the lease
+    /// is created; it can later be tightened to `Strict`, never relaxed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comparison: Option<Comparison>,
 
@@ -80,16 +82,16 @@ pub struct FencingPolicy {
     pub enforcement: Option<Enforcement>,
 }
 
-/// Token comparison for writes to guarded objects: `Strict` only — a write must present a token
-/// greater than the one the object records. (`AllowEqual` was removed in 0.2: an unchanged
-/// annotation restates the recorded token for any writer.)
+/// Token comparison for writes to guarded objects: `Strict` — a write must present a token
+/// greater than the one the object records; `AllowEqual` — or an equal one it restates with a
+/// new `kubefence.io/write` annotation. Chosen when the lease is created; `AllowEqual` can be
+/// tightened to `Strict`, never back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Comparison {
     /// Admit only `presented > recorded`.
     #[default]
     Strict,
-    /// Removed in 0.2 (judged as `Strict`); still read so leases stored by 0.1 stay readable.
-    #[schemars(skip)]
+    /// Admit `presented > recorded`, or `presented == recorded` restated by this write.
     AllowEqual,
 }
 

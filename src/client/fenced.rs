@@ -15,12 +15,22 @@ use serde::de::DeserializeOwned;
 use super::{Error, Grant};
 use crate::admission::decision::Reason;
 use crate::admission::denial::Denial;
-use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token};
+use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token, WRITE_ANNOTATION};
 
 /// Stamps `obj` with the grant's lease label and token annotation.
 pub fn stamp<K: Resource>(grant: &Grant, obj: &mut K) {
     obj.labels_mut().insert(LEASE_LABEL.to_string(), grant.lease.clone());
     obj.annotations_mut().insert(TOKEN_ANNOTATION.to_string(), grant.token.to_string());
+    obj.annotations_mut().insert(WRITE_ANNOTATION.to_string(), write_id());
+}
+
+/// A value for the `kubefence.io/write` annotation no earlier write of this process (or, by
+/// the clock and process id, of another) used: it marks the token as restated by this write.
+pub fn write_id() -> String {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{nanos:x}-{:x}-{n:x}", std::process::id())
 }
 
 /// Maps an API error of a fenced write to the library's error, from the typed facts the
@@ -147,8 +157,11 @@ impl Grant {
         let root = patch.as_object_mut().ok_or(Error::UnsupportedPatch("the patch is not a JSON object"))?;
         let metadata = root.entry("metadata").or_insert_with(|| serde_json::json!({}));
         let metadata = metadata.as_object_mut().ok_or(Error::UnsupportedPatch("metadata is not an object"))?;
-        for (field, key, value) in [("labels", LEASE_LABEL, self.lease.clone()), ("annotations", TOKEN_ANNOTATION, self.token.to_string())]
-        {
+        for (field, key, value) in [
+            ("labels", LEASE_LABEL, self.lease.clone()),
+            ("annotations", TOKEN_ANNOTATION, self.token.to_string()),
+            ("annotations", WRITE_ANNOTATION, write_id()),
+        ] {
             let map = metadata.entry(field).or_insert_with(|| serde_json::json!({}));
             let map = map.as_object_mut().ok_or(Error::UnsupportedPatch("metadata labels/annotations are not an object"))?;
             map.insert(key.to_string(), serde_json::Value::String(value));

@@ -156,20 +156,53 @@ async fn a_worker_cannot_relax_fencing_on_its_lease() {
 }
 
 /// Finding 3 (stale worker): under 0.1's `AllowEqual`, a patch that leaves the annotation alone
-/// "presented" the recorded token and was admitted. `AllowEqual` is gone from the schema and a
-/// write that does not restate a newer token is stale.
+/// "presented" the recorded token and was admitted — a stale holder's data-only patch over a
+/// newer holder's write. Now an equal token counts only when the write restates it (a new
+/// `kubefence.io/write` value, as the client library writes); and `AllowEqual` cannot be
+/// switched on for an existing lease.
 #[tokio::test]
-async fn a_write_that_leaves_the_token_alone_is_stale() {
+async fn an_equal_token_counts_only_when_the_write_restates_it() {
     let f = Fixture::new("attack-equal").await;
-    f.grant("work", "a", 5).await;
+    let equal: kube_fence::api::Lease = serde_json::from_value(json!({
+        "apiVersion": "kubefence.io/v1alpha1", "kind": "Lease", "metadata": {"name": "work"},
+        "spec": {"fencing": {"comparison": "AllowEqual"}}
+    }))
+    .unwrap();
+    f.leases().create(&PostParams::default(), &equal).await.expect("a lease created with AllowEqual");
+    f.grant("work", "b", 6).await;
     let api = f.api::<ConfigMap>();
-    api.create(&PostParams::default(), &configmap("state", "work", 5)).await.unwrap();
+    api.create(&PostParams::default(), &configmap("state", "work", 6)).await.unwrap();
+    let restate = |write: &str| json!({"metadata": {"annotations": {TOKEN: "6", "kubefence.io/write": write}}, "data": {"k": write}});
+    // The holder of 6 writes twice more under its grant, restating the token each time.
+    patch(&api, "state", &restate("b-1")).await.expect("a restated equal token");
+    patch(&api, "state", &restate("b-2")).await.expect("again");
+    // A stale holder's patch that leaves the annotations as b wrote them is not b's write.
     let untouched = json!({"data": {"k": "from a stale holder"}});
     let (code, message) = denial(patch(&api, "state", &untouched).await);
     assert_eq!(code, 409, "{message}");
-    let allow_equal = json!({"spec": {"fencing": {"comparison": "AllowEqual"}}});
-    let err = f.leases().patch("work", &PatchParams::default(), &Patch::Merge(&allow_equal)).await.expect_err("AllowEqual is not accepted");
-    assert!(err.to_string().contains("Unsupported value") || err.to_string().contains("AllowEqual"), "{err}");
+    // And a stale holder that restates its own, older token is stale as ever.
+    let stale = json!({"metadata": {"annotations": {TOKEN: "5", "kubefence.io/write": "a-9"}}});
+    assert_eq!(denial(patch(&api, "state", &stale).await).0, 409);
+    // The client library restates on every write.
+    let grant = kube_fence::client::Grant {
+        namespace: f.ns.clone(),
+        lease: "work".into(),
+        holder: "b".into(),
+        token: kube_fence::token::Token::new(6).unwrap(),
+        duration: Duration::from_secs(30),
+        valid_until: tokio::time::Instant::now(),
+        uid: None,
+    };
+    let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), &f.ns);
+    for i in 0..3 {
+        let body = Patch::Merge(json!({"data": {"k": format!("library {i}")}}));
+        grant.patch(&cms, "state", &PatchParams::default(), body).await.expect("the library's writes restate the token");
+    }
+    // Relaxing an existing Strict lease to AllowEqual is rejected.
+    f.grant("strict", "a", 7).await;
+    let relax = json!({"spec": {"fencing": {"comparison": "AllowEqual"}}});
+    let err = f.leases().patch("strict", &PatchParams::default(), &Patch::Merge(&relax)).await.expect_err("relaxing is rejected");
+    assert!(err.to_string().contains("never relaxed"), "{err}");
     f.stop().await;
 }
 

@@ -27,7 +27,16 @@ fn request(operation: Operation, old: Option<ObjectFacts>, new: Option<ObjectFac
 }
 
 fn facts(issued: Option<u64>, enforcement: Enforcement) -> LeaseFacts {
-    LeaseFacts { issued: issued.map(tok), enforcement }
+    LeaseFacts { issued: issued.map(tok), comparison: Comparison::Strict, enforcement }
+}
+
+fn allow_equal(issued: u64) -> LeaseFacts {
+    LeaseFacts { comparison: Comparison::AllowEqual, ..strict(issued) }
+}
+
+/// A guarded side that carries a `kubefence.io/write` value.
+fn gw(lease: &str, token: &str, write: Option<&str>) -> Option<ObjectFacts> {
+    Some(ObjectFacts { write: write.map(str::to_string), ..ObjectFacts::guarded(lease, Some(token)) })
 }
 
 fn strict(issued: u64) -> LeaseFacts {
@@ -124,20 +133,43 @@ fn stale_tokens_are_judged_from_the_cache() {
     assert_eq!(denied(&judge(&req, Some(strict(5)), None)), (409, Reason::StaleToken));
 }
 
-// --- AllowEqual (0.1) is gone: a lease stored with it is judged as Strict, because an
-//     unchanged annotation "presents" the recorded token for any writer, stale ones included.
+// --- Per-lease opt-in AllowEqual: t >= r, where t == r counts only when this write restated the
+//     token (a new kubefence.io/write value): a write that leaves the annotations alone — a stale
+//     holder's data-only patch over a newer holder's write — is not taken for one.
 
 #[rstest]
-#[case::equal_is_stale("5", Some((409, Reason::StaleToken)))]
-#[case::greater_allowed("6", None)]
-#[case::less_is_stale("4", Some((409, Reason::StaleToken)))]
-fn an_equal_token_is_stale(#[case] presented: &str, #[case] expect: Option<(u16, Reason)>) {
-    let req = request(Operation::Update, g("l", Some("5")), g("l", Some(presented)));
-    let v = judge_now(&req, strict(6));
+#[case::restated(gw("l", "5", Some("w1")), gw("l", "5", Some("w2")), None)]
+#[case::first_restatement(gw("l", "5", None), gw("l", "5", Some("w1")), None)]
+#[case::greater(gw("l", "5", Some("w1")), gw("l", "6", Some("w1")), None)]
+#[case::annotations_left_alone(gw("l", "5", Some("w1")), gw("l", "5", Some("w1")), Some((409, Reason::StaleToken)))]
+#[case::no_write_annotation(gw("l", "5", None), gw("l", "5", None), Some((409, Reason::StaleToken)))]
+#[case::write_annotation_removed(gw("l", "5", Some("w1")), gw("l", "5", None), Some((409, Reason::StaleToken)))]
+#[case::less(gw("l", "5", Some("w1")), gw("l", "4", Some("w2")), Some((409, Reason::StaleToken)))]
+fn allow_equal_admits_a_restated_token(
+    #[case] old: Option<ObjectFacts>,
+    #[case] new: Option<ObjectFacts>,
+    #[case] expect: Option<(u16, Reason)>,
+) {
+    let req = request(Operation::Update, old, new);
+    let v = judge_now(&req, allow_equal(6));
     match expect {
         None => assert_eq!(v, Verdict::Allow { reason: Reason::Fenced }),
-        Some(e) => assert_eq!(denied(&v), e),
+        Some(e) => assert_eq!(denied(&v), e, "{v:?}"),
     }
+}
+
+#[test]
+fn an_equal_token_is_stale_under_strict_even_restated() {
+    let req = request(Operation::Update, gw("l", "5", Some("w1")), gw("l", "5", Some("w2")));
+    assert_eq!(denied(&judge_now(&req, strict(6))), (409, Reason::StaleToken));
+}
+
+#[test]
+fn allow_equal_deciding_a_write_is_confirmed_by_a_quorum_read() {
+    let req = request(Operation::Update, gw("l", "5", Some("w1")), gw("l", "5", Some("w2")));
+    assert_eq!(read_needed(&req, &Exemptions::default(), Some(allow_equal(6))), "quorum");
+    // The lease was switched to Strict a moment ago; the cache still says AllowEqual.
+    assert_eq!(denied(&judge(&req, Some(allow_equal(6)), Some(strict(6)))), (409, Reason::StaleToken));
 }
 
 // --- Row: CREATE, or UPDATE that makes an unguarded object guarded: t == newest issued,
