@@ -94,13 +94,29 @@ fn the_chart_registers_what_local_mode_registers() {
     }
     let (policy, binding) = reg.status_policy(&["system:serviceaccount:kf-system:cmp-kube-fence".into()]);
     let (policy, binding) = (serde_json::to_value(policy).expect("policy"), serde_json::to_value(binding).expect("binding"));
-    let chart_policy = find("ValidatingAdmissionPolicy");
+    let chart_policy = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-lease-status")))
+        .expect("the chart renders the lease-status policy");
     for field in ["failurePolicy", "matchConstraints", "validations"] {
         assert_eq!(chart_policy["spec"][field], policy["spec"][field], "policy field {field}");
     }
-    let chart_binding = find("ValidatingAdmissionPolicyBinding");
-    assert_eq!(chart_binding["spec"]["matchResources"], binding["spec"]["matchResources"]);
-    assert_eq!(chart_binding["spec"]["validationActions"], binding["spec"]["validationActions"]);
+    let bindings: Vec<&serde_json::Value> = docs.iter().filter(|d| d["kind"] == "ValidatingAdmissionPolicyBinding").collect();
+    for chart_binding in &bindings {
+        assert_eq!(chart_binding["spec"]["matchResources"], binding["spec"]["matchResources"]);
+        assert_eq!(chart_binding["spec"]["validationActions"], binding["spec"]["validationActions"]);
+    }
+    let (identity, _) = reg.identity_policy(&[]);
+    let identity = serde_json::to_value(identity).expect("identity policy");
+    let chart_identity = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-lease-identity"))
+        })
+        .expect("the chart renders the identity policy");
+    for field in ["failurePolicy", "matchConstraints", "matchConditions", "variables", "validations"] {
+        assert_eq!(chart_identity["spec"][field], identity["spec"][field], "identity policy field {field}");
+    }
 }
 
 #[test]

@@ -32,6 +32,8 @@ pub const CONFIGURATION_NAME: &str = "kube-fence";
 pub const GUARD_CONDITION_NAME: &str = "object-or-guard-moves";
 /// Name of the lease-status policy and its binding (local mode may add a suffix).
 pub const STATUS_POLICY_NAME: &str = "kube-fence-lease-status";
+/// The userInfo.extra key a Pod-bound ServiceAccount token carries the Pod's name in.
+pub const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 /// Path the webhook serves.
 pub const PATH: &str = "/validate";
 /// Namespaces never fenced, so the cluster cannot lock itself out.
@@ -183,6 +185,57 @@ impl Registration {
         if self.name == CONFIGURATION_NAME { STATUS_POLICY_NAME.to_string() } else { format!("{}-lease-status", self.name) }
     }
 
+    fn identity_policy_name(&self) -> String {
+        format!("{}-lease-identity", self.name)
+    }
+
+    /// The policy that binds the holder of a Lease with `spec.identity` to who asks: a claim or
+    /// renewal names the requester itself, a release is made by the holder itself; `admins`
+    /// (usernames) are exempt. Judged by the API server (CEL): no webhook call. Pure.
+    pub fn identity_policy(&self, admins: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+        let name = self.identity_policy_name();
+        let labels = serde_json::json!({"app.kubernetes.io/managed-by": "kube-fence"});
+        let policy = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [crate::api::GROUP], "apiVersions": ["*"], "resources": ["leases"], "operations": ["CREATE", "UPDATE"],
+                }]},
+                "matchConditions": [
+                    {"name": "identity-bound", "expression": "has(object.spec) && has(object.spec.identity)"},
+                    {"name": "not-an-admin", "expression": format!("!({})", status_writer_expression(admins))},
+                ],
+                "variables": IDENTITY_VARIABLES.iter().map(|(name, expression)| serde_json::json!({"name": name, "expression": expression})).collect::<Vec<_>>(),
+                "validations": [
+                    {"expression": IDENTITY_CLAIM_RULE, "messageExpression": IDENTITY_CLAIM_MESSAGE, "reason": "Forbidden"},
+                    {"expression": IDENTITY_RELEASE_RULE, "messageExpression": IDENTITY_RELEASE_MESSAGE, "reason": "Forbidden"},
+                ],
+            },
+        });
+        let binding = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": self.namespace_selector()},
+            },
+        });
+        (serde_json::from_value(policy).unwrap_or_default(), serde_json::from_value(binding).unwrap_or_default())
+    }
+
+    /// Creates or updates the identity policy and its binding.
+    pub async fn apply_identity_policy(&self, client: &kube::Client, admins: &[String]) -> Result<(), kube::Error> {
+        let (policy, binding) = self.identity_policy(admins);
+        let name = self.identity_policy_name();
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        Api::<ValidatingAdmissionPolicy>::all(client.clone()).patch(&name, &params, &Patch::Apply(&policy)).await?;
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).patch(&name, &params, &Patch::Apply(&binding)).await?;
+        Ok(())
+    }
+
     /// Creates or updates the webhook configuration (server-side apply, one field manager).
     pub async fn apply(&self, client: &kube::Client) -> Result<ValidatingWebhookConfiguration, kube::Error> {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
@@ -208,10 +261,12 @@ impl Registration {
                 Err(e) => Err(e),
             }
         }
-        let name = self.status_policy_name();
         gone(Api::<ValidatingWebhookConfiguration>::all(client.clone()).delete(&self.name, &DeleteParams::default()).await)?;
-        gone(Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).delete(&name, &DeleteParams::default()).await)?;
-        gone(Api::<ValidatingAdmissionPolicy>::all(client.clone()).delete(&name, &DeleteParams::default()).await)
+        for name in [self.status_policy_name(), self.identity_policy_name()] {
+            gone(Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).delete(&name, &DeleteParams::default()).await)?;
+            gone(Api::<ValidatingAdmissionPolicy>::all(client.clone()).delete(&name, &DeleteParams::default()).await)?;
+        }
+        Ok(())
     }
 }
 
@@ -248,6 +303,28 @@ pub fn status_writer_expression(writers: &[String]) -> String {
     let quoted: Vec<String> = writers.iter().map(|w| format!("'{}'", w.replace('\\', "\\\\").replace('\'', "\\'"))).collect();
     format!("request.userInfo.username in [{}]", quoted.join(", "))
 }
+
+/// The identity policy's variables: who asks, as the lease names holders (`me`), and the holder
+/// and heartbeat before and after the write.
+pub const IDENTITY_VARIABLES: [(&str, &str); 5] = [
+    (
+        "me",
+        "object.spec.identity == 'Pod' ? ((has(request.userInfo.extra) && 'authentication.kubernetes.io/pod-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/pod-name']) > 0) ? request.userInfo.extra['authentication.kubernetes.io/pod-name'][0] : '') : request.userInfo.username",
+    ),
+    ("newHolder", "has(object.spec.holder) ? object.spec.holder : ''"),
+    ("oldHolder", "oldObject != null && has(oldObject.spec) && has(oldObject.spec.holder) ? oldObject.spec.holder : ''"),
+    ("newBeat", "has(object.spec.heartbeatTime) ? string(object.spec.heartbeatTime) : ''"),
+    (
+        "oldBeat",
+        "oldObject != null && has(oldObject.spec) && has(oldObject.spec.heartbeatTime) ? string(oldObject.spec.heartbeatTime) : ''",
+    ),
+];
+/// A claim or a renewal (holder set, and holder or heartbeat changed) names the requester.
+pub const IDENTITY_CLAIM_RULE: &str = "variables.newHolder == '' || (variables.newHolder == variables.oldHolder && variables.newBeat == variables.oldBeat) || variables.newHolder == variables.me";
+pub const IDENTITY_CLAIM_MESSAGE: &str = "'lease ' + object.metadata.name + ' binds its holder to the requester (spec.identity ' + object.spec.identity + '): ' + (variables.me == '' ? 'the request carries no Pod identity (use the Pod\\'s own ServiceAccount token)' : variables.me + ' may claim or renew it only as ' + variables.me + ', not as ' + variables.newHolder)";
+/// A release (holder cleared) is made by the holder itself.
+pub const IDENTITY_RELEASE_RULE: &str = "variables.oldHolder == '' || variables.newHolder != '' || variables.oldHolder == variables.me";
+pub const IDENTITY_RELEASE_MESSAGE: &str = "'lease ' + object.metadata.name + ' is released only by its holder ' + variables.oldHolder + ' (spec.identity ' + object.spec.identity + '), not by ' + (variables.me == '' ? request.userInfo.username : variables.me)";
 
 /// The lease-status policy's message.
 pub const STATUS_WRITER_MESSAGE: &str = "'the status of a kube-fence Lease (where fencing tokens are issued) is written only by the kube-fence controller; ' + request.userInfo.username + ' may not write it'";

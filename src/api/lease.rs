@@ -29,11 +29,13 @@ pub const DEFAULT_LEASE_DURATION_SECONDS: u32 = 15;
     printcolumn = r#"{"name":"Holder","type":"string","jsonPath":".status.holder","description":"Who holds the lease now"}"#,
     printcolumn = r#"{"name":"Token","type":"integer","jsonPath":".status.token","description":"Fencing token of the newest grant"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Held or Unheld"}"#,
+    printcolumn = r#"{"name":"Identity","type":"string","jsonPath":".spec.identity","description":"Pod or User: the holder is bound to the requester's identity"}"#,
     printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".status.expireTime","description":"When the holder's lease expires unless renewed (controller clock)"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase != 'Held' || !has(oldSelf.status.holder) || !has(self.spec.holder) || self.spec.holder == oldSelf.status.holder").message("the lease is held by another holder: wait until it is released or expires").reason(Reason::FieldValueForbidden),
     validation = Rule::new("(has(oldSelf.spec.fencing) && has(oldSelf.spec.fencing.enforcement) && oldSelf.spec.fencing.enforcement == 'Warn') || !has(self.spec.fencing) || !has(self.spec.fencing.enforcement) || self.spec.fencing.enforcement == 'Enforce'").message("spec.fencing.enforcement of an existing lease can be tightened (Warn to Enforce) but never relaxed to Warn: a holder must not be able to switch fencing off. To use Warn, create a new Lease with it").reason(Reason::FieldValueForbidden),
-    validation = Rule::new("(has(oldSelf.spec.fencing) && has(oldSelf.spec.fencing.comparison) && oldSelf.spec.fencing.comparison == 'AllowEqual') || !has(self.spec.fencing) || !has(self.spec.fencing.comparison) || self.spec.fencing.comparison == 'Strict'").message("spec.fencing.comparison of an existing lease can be tightened (AllowEqual to Strict) but never relaxed to AllowEqual. To use AllowEqual, create a new Lease with it").reason(Reason::FieldValueForbidden)
+    validation = Rule::new("(has(oldSelf.spec.fencing) && has(oldSelf.spec.fencing.comparison) && oldSelf.spec.fencing.comparison == 'AllowEqual') || !has(self.spec.fencing) || !has(self.spec.fencing.comparison) || self.spec.fencing.comparison == 'Strict'").message("spec.fencing.comparison of an existing lease can be tightened (AllowEqual to Strict) but never relaxed to AllowEqual. To use AllowEqual, create a new Lease with it").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("has(self.spec.identity) == has(oldSelf.spec.identity) && (!has(self.spec.identity) || self.spec.identity == oldSelf.spec.identity)").message("spec.identity is immutable: it is chosen when the lease is created").reason(Reason::FieldValueForbidden)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseSpec {
@@ -55,6 +57,14 @@ pub struct LeaseSpec {
     /// whose clock is wrong can neither expire nor extend its lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_time: Option<MicroTime>,
+
+    /// Binds the holder to who asks. `Pod`: `holder` must be the name of the Pod whose
+    /// ServiceAccount token makes the claim, renewal or release; `User`: the requester's
+    /// username. Judged by the API server (a ValidatingAdmissionPolicy kube-fence installs), so
+    /// no other identity can claim, renew or release the lease under that holder's name.
+    /// Unset: any client RBAC lets update the Lease may use any holder name. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<HolderIdentity>,
 
     /// How writes to the objects this lease guards are judged. Fencing can be tightened on an
     /// existing lease, never relaxed: the API server rejects a change of `enforcement` from
@@ -80,6 +90,16 @@ pub struct FencingPolicy {
     /// lease is created; it can later be changed to `Enforce`, never back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enforcement: Option<Enforcement>,
+}
+
+/// Who a holder name stands for: `Pod` — the Pod (by name) whose ServiceAccount token makes the
+/// request; `User` — the requester's username.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum HolderIdentity {
+    /// `holder` is the requesting Pod's name (from its bound ServiceAccount token).
+    Pod,
+    /// `holder` is the requester's username.
+    User,
 }
 
 /// Token comparison for writes to guarded objects: `Strict` — a write must present a token

@@ -62,3 +62,36 @@ pub async fn grant_worker_rbac(admin: &Client, ns: &str, user: &str) {
         Api::<RoleBinding>::namespaced(admin.clone(), ns).patch(&binding, &pp, &Patch::Apply(&rb)).await.expect("worker role binding");
     }
 }
+
+/// A client that authenticates with a ServiceAccount token bound to Pod `pod` (as the kubelet
+/// gives a Pod): the API server then knows the requester's Pod name
+/// (`userInfo.extra["authentication.kubernetes.io/pod-name"]`).
+pub async fn client_as_pod(admin: &Client, ns: &str, service_account: &str, pod: &k8s_openapi::api::core::v1::Pod) -> Client {
+    use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: None,
+            attestations: None,
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
+            }),
+            expiration_seconds: Some(3600),
+        }),
+        ..Default::default()
+    };
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
+    let issued =
+        accounts.create_token_request(service_account, &kube::api::PostParams::default(), &request).await.expect("a Pod-bound token");
+    let token: String = issued.status.and_then(|s| s.token).expect("token in the TokenRequest status");
+    let path = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("control plane thread");
+    let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
+    config.auth_info.token = Some(token.into());
+    config.auth_info.client_certificate_data = None;
+    config.auth_info.client_key_data = None;
+    Client::try_from(config).expect("client from kubeconfig")
+}

@@ -479,3 +479,98 @@ async fn create_after_delete_window_is_as_long_as_the_slowest_webhook() {
     slow.stop(&f.client).await;
     f.stop().await;
 }
+
+fn bound_lease(name: &str, identity: &str) -> kube_fence::api::Lease {
+    serde_json::from_value(json!({
+        "apiVersion": "kubefence.io/v1alpha1", "kind": "Lease", "metadata": {"name": name}, "spec": {"identity": identity}
+    }))
+    .unwrap()
+}
+
+/// A claim, renewal or release of `lease`, as the spec patch the client library sends.
+async fn lease_write(client: &Client, ns: &str, lease: &str, holder: Option<&str>, beat: &str) -> Result<(), kube::Error> {
+    let leases: Api<kube_fence::api::Lease> = Api::namespaced(client.clone(), ns);
+    let body = json!({"spec": {"holder": holder, "heartbeatTime": beat}});
+    leases.patch(lease, &PatchParams::default(), &Patch::Merge(&body)).await.map(|_| ())
+}
+
+fn forbidden(result: Result<(), kube::Error>, says: &str) {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403, "{status:?}");
+            assert!(status.message.contains(says), "{says:?} not in {}", status.message);
+        }
+        other => panic!("expected a denial saying {says:?}, got {other:?}"),
+    }
+}
+
+/// Holder identity (malicious or confused worker with RBAC to update Leases): on a Lease with
+/// `spec.identity: User`, a claim or renewal names the requester itself and only the holder
+/// releases; the API server judges it (a ValidatingAdmissionPolicy), whoever RBAC lets in.
+#[tokio::test]
+async fn a_user_bound_lease_is_claimed_renewed_and_released_only_by_its_holder() {
+    let f = Fixture::new("identity-user").await;
+    common::identity::grant_worker_rbac(&f.client, &f.ns, "worker-a").await;
+    common::identity::grant_worker_rbac(&f.client, &f.ns, "worker-b").await;
+    let (a, b) = (common::identity::client_as("worker-a").await, common::identity::client_as("worker-b").await);
+    f.leases().create(&PostParams::default(), &bound_lease("bound", "User")).await.unwrap();
+    // The policy takes effect a moment after it is created: B's claim under A's name is refused.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while lease_write(&b, &f.ns, "bound", Some("worker-a"), "2026-12-03T09:00:00.000001Z").await.is_ok() {
+        assert!(Instant::now() < deadline, "a claim under another's name kept being admitted");
+        lease_write(&f.client, &f.ns, "bound", None, "2026-12-03T09:00:00.000000Z").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    lease_write(&a, &f.ns, "bound", Some("worker-a"), "2026-12-03T09:00:01.000000Z").await.expect("A claims as itself");
+    forbidden(
+        lease_write(&b, &f.ns, "bound", Some("worker-a"), "2026-12-03T09:00:02.000000Z").await,
+        "may claim or renew it only as worker-b",
+    );
+    forbidden(lease_write(&b, &f.ns, "bound", None, "2026-12-03T09:00:01.000000Z").await, "released only by its holder worker-a");
+    lease_write(&a, &f.ns, "bound", Some("worker-a"), "2026-12-03T09:00:03.000000Z").await.expect("A renews");
+    lease_write(&a, &f.ns, "bound", None, "2026-12-03T09:00:03.000000Z").await.expect("A releases");
+    lease_write(&b, &f.ns, "bound", Some("worker-b"), "2026-12-03T09:00:04.000000Z").await.expect("B claims as itself");
+    // The binding cannot be dropped by a worker.
+    let unbind = json!({"spec": {"identity": null}});
+    let leases: Api<kube_fence::api::Lease> = Api::namespaced(b.clone(), &f.ns);
+    assert!(leases.patch("bound", &PatchParams::default(), &Patch::Merge(&unbind)).await.is_err(), "spec.identity is immutable");
+    f.stop().await;
+}
+
+/// Holder identity from a Pod (its bound ServiceAccount token, as the kubelet mounts it): on a
+/// Lease with `spec.identity: Pod`, `holder` is the requesting Pod's name. Another Pod of the
+/// same ServiceAccount can neither renew nor release it, and a token bound to no Pod claims
+/// nothing.
+#[tokio::test]
+async fn a_pod_bound_lease_is_claimed_renewed_and_released_only_by_its_pod() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let f = Fixture::new("identity-pod").await;
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "worker"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &sa).await.unwrap();
+    common::identity::grant_worker_rbac(&f.client, &f.ns, &format!("system:serviceaccount:{}:worker", f.ns)).await;
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns);
+    let mut made = Vec::new();
+    for name in ["p1", "p2"] {
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"serviceAccountName": "worker", "containers": [{"name": "c", "image": "registry.invalid/none"}]}}))
+        .unwrap();
+        made.push(pods.create(&PostParams::default(), &pod).await.unwrap());
+    }
+    let p1 = common::identity::client_as_pod(&f.client, &f.ns, "worker", &made[0]).await;
+    let p2 = common::identity::client_as_pod(&f.client, &f.ns, "worker", &made[1]).await;
+    f.leases().create(&PostParams::default(), &bound_lease("bound", "Pod")).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while lease_write(&p2, &f.ns, "bound", Some("p1"), "2026-12-03T09:00:00.000001Z").await.is_ok() {
+        assert!(Instant::now() < deadline, "a claim under another Pod's name kept being admitted");
+        lease_write(&f.client, &f.ns, "bound", None, "2026-12-03T09:00:00.000000Z").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    lease_write(&p1, &f.ns, "bound", Some("p1"), "2026-12-03T09:00:01.000000Z").await.expect("p1 claims as itself");
+    forbidden(lease_write(&p2, &f.ns, "bound", Some("p1"), "2026-12-03T09:00:02.000000Z").await, "may claim or renew it only as p2");
+    forbidden(lease_write(&p2, &f.ns, "bound", None, "2026-12-03T09:00:01.000000Z").await, "released only by its holder p1");
+    // The same ServiceAccount without a Pod-bound token has no Pod identity.
+    let bare = common::identity::client_as(&format!("system:serviceaccount:{}:worker", f.ns)).await;
+    forbidden(lease_write(&bare, &f.ns, "bound", Some("p1"), "2026-12-03T09:00:02.000000Z").await, "carries no Pod identity");
+    lease_write(&p1, &f.ns, "bound", None, "2026-12-03T09:00:03.000000Z").await.expect("p1 releases");
+    f.stop().await;
+}
