@@ -80,24 +80,19 @@ fn the_release_script_refuses_versions_that_disagree() {
     // A copy of the files the script reads, with one of them changed at a time.
     let originals = ["hack/release.sh", "Cargo.toml", "CHANGELOG.md", "charts/kube-fence/Chart.yaml", "charts/kube-fence/values.yaml"];
     let other = "9.9.9";
-    let breakages: [(&str, Box<dyn Fn(&str) -> String>); 4] = [
-        (
-            "charts/kube-fence/Chart.yaml",
-            Box::new(|s: &str| s.replacen(&format!("\nversion: {VERSION}"), &format!("\nversion: {other}"), 1)),
-        ),
-        (
-            "charts/kube-fence/Chart.yaml",
-            Box::new(|s: &str| s.replacen(&format!("appVersion: \"{VERSION}\""), &format!("appVersion: \"{other}\""), 1)),
-        ),
-        ("charts/kube-fence/values.yaml", Box::new(|s: &str| s.replacen("  tag: \"\"", &format!("  tag: \"{other}\""), 1))),
-        ("CHANGELOG.md", Box::new(|s: &str| s.replacen(&format!("## [{VERSION}]"), &format!("## [{other}]"), 1))),
+    // (file, text, replacement): one version changed in one file.
+    let breakages = [
+        ("charts/kube-fence/Chart.yaml", format!("\nversion: {VERSION}\n"), format!("\nversion: {other}\n")),
+        ("charts/kube-fence/Chart.yaml", format!("appVersion: \"{VERSION}\""), format!("appVersion: \"{other}\"")),
+        ("charts/kube-fence/values.yaml", "  tag: \"\"".to_string(), format!("  tag: \"{other}\"")),
+        ("CHANGELOG.md", format!("## [{VERSION}]"), format!("## [{other}]")),
     ];
-    for (broken, change) in &breakages {
+    for (broken, from, to) in &breakages {
         let dir = tempfile::tempdir().expect("tempdir");
         for file in originals {
             let text = read(file);
             let text = if file == *broken {
-                let changed = change(&text);
+                let changed = text.replacen(from.as_str(), to, 1);
                 assert_ne!(changed, text, "the test changed {file}");
                 changed
             } else {
