@@ -318,7 +318,7 @@ fn kept(cm: &ConfigMap) -> (Option<std::collections::BTreeMap<String, String>>, 
 ///
 /// Both charts run the image under test (the release's reused `image.*` values): this tests what
 /// the chart upgrade does to a running installation and to the state it keeps, not the 0.1.0
-/// binary.
+/// binary. A pod annotation set by the upgrade makes it replace every Pod, as a new image would.
 #[tokio::test]
 #[ignore = "needs an installed kube-fence: hack/e2e-node.sh"]
 async fn helm_upgrade_from_0_1_keeps_guarded_objects_and_fencing() {
@@ -411,11 +411,26 @@ async fn helm_upgrade_from_0_1_keeps_guarded_objects_and_fencing() {
             })
         })
         .collect();
+    // A real upgrade ships a new image, which replaces every Pod; the annotation (unique to this
+    // run) does the same here, so the writers run while the webhook Pods are replaced one by one.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &kf_ns);
+    let selector = format!("app.kubernetes.io/instance={kf}");
+    let pod_names = |pods: Api<Pod>| {
+        let selector = selector.clone();
+        async move {
+            let list = pods.list(&ListParams::default().labels(&selector)).await.expect("list pods").items;
+            list.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).map(|p| p.name_any()).collect::<std::collections::BTreeSet<_>>()
+        }
+    };
+    let pods_on_0_1 = pod_names(pods.clone()).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    helm_upgrade(CHART, &[]).await;
+    helm_upgrade(CHART, &["--set", &format!("podAnnotations.kubefence-upgrade-test={ns}")]).await;
     let on_current = stdout(helm(vec!["get".into(), "metadata".into(), kf.clone(), "-n".into(), kf_ns.clone()]).await);
     eprintln!("release on this chart:\n{on_current}");
     wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;
+    let pods_now = pod_names(pods).await;
+    eprintln!("webhook Pods on 0.1.0 {pods_on_0_1:?}, after the upgrade {pods_now:?}");
+    assert!(pods_on_0_1.is_disjoint(&pods_now), "every Pod was replaced under the writers");
     // A few seconds of writes against the upgraded Pods, then stop.
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop_tx.send(true).expect("stop the writers");
