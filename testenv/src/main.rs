@@ -1,13 +1,15 @@
 //! `kf-env`: the project's own local Kubernetes control plane, from the shell.
 //!
-//!     kf-env build                 build (or find cached) etcd, kube-apiserver, kube-controller-manager, kubectl, helm
-//!     kf-env up [--foreground]     start one on loopback and print `export KUBECONFIG=...`
-//!     kf-env up --node             a whole single-node cluster (kubelet, containerd, kube-proxy,
-//!                                  kube-scheduler too) in a network namespace of its own; also
-//!                                  prints CONTAINERD_ADDRESS/CONTAINERD_NAMESPACE for `ctr images import`
-//!     kf-env import IMAGE.tar      load an image tarball into the running node
-//!     kf-env env                   print the exports again
-//!     kf-env down                  stop it and remove its files
+//! ```text
+//! kf-env build                 build (or find cached) etcd, kube-apiserver, kube-controller-manager, kubectl, helm
+//! kf-env up [--foreground]     start one on loopback and print `export KUBECONFIG=...`
+//! kf-env up --node             a whole single-node cluster (kubelet, containerd, kube-proxy,
+//!                              kube-scheduler too) in a network namespace of its own; also
+//!                              prints CONTAINERD_ADDRESS/CONTAINERD_NAMESPACE for `ctr images import`
+//! kf-env import IMAGE.tar      load an image tarball into the running node
+//! kf-env env                   print the exports again
+//! kf-env down                  stop it and remove its files
+//! ```
 
 use std::fs;
 use std::os::unix::process::CommandExt;
