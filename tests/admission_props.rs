@@ -230,7 +230,7 @@ fn lookup() -> impl Strategy<Value = Option<LeaseLookup>> {
     )
 }
 
-/// The oracle: what any allowed write must satisfy, from DESIGN.md section 4.
+/// The oracle: what any allowed write must satisfy, from docs/design.md §5.
 fn check_verdict(
     req: &decision::Request,
     exempt: &Exemptions,

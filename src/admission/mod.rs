@@ -1,6 +1,6 @@
 //! Where a write is judged: the fencing webhook.
 //!
-//! - [`decision`]: the pure decision table (DESIGN.md section 4).
+//! - [`decision`]: the pure decision table (docs/design.md §5).
 //! - [`leases`]: reading the bound lease — watch cache, or a quorum read when the cache could be
 //!   stale in the unsafe direction.
 //! - [`server`]: the HTTPS server (`/validate`, `/healthz`, `/readyz`, `/metrics`).

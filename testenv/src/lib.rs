@@ -15,6 +15,7 @@
 
 pub mod node;
 mod pki;
+mod template;
 
 use std::fs;
 use std::io::Write;
@@ -28,8 +29,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-/// Where the control-plane binaries come from: `KUBE_FENCE_BIN_DIR`, else built (or found
-/// cached) by `hack/build-control-plane.sh` — once per process.
+/// Where the control-plane binaries come from: `KUBE_FENCE_BIN_DIR` when it holds them, else
+/// built (or found cached) by `hack/build-control-plane.sh` — once per process. This is the one
+/// caller of that script: scripts ask `kf-env build`.
 pub fn binaries() -> Result<PathBuf> {
     binaries_for(false)
 }
@@ -41,9 +43,18 @@ pub fn binaries_for(node: bool) -> Result<PathBuf> {
     DIRS[usize::from(node)].get_or_init(|| build_binaries(node).map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow::anyhow!(e))
 }
 
+/// What `hack/build-control-plane.sh` builds, and with `--node` also.
+const PLAIN_BINARIES: [&str; 5] = ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "helm"];
+const NODE_BINARIES: [&str; 3] = ["kubelet", "kube-scheduler", "kube-proxy"];
+
 fn build_binaries(node: bool) -> Result<PathBuf> {
-    if let Ok(dir) = std::env::var("KUBE_FENCE_BIN_DIR") {
-        return Ok(PathBuf::from(dir));
+    // Given (by `kf-env up`'s exports or a script that asked `kf-env build` once): used as is
+    // when it holds everything this mode needs.
+    if let Ok(dir) = std::env::var("KUBE_FENCE_BIN_DIR").map(PathBuf::from) {
+        let needed = PLAIN_BINARIES.iter().chain(if node { &NODE_BINARIES[..] } else { &[] });
+        if needed.into_iter().all(|b| dir.join(b).is_file()) {
+            return Ok(dir);
+        }
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-control-plane.sh");
     let out = Command::new("bash")
@@ -151,7 +162,7 @@ impl ControlPlane {
         };
         for b in ["etcd", "kube-apiserver", "kube-controller-manager"] {
             if !bin_dir.join(b).is_file() {
-                bail!("{} is missing: run hack/build-control-plane.sh", bin_dir.join(b).display());
+                bail!("{} is missing: run `kf-env build`", bin_dir.join(b).display());
             }
         }
         let (dir, remove_dir) = match &opts.state_dir {
@@ -324,7 +335,8 @@ impl ControlPlane {
                 &p("sa.key"),
                 "--service-cluster-ip-range",
                 "10.0.0.0/24",
-                // Required on 1.37 with a loopback advertise address (see shared CONTROL-PLANE.md).
+                // Required on 1.37 with a loopback advertise address: with the default reconciler
+                // the API server refuses to start ("may not be in the loopback range").
                 "--endpoint-reconciler-type",
                 "none",
                 "--allow-privileged=true",
@@ -353,19 +365,10 @@ impl ControlPlane {
 
     fn write_kubeconfig_to(&self, path: &Path, server: &str, user: &str, token: &str) -> Result<()> {
         use base64::Engine as _;
-        use std::fmt::Write as _;
-        let ca_b64 = base64::engine::general_purpose::STANDARD.encode(self.ca_pem.as_bytes());
-        let mut kc = String::new();
-        writeln!(
-            kc,
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-fence-local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_b64}"
-        )?;
-        writeln!(kc, "users:\n- name: {user}\n  user:\n    token: {token}")?;
-        writeln!(
-            kc,
-            "contexts:\n- name: kube-fence-local\n  context:\n    cluster: kube-fence-local\n    user: {user}\n    namespace: default\ncurrent-context: kube-fence-local"
-        )?;
-        write_private(path, &kc)
+        let ca_data = base64::engine::general_purpose::STANDARD.encode(self.ca_pem.as_bytes());
+        let kubeconfig =
+            template::render(template::KUBECONFIG, &[("server", server), ("ca_data", &ca_data), ("user", user), ("token", token)])?;
+        write_private(path, &kubeconfig)
     }
 
     fn spawn(&mut self, opts: &Options, name: &'static str, cmd: &mut Command) -> Result<()> {
@@ -561,9 +564,12 @@ pub fn shared_kubeconfig() -> PathBuf {
     }
 }
 
-/// Writes `export NAME=value` lines for a shell.
+/// Writes `export NAME=value` lines for a shell: `KUBECONFIG`, and the binaries' directory on
+/// `PATH` and as `KUBE_FENCE_BIN_DIR` (so tests and scripts run under these exports use these
+/// binaries instead of building again).
 pub fn write_env(out: &mut impl Write, kubeconfig: &Path, bin_dir: &Path) -> std::io::Result<()> {
     writeln!(out, "export KUBECONFIG={}", kubeconfig.display())?;
+    writeln!(out, "export KUBE_FENCE_BIN_DIR={}", bin_dir.display())?;
     writeln!(out, "export PATH={}:$PATH", bin_dir.display())
 }
 

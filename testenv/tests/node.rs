@@ -55,32 +55,11 @@ fn kubectl(cp_kubeconfig: &Path, args: &[&str]) -> std::process::Output {
     Command::new(bin.join("kubectl")).arg("--kubeconfig").arg(cp_kubeconfig).args(args).output().expect("run kubectl")
 }
 
-/// The test workload (testenv/images/incluster) as an image tarball, built with Go and
-/// hack/make-image.sh.
+/// The test workload (testenv/images/incluster) as an image tarball.
 fn incluster_image(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("images/incluster");
-    let bin = dir.join("incluster");
-    let out = Command::new("go")
-        .args(["build", "-trimpath", "-ldflags", "-s -w", "-o"])
-        .arg(&bin)
-        .arg(".")
-        .current_dir(&src)
-        .env("CGO_ENABLED", "0")
-        .env("GOFLAGS", "-mod=mod")
-        .env("GOTOOLCHAIN", "local")
-        .output()
-        .expect("run go build");
-    assert!(out.status.success(), "go build: {}", String::from_utf8_lossy(&out.stderr));
     let tar = dir.join("incluster.tar");
-    let out = Command::new("bash")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/make-image.sh"))
-        .arg("--binary")
-        .arg(&bin)
-        .args(["--ref", "localhost/kf/incluster:test", "--out"])
-        .arg(&tar)
-        .output()
-        .expect("run make-image.sh");
-    assert!(out.status.success(), "make-image.sh: {}", String::from_utf8_lossy(&out.stderr));
+    node::go_image(&src, dir, "localhost/kf/incluster:test", &[], &tar).expect("build the incluster image");
     tar
 }
 
