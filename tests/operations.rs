@@ -27,17 +27,6 @@ fn release() -> (String, String) {
     (ns.to_string(), name.to_string())
 }
 
-fn guarded(name: &str, lease: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([("kubefence.io/lease".to_string(), lease.to_string())].into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
-
 fn bump(token: &Grant, n: u64) -> Patch<serde_json::Value> {
     let _ = token;
     Patch::Merge(json!({"data": {"n": n.to_string()}}))
@@ -76,7 +65,7 @@ async fn under_load<F: std::future::Future<Output = ()>>(client: &Client, ns: &s
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let opts = AcquireOptions::default().duration(Duration::from_secs(2)).timeout(Duration::from_secs(60));
     let old = leases.acquire("load", "old", opts.clone()).await.expect("old grant");
-    old.create(&cms, &guarded("state", "load")).await.expect("create with the old grant");
+    old.create(&cms, &common::guarded_configmap("state", "load")).await.expect("create with the old grant");
     leases.release(&old).await.expect("release");
     let new = leases.acquire("load", "new", opts.duration(Duration::from_secs(300))).await.expect("new grant");
     new.patch(&cms, "state", &PatchParams::default(), bump(&new, 0)).await.expect("first write with the new grant");
@@ -292,8 +281,8 @@ async fn with_no_webhook_pod_guarded_writes_fail_closed_and_the_rest_still_works
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let err = cms.create(&PostParams::default(), &guarded("guarded", "l")).await.expect_err("a guarded write fails closed with no webhook");
-    assert!(err.to_string().contains("fence.kubefence.io"), "the failure names the webhook: {err}");
+    let err = common::rejected(cms.create(&PostParams::default(), &common::guarded_configmap("guarded", "l")).await);
+    assert!(common::failed_closed(&err), "a guarded write fails closed with no webhook: {err:?}");
     cms.create(
         &PostParams::default(),
         &ConfigMap { metadata: ObjectMeta { name: Some("plain".into()), ..Default::default() }, ..Default::default() },
@@ -302,7 +291,7 @@ async fn with_no_webhook_pod_guarded_writes_fail_closed_and_the_rest_still_works
     .expect("unguarded objects stay writable");
     let system: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
     let name = format!("kf-labelled-{ns}");
-    system.create(&PostParams::default(), &guarded(&name, "l")).await.expect("kube-system is never fenced");
+    system.create(&PostParams::default(), &common::guarded_configmap(&name, "l")).await.expect("kube-system is never fenced");
     system.delete(&name, &DeleteParams::default()).await.expect("cleanup");
     scale(before).await;
     wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;

@@ -131,9 +131,9 @@ pub struct ControlPlane {
     node_mode: bool,
 }
 
-pub(crate) fn free_port() -> Result<u16> {
-    // The port is free now; the component binds it a moment later. A clash fails the start
-    // with the component's own message, never silently.
+/// A free TCP port on 127.0.0.1. It is free now; whoever binds it does so a moment later, and
+/// a clash then fails with that program's own message, never silently.
+pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
