@@ -101,6 +101,17 @@ impl Default for Options {
     }
 }
 
+/// The kube-apiserver flags that differ between plain and node mode.
+pub(crate) struct ApiServerFlags<'a> {
+    pub etcd: &'a str,
+    pub bind: &'a str,
+    pub advertise: &'a str,
+    pub port: u16,
+    pub issuer: &'a str,
+    pub service_cidr: &'a str,
+    pub endpoint_reconciler: &'a str,
+}
+
 struct Component {
     name: &'static str,
     child: Child,
@@ -264,6 +275,69 @@ impl ControlPlane {
         .collect()
     }
 
+    /// etcd's flags, the same in plain and node mode but for its URLs and `extra`.
+    pub(crate) fn etcd_args(&self, client_url: &str, peer_url: &str, extra: &[&str]) -> Vec<String> {
+        let data_dir = self.dir.join("etcd").display().to_string();
+        let cluster = format!("kube-fence={peer_url}");
+        let args = [
+            "--name",
+            "kube-fence",
+            "--data-dir",
+            &data_dir,
+            "--listen-client-urls",
+            client_url,
+            "--advertise-client-urls",
+            client_url,
+            "--listen-peer-urls",
+            peer_url,
+            "--initial-advertise-peer-urls",
+            peer_url,
+            "--initial-cluster",
+            &cluster,
+        ];
+        let tail = ["--unsafe-no-fsync", "--log-level", "warn"];
+        args.iter().chain(extra).chain(&tail).map(|a| a.to_string()).collect()
+    }
+
+    /// kube-apiserver's flags: what differs between plain and node mode is in `flags`, and node
+    /// mode adds `extra`. Credentials are the files [`ControlPlane::write_credentials`] wrote.
+    pub(crate) fn apiserver_args(&self, flags: &ApiServerFlags<'_>, extra: &[&str]) -> Vec<String> {
+        let p = |n: &str| self.dir.join(n).display().to_string();
+        let port = flags.port.to_string();
+        let args = [
+            "--etcd-servers",
+            flags.etcd,
+            "--bind-address",
+            flags.bind,
+            "--advertise-address",
+            flags.advertise,
+            "--secure-port",
+            &port,
+            "--tls-cert-file",
+            &p("apiserver.crt"),
+            "--tls-private-key-file",
+            &p("apiserver.key"),
+            "--client-ca-file",
+            &p("ca.crt"),
+            "--token-auth-file",
+            &p("tokens.csv"),
+            "--authorization-mode",
+            "RBAC",
+            "--service-account-issuer",
+            flags.issuer,
+            "--service-account-key-file",
+            &p("sa.pub"),
+            "--service-account-signing-key-file",
+            &p("sa.key"),
+            "--service-cluster-ip-range",
+            flags.service_cidr,
+            "--endpoint-reconciler-type",
+            flags.endpoint_reconciler,
+        ];
+        let tail = ["--allow-privileged=true", "--v", "0"];
+        args.iter().copied().chain(extra.iter().copied()).chain(tail).map(str::to_string).collect()
+    }
+
     fn start_components(&mut self, opts: &Options) -> Result<()> {
         let started = Instant::now();
         let dir = self.dir.clone();
@@ -281,68 +355,28 @@ impl ControlPlane {
         self.spawn(
             opts,
             "etcd",
-            Command::new(self.bin_dir.join("etcd")).args([
-                "--name",
-                "kube-fence",
-                "--data-dir",
-                &dir.join("etcd").to_string_lossy(),
-                "--listen-client-urls",
-                &etcd_url,
-                "--advertise-client-urls",
-                &etcd_url,
-                "--listen-peer-urls",
-                &format!("http://127.0.0.1:{peer_port}"),
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer_port}"),
-                "--initial-cluster",
-                &format!("kube-fence=http://127.0.0.1:{peer_port}"),
-                "--unsafe-no-fsync",
-                "--log-level",
-                "warn",
-            ]),
+            Command::new(self.bin_dir.join("etcd")).args(self.etcd_args(&etcd_url, &format!("http://127.0.0.1:{peer_port}"), &[])),
         )?;
         self.wait_until(opts, "etcd", Duration::from_secs(30), |cp| cp.curl_ok(&format!("{etcd_url}/health"), false))?;
 
         self.say(opts, &format!("starting kube-apiserver on {}", self.server));
-        let p = |n: &str| dir.join(n).to_string_lossy().into_owned();
         self.spawn(
             opts,
             "kube-apiserver",
-            Command::new(self.bin_dir.join("kube-apiserver")).args([
-                "--etcd-servers",
-                &etcd_url,
-                "--bind-address",
-                "127.0.0.1",
-                "--advertise-address",
-                "127.0.0.1",
-                "--secure-port",
-                &api_port.to_string(),
-                "--tls-cert-file",
-                &p("apiserver.crt"),
-                "--tls-private-key-file",
-                &p("apiserver.key"),
-                "--client-ca-file",
-                &p("ca.crt"),
-                "--token-auth-file",
-                &p("tokens.csv"),
-                "--authorization-mode",
-                "RBAC",
-                "--service-account-issuer",
-                &format!("{}/", self.server),
-                "--service-account-key-file",
-                &p("sa.pub"),
-                "--service-account-signing-key-file",
-                &p("sa.key"),
-                "--service-cluster-ip-range",
-                "10.0.0.0/24",
-                // Required on 1.37 with a loopback advertise address: with the default reconciler
-                // the API server refuses to start ("may not be in the loopback range").
-                "--endpoint-reconciler-type",
-                "none",
-                "--allow-privileged=true",
-                "--v",
-                "0",
-            ]),
+            Command::new(self.bin_dir.join("kube-apiserver")).args(self.apiserver_args(
+                &ApiServerFlags {
+                    etcd: &etcd_url,
+                    bind: "127.0.0.1",
+                    advertise: "127.0.0.1",
+                    port: api_port,
+                    issuer: &format!("{}/", self.server),
+                    service_cidr: "10.0.0.0/24",
+                    // Required on 1.37 with a loopback advertise address: with the default
+                    // reconciler the API server refuses to start ("may not be in the loopback range").
+                    endpoint_reconciler: "none",
+                },
+                &[],
+            )),
         )?;
         let readyz = format!("{}/readyz", self.server);
         let default_ns = format!("{}/api/v1/namespaces/default", self.server);

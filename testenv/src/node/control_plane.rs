@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::{API_PORT, KUBERNETES_SERVICE_IP, NODE_IP, SERVICE_CIDR, say};
-use crate::{ControlPlane, Options, free_port, pki};
+use crate::{ApiServerFlags, ControlPlane, Options, free_port, pki};
 
 impl ControlPlane {
     /// Credentials, the API relay, etcd and kube-apiserver (waited for), then
@@ -74,81 +74,37 @@ impl ControlPlane {
 
     fn start_node_etcd(&mut self, opts: &Options) -> Result<()> {
         say(opts, &format!("starting etcd (state in {})", self.dir.display()));
-        let data_dir = self.state_path("etcd");
-        self.spawn_node(
-            opts,
-            "etcd",
-            Command::new(self.bin_dir.join("etcd")).args([
-                "--name",
-                "kube-fence",
-                "--data-dir",
-                &data_dir,
-                "--listen-client-urls",
-                "http://127.0.0.1:2379",
-                "--advertise-client-urls",
-                "http://127.0.0.1:2379",
-                "--listen-peer-urls",
-                "http://127.0.0.1:2380",
-                "--initial-advertise-peer-urls",
-                "http://127.0.0.1:2380",
-                "--initial-cluster",
-                "kube-fence=http://127.0.0.1:2380",
-                "--listen-metrics-urls",
-                "",
-                "--unsafe-no-fsync",
-                "--log-level",
-                "warn",
-            ]),
-            true,
-        )
+        let (client, peer) = ("http://127.0.0.1:2379", "http://127.0.0.1:2380");
+        let args = self.etcd_args(client, peer, &["--listen-metrics-urls", ""]);
+        self.spawn_node(opts, "etcd", Command::new(self.bin_dir.join("etcd")).args(args), true)
     }
 
     fn start_node_apiserver(&mut self, opts: &Options) -> Result<()> {
         say(opts, &format!("starting kube-apiserver (in the namespace on {NODE_IP}:{API_PORT}; from the host {})", self.server));
-        let p = |n: &str| self.state_path(n);
-        let args = [
-            "--etcd-servers",
-            "http://127.0.0.1:2379",
+        let (kubelet_cert, kubelet_key) = (self.state_path("kubelet-client.crt"), self.state_path("kubelet-client.key"));
+        let flags = ApiServerFlags {
+            etcd: "http://127.0.0.1:2379",
             // 0.0.0.0 of the node's namespace: loopback, the node IP and the CNI gateway only.
-            "--bind-address",
-            "0.0.0.0",
-            "--advertise-address",
-            &NODE_IP.to_string(),
-            "--secure-port",
-            &API_PORT.to_string(),
-            "--tls-cert-file",
-            &p("apiserver.crt"),
-            "--tls-private-key-file",
-            &p("apiserver.key"),
-            "--client-ca-file",
-            &p("ca.crt"),
-            "--token-auth-file",
-            &p("tokens.csv"),
-            "--authorization-mode",
-            "RBAC",
-            "--service-account-issuer",
-            "https://kubernetes.default.svc",
-            "--service-account-key-file",
-            &p("sa.pub"),
-            "--service-account-signing-key-file",
-            &p("sa.key"),
-            "--service-cluster-ip-range",
-            SERVICE_CIDR,
+            bind: "0.0.0.0",
+            advertise: &NODE_IP.to_string(),
+            port: API_PORT,
+            issuer: "https://kubernetes.default.svc",
+            service_cidr: SERVICE_CIDR,
             // The apiserver itself keeps default/kubernetes -> 10.99.0.1:6443.
-            "--endpoint-reconciler-type",
-            "lease",
-            "--enable-aggregator-routing=true",
-            "--kubelet-preferred-address-types",
-            "InternalIP",
-            "--kubelet-client-certificate",
-            &p("kubelet-client.crt"),
-            "--kubelet-client-key",
-            &p("kubelet-client.key"),
-            "--allow-privileged=true",
-            "--v",
-            "0",
-        ]
-        .map(String::from);
+            endpoint_reconciler: "lease",
+        };
+        let args = self.apiserver_args(
+            &flags,
+            &[
+                "--enable-aggregator-routing=true",
+                "--kubelet-preferred-address-types",
+                "InternalIP",
+                "--kubelet-client-certificate",
+                &kubelet_cert,
+                "--kubelet-client-key",
+                &kubelet_key,
+            ],
+        );
         self.spawn_node(opts, "kube-apiserver", Command::new(self.bin_dir.join("kube-apiserver")).args(args), true)?;
         let readyz = format!("{}/readyz", self.server);
         let default_ns = format!("{}/api/v1/namespaces/default", self.server);
