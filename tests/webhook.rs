@@ -78,6 +78,15 @@ impl Fixture {
         leases.patch_status(lease, &PatchParams::default(), &Patch::Merge(&status)).await.expect("write lease status");
     }
 
+    /// Grants lease `work` to `a` with `token` and creates the guarded ConfigMap `name` with it.
+    async fn create_guarded(&self, name: &str, token: u64) -> DynamicObject {
+        self.grant("work", "a", token).await;
+        self.api::<ConfigMap>()
+            .create(&PostParams::default(), &configmap(name, "work", token))
+            .await
+            .expect("create the guarded object with the lease's token")
+    }
+
     async fn set_policy(&self, lease: &str, policy: serde_json::Value) {
         self.leases()
             .patch(lease, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"fencing": policy}})))
@@ -163,24 +172,14 @@ async fn pause_test(f: &Fixture, api: Api<DynamicObject>, object: DynamicObject,
     assert_eq!(stored.labels().get("writer").map(String::as_str), Some("b"));
 }
 
+#[rstest::rstest]
+#[case::configmaps("pause-cm", ApiResource::erase::<ConfigMap>(&()), configmap("state", "work", 1_000))]
+#[case::deployment("pause-deploy", ApiResource::erase::<Deployment>(&()), deployment("app", "work", 1_000))]
+#[case::custom_resource("pause-cr", ApiResource::erase::<Lease>(&()), custom_resource("guarded", "work", 1_000))]
 #[tokio::test]
-async fn pause_test_configmaps() {
-    let f = Fixture::new("pause-cm").await;
-    pause_test(&f, f.api::<ConfigMap>(), configmap("state", "work", 1_000), 100).await;
-    f.stop().await;
-}
-
-#[tokio::test]
-async fn pause_test_deployment() {
-    let f = Fixture::new("pause-deploy").await;
-    pause_test(&f, f.api::<Deployment>(), deployment("app", "work", 1_000), 100).await;
-    f.stop().await;
-}
-
-#[tokio::test]
-async fn pause_test_custom_resource() {
-    let f = Fixture::new("pause-cr").await;
-    pause_test(&f, f.api::<Lease>(), custom_resource("guarded", "work", 1_000), 100).await;
+async fn pause_test_on(#[case] test: &str, #[case] resource: ApiResource, #[case] object: DynamicObject) {
+    let f = Fixture::new(test).await;
+    pause_test(&f, Api::namespaced_with(f.client.clone(), &f.ns, &resource), object, 100).await;
     f.stop().await;
 }
 
@@ -189,8 +188,7 @@ async fn pause_test_custom_resource() {
 async fn racing_writers_never_move_the_recorded_token_backwards() {
     let f = Fixture::new("race").await;
     let api = f.api::<ConfigMap>();
-    f.grant("work", "a", 10).await;
-    let created = api.create(&PostParams::default(), &configmap("state", "work", 10)).await.unwrap();
+    let created = f.create_guarded("state", 10).await;
     let rv = created.metadata.resource_version.clone().unwrap();
     let rounds = 60u64;
     let last = 10 + 2 * rounds; // the last round's n+1
@@ -236,8 +234,7 @@ async fn racing_writers_never_move_the_recorded_token_backwards() {
 async fn create_after_delete_with_a_stale_token_is_rejected() {
     let f = Fixture::new("recreate").await;
     let api = f.api::<ConfigMap>();
-    f.grant("work", "a", 5).await;
-    let created = api.create(&PostParams::default(), &configmap("state", "work", 5)).await.expect("create with the current token");
+    let created = f.create_guarded("state", 5).await;
     let rv = created.metadata.resource_version.clone();
     api.delete("state", &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() })
         .await
@@ -258,8 +255,7 @@ async fn create_after_delete_with_a_stale_token_is_rejected() {
 async fn delete_needs_a_resource_version_precondition() {
     let f = Fixture::new("delete").await;
     let api = f.api::<ConfigMap>();
-    f.grant("work", "a", 5).await;
-    let created = api.create(&PostParams::default(), &configmap("state", "work", 5)).await.unwrap();
+    let created = f.create_guarded("state", 5).await;
     let err = api.delete("state", &DeleteParams::default()).await.expect_err("an unconditional delete is denied");
     let kube::Error::Api(e) = err else { panic!("{err}") };
     assert_eq!(e.code, 403);
@@ -275,9 +271,8 @@ async fn delete_needs_a_resource_version_precondition() {
 async fn rebinding_unguarding_and_malformed_tokens() {
     let f = Fixture::new("binding").await;
     let api = f.api::<ConfigMap>();
-    f.grant("work", "a", 5).await;
+    f.create_guarded("state", 5).await;
     f.grant("other", "a", 50).await;
-    api.create(&PostParams::default(), &configmap("state", "work", 5)).await.unwrap();
     f.grant("work", "a", 8).await;
 
     // Changing the bound lease: never, whatever the token.
@@ -327,8 +322,7 @@ async fn rebinding_unguarding_and_malformed_tokens() {
 async fn allow_equal_and_warn_modes() {
     let f = Fixture::new("modes").await;
     let api = f.api::<ConfigMap>();
-    f.grant("work", "a", 5).await;
-    api.create(&PostParams::default(), &configmap("state", "work", 5)).await.unwrap();
+    f.create_guarded("state", 5).await;
     // Strict: a second write under the same grant is stale.
     assert_eq!(common::rejected(patch(&api, "state", &write(Some(5), "again")).await).code, 409);
     // A relaxed policy reaches the webhook through its lease cache a moment after it is written
@@ -477,8 +471,7 @@ impl IntoDynamic for ConfigMap {
 async fn admission_latency_is_measured() {
     let f = Fixture::new("latency").await;
     let api = f.api::<ConfigMap>();
-    f.grant("work", "a", 1_000_000).await;
-    api.create(&PostParams::default(), &configmap("guarded", "work", 1_000_000)).await.unwrap();
+    f.create_guarded("guarded", 1_000_000).await;
     api.create(
         &PostParams::default(),
         &ConfigMap { metadata: kube::api::ObjectMeta { name: Some("plain".into()), ..Default::default() }, ..Default::default() }
