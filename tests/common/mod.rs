@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::Status;
 use kube::{Client, Config, CustomResourceExt};
@@ -48,12 +48,20 @@ pub async fn client_for(path: &Path) -> Client {
 
 /// Applies kube-fence's CRDs (from the Rust types) and waits until they are established.
 pub async fn install_crds(client: Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client);
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [kube_fence::api::Lease::crd()] {
         let name = crd.metadata.name.clone().expect("CRD has a name");
         crds.patch(&name, &PatchParams::apply("kube-fence-tests").force(), &Patch::Apply(&crd)).await.expect("apply CRD");
         let established = kube::runtime::wait::await_condition(crds.clone(), &name, kube::runtime::wait::conditions::is_crd_established());
         tokio::time::timeout(Duration::from_secs(30), established).await.expect("CRD established in 30s").expect("watch CRD");
+    }
+    // Established is not yet served: for a moment after it, requests for the new resource can
+    // still get 404. Tests with short timeouts must not spend them on that.
+    let leases: Api<kube_fence::api::Lease> = Api::all(client);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = leases.list(&ListParams::default().limit(1)).await {
+        assert!(Instant::now() < deadline, "the Lease resource is not served 30 s after its CRD was established: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
