@@ -36,7 +36,8 @@ export KUBE_FENCE_ENV_DIR
 KUBE_FENCE_ENV_DIR=$(mktemp -d "${TMPDIR:-/tmp}/kube-fence-node-env.XXXXXX")
 kf_env=(cargo run --quiet --locked -p kube-fence-testenv --)
 trap '"${kf_env[@]}" down || true' EXIT INT TERM
-eval "$("${kf_env[@]}" up --node)"   # builds or finds the node binaries too
+exports=$("${kf_env[@]}" up --node)   # builds or finds the node binaries too
+eval "$exports"
 "${kf_env[@]}" import "$tarball"
 export KUBE_FENCE_IMAGE=localhost/kube-fence/kube-fence:dev
 say "node up (KUBECONFIG=$KUBECONFIG), image $KUBE_FENCE_IMAGE imported; running: $*"
