@@ -256,9 +256,8 @@ async fn delete_needs_a_resource_version_precondition() {
     let f = Fixture::new("delete").await;
     let api = f.api::<ConfigMap>();
     let created = f.create_guarded("state", 5).await;
-    let err = api.delete("state", &DeleteParams::default()).await.expect_err("an unconditional delete is denied");
-    let kube::Error::Api(e) = err else { panic!("{err}") };
-    assert_eq!(e.code, 403);
+    let e = common::rejected(api.delete("state", &DeleteParams::default()).await);
+    assert_eq!(e.code, 403, "an unconditional delete is denied: {e:?}");
     assert!(e.message.contains("resourceVersion precondition"), "{}", e.message);
     let rv = created.metadata.resource_version.clone();
     api.delete("state", &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() })
