@@ -15,13 +15,12 @@ demo_only=false
 say() { printf '\033[1m[kube-fence %s]\033[0m %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 step() { printf '\n\033[1;34m==> %s\033[0m\n' "$*" >&2; }
 
-bindir=$(hack/build-control-plane.sh)
-export PATH="$bindir:$PATH"
 say "building kube-fence"
 cargo build --quiet --locked -p kube-fence -p kube-fence-testenv --bin kube-fence --bin kf-env
 target=${CARGO_TARGET_DIR:-target}
 kf="$target/debug/kube-fence"
 kf_env="$target/debug/kf-env"
+PATH="$("$kf_env" build):$PATH"   # kubectl and the control plane, built or cached (kf-env owns that)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kube-fence-run.XXXXXX")
 pids=()

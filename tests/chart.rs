@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/kube-fence");
 
@@ -208,32 +208,14 @@ async fn install_creates_what_the_values_say_and_uninstall_removes_the_webhook()
     assert!(excluded.values.clone().unwrap_or_default().contains(&ns), "the release namespace is never fenced");
 
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &fenced);
-    let guarded = || ConfigMap {
-        metadata: ObjectMeta {
-            name: Some("guarded".into()),
-            labels: Some([("kubefence.io/lease".to_string(), "l".to_string())].into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        // The API server picks up a new webhook configuration within a moment.
-        match configmaps.create(&PostParams::default(), &guarded()).await {
-            Err(kube::Error::Api(e)) if e.message.contains("fence.kubefence.io") => break,
-            Ok(_) => {
-                let _ = configmaps.delete("guarded", &Default::default()).await;
-            }
-            Err(e) => panic!("unexpected error: {e}"),
-        }
-        assert!(Instant::now() < deadline, "the installed webhook (no Pods) never made guarded writes fail closed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // The API server picks up a new webhook configuration within a moment; with no Pods
+    // behind it, guarded writes fail closed.
+    common::wait_fenced(&client, &fenced, &Default::default(), common::Fencing::FailsClosed, Duration::from_secs(20)).await;
 
     ok("helm", &["uninstall", release, "-n", &ns, "--wait"], None);
     assert!(vwcs.get_opt("inst-kube-fence").await.expect("get").is_none(), "uninstall leaves no webhook configuration behind");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while let Err(e) = configmaps.create(&PostParams::default(), &guarded()).await {
+    while let Err(e) = configmaps.create(&PostParams::default(), &common::guarded_configmap("guarded", "l")).await {
         assert!(Instant::now() < deadline, "guarded objects are writable again after uninstall: {e}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -27,17 +27,6 @@ fn release() -> (String, String) {
     (ns.to_string(), name.to_string())
 }
 
-fn guarded(name: &str, lease: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([("kubefence.io/lease".to_string(), lease.to_string())].into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
-
 fn bump(token: &Grant, n: u64) -> Patch<serde_json::Value> {
     let _ = token;
     Patch::Merge(json!({"data": {"n": n.to_string()}}))
@@ -76,7 +65,7 @@ async fn under_load<F: std::future::Future<Output = ()>>(client: &Client, ns: &s
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let opts = AcquireOptions::default().duration(Duration::from_secs(2)).timeout(Duration::from_secs(60));
     let old = leases.acquire("load", "old", opts.clone()).await.expect("old grant");
-    old.create(&cms, &guarded("state", "load")).await.expect("create with the old grant");
+    old.create(&cms, &common::guarded_configmap("state", "load")).await.expect("create with the old grant");
     leases.release(&old).await.expect("release");
     let new = leases.acquire("load", "new", opts.duration(Duration::from_secs(300))).await.expect("new grant");
     new.patch(&cms, "state", &PatchParams::default(), bump(&new, 0)).await.expect("first write with the new grant");
@@ -337,7 +326,7 @@ async fn helm_upgrade_from_0_1_keeps_guarded_objects_and_fencing() {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let opts = AcquireOptions::default().duration(Duration::from_secs(300)).timeout(Duration::from_secs(60));
     let old = leases.acquire("report", "old", opts.clone()).await.expect("old grant");
-    old.create(&cms, &guarded("report", "report")).await.expect("create report with the old grant");
+    old.create(&cms, &common::guarded_configmap("report", "report")).await.expect("create report with the old grant");
     leases.release(&old).await.expect("release");
     let new = leases.acquire("report", "new", opts.clone()).await.expect("new grant");
     let report = cms.get("report").await.expect("get report");
@@ -352,7 +341,7 @@ async fn helm_upgrade_from_0_1_keeps_guarded_objects_and_fencing() {
     // `state` (AllowEqual): a stream of writes with one grant, and a stale grant's writes beside it.
     allow_equal_lease(&client, &ns, "state").await;
     let stale_state = leases.acquire("state", "stale", opts.clone()).await.expect("stale grant");
-    stale_state.create(&cms, &guarded("state", "state")).await.expect("create state");
+    stale_state.create(&cms, &common::guarded_configmap("state", "state")).await.expect("create state");
     leases.release(&stale_state).await.expect("release");
     let writer = leases.acquire("state", "writer", opts.clone()).await.expect("writer grant");
     writer.patch(&cms, "state", &PatchParams::default(), bump(&writer, 0)).await.expect("first write with the writer grant");
@@ -502,8 +491,8 @@ async fn with_no_webhook_pod_guarded_writes_fail_closed_and_the_rest_still_works
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let err = cms.create(&PostParams::default(), &guarded("guarded", "l")).await.expect_err("a guarded write fails closed with no webhook");
-    assert!(err.to_string().contains("fence.kubefence.io"), "the failure names the webhook: {err}");
+    let err = common::rejected(cms.create(&PostParams::default(), &common::guarded_configmap("guarded", "l")).await);
+    assert!(common::failed_closed(&err), "a guarded write fails closed with no webhook: {err:?}");
     cms.create(
         &PostParams::default(),
         &ConfigMap { metadata: ObjectMeta { name: Some("plain".into()), ..Default::default() }, ..Default::default() },
@@ -512,7 +501,7 @@ async fn with_no_webhook_pod_guarded_writes_fail_closed_and_the_rest_still_works
     .expect("unguarded objects stay writable");
     let system: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
     let name = format!("kf-labelled-{ns}");
-    system.create(&PostParams::default(), &guarded(&name, "l")).await.expect("kube-system is never fenced");
+    system.create(&PostParams::default(), &common::guarded_configmap(&name, "l")).await.expect("kube-system is never fenced");
     system.delete(&name, &DeleteParams::default()).await.expect("cleanup");
     scale(before).await;
     wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;

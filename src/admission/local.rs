@@ -1,5 +1,5 @@
 //! Local mode: the webhook served on loopback with a CA made in-process, registered on the
-//! cluster by `clientConfig.url` (DESIGN.md section 2, `kube-fence run --local`), and the
+//! cluster by `clientConfig.url` (docs/design.md §2, `kube-fence run --local`), and the
 //! registration removed again on a clean stop. The tests use the same code.
 
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! Where a write is judged: the fencing webhook.
 //!
-//! - [`decision`]: the pure decision table (docs/design.md, "The decision table").
+//! - [`decision`]: the pure decision table (docs/design.md §5).
 //! - [`review`]: the wire — AdmissionReview in, decision facts out, AdmissionResponse back.
 //! - [`denial`]: the typed facts of a denial, written by the webhook, read by the client.
 //! - [`leases`]: reading the bound lease — watch cache, or a quorum read when the cache could be

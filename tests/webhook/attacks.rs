@@ -13,7 +13,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, ListParams, Patch
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use super::{Fixture, LEASE, TOKEN, common, configmap, denial, deployment, guarded_meta, patch, token_of, write};
+use super::{Fixture, LEASE, TOKEN, common, configmap, deployment, guarded_meta, patch, token_of, write};
 
 const WORKER: &str = "worker-a";
 
@@ -81,7 +81,11 @@ async fn status_writes_cannot_move_the_guard() {
     pods.patch_status("p1", &PatchParams::default(), &Patch::Merge(&fresh)).await.expect("a fresh token through /status");
     assert_eq!(token_of(&pods.get("p1").await.unwrap()), Some(6));
     let stale = json!({"metadata": {"annotations": {TOKEN: "6"}, "labels": {"writer": "late"}}});
-    assert_eq!(denial(pods.patch("p1", &PatchParams::default(), &Patch::Merge(&stale)).await).0, 409, "the recorded token is 6 now");
+    assert_eq!(
+        common::rejected(pods.patch("p1", &PatchParams::default(), &Patch::Merge(&stale)).await).code,
+        409,
+        "the recorded token is 6 now"
+    );
     // With the webhook stopped (registration in place: guarded writes fail closed), a status
     // write that leaves the guard alone still goes through: it never reaches kube-fence.
     if let Some(hook) = f.hook.as_mut() {
@@ -178,11 +182,12 @@ async fn an_equal_token_counts_only_when_the_write_restates_it() {
     patch(&api, "state", &restate("b-2")).await.expect("again");
     // A stale holder's patch that leaves the annotations as b wrote them is not b's write.
     let untouched = json!({"data": {"k": "from a stale holder"}});
-    let (code, message) = denial(patch(&api, "state", &untouched).await);
+    let rejected = common::rejected(patch(&api, "state", &untouched).await);
+    let (code, message) = (rejected.code, rejected.message);
     assert_eq!(code, 409, "{message}");
     // And a stale holder that restates its own, older token is stale as ever.
     let stale = json!({"metadata": {"annotations": {TOKEN: "5", "kubefence.io/write": "a-9"}}});
-    assert_eq!(denial(patch(&api, "state", &stale).await).0, 409);
+    assert_eq!(common::rejected(patch(&api, "state", &stale).await).code, 409);
     // The client library restates on every write.
     let grant = kube_fence::client::Grant {
         namespace: f.ns.clone(),
@@ -242,7 +247,7 @@ async fn finalizer_removal_lets_guarded_objects_and_their_namespace_be_deleted()
     let cm = api.create(&PostParams::default(), &cm).await.unwrap();
     api.delete("state", &precondition(&cm)).await.unwrap();
     let sneaky = json!({"metadata": {"finalizers": ["example.com/b"]}, "data": {"k": "changed on the way out"}});
-    assert_eq!(denial(patch(&api, "state", &sneaky).await).0, 409);
+    assert_eq!(common::rejected(patch(&api, "state", &sneaky).await).code, 409);
     let only = json!({"metadata": {"finalizers": ["example.com/b"]}});
     patch(&api, "state", &only).await.expect("removing one finalizer");
 
@@ -332,7 +337,7 @@ async fn forged_reviews_cannot_use_up_the_api_servers_events() {
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // A genuine stale write, through the API server, in the middle of the flood.
-    assert_eq!(denial(patch(&api, "state", &write(Some(4), "late")).await).0, 409);
+    assert_eq!(common::rejected(patch(&api, "state", &write(Some(4), "late")).await).code, 409);
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let sent = flood.await.expect("flood task");
