@@ -8,6 +8,7 @@
 //! - [`admission`]: where a write is judged — the decision table and the webhook server.
 //! - [`client`]: the library workers use: acquire, keep alive, release, fenced writes.
 //! - [`cli`]: the `kube-fence` command line.
+//! - [`process`]: a running process's identity and shutdown signal.
 #![forbid(unsafe_code)]
 
 pub mod admission;
@@ -16,5 +17,6 @@ pub mod cli;
 pub mod client;
 pub mod history;
 pub mod lease;
+pub mod process;
 pub mod telemetry;
 pub mod token;

@@ -1,20 +1,28 @@
-//! The `kube-fence` command line. Each subcommand lives in a file of its own.
-
-use std::process::ExitCode;
+//! The `kube-fence` command line. Each subcommand lives in a file of its own; every failure is
+//! an [`Error`] (`error.rs`), which alone decides the message and the exit status.
 
 use clap::{Parser, Subcommand};
 
+pub mod cluster;
 pub mod controller;
 mod crd;
+pub mod error;
 pub mod lease;
+pub mod patch;
 pub mod run;
 pub mod webhook;
+
+pub use error::{EXIT_STATUS_HELP, Error, Exit};
 
 /// Fencing tokens for Kubernetes: leases that grant strictly increasing tokens, and a validating
 /// webhook that rejects every write carrying a stale one.
 #[derive(Debug, Parser)]
-#[command(name = "kube-fence", version, about, long_about = None, propagate_version = true)]
+#[command(name = "kube-fence", version, about, long_about = None, propagate_version = true, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
+    /// On failure, print the whole chain of causes (the API server's answer included).
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -24,23 +32,50 @@ pub enum Command {
     /// Print the CustomResourceDefinitions generated from kube-fence's Rust types (what crds/ holds).
     Crd(crd::CrdArgs),
     /// Serve the fencing webhook (HTTPS): judges writes to objects labelled kubefence.io/lease.
+    #[command(after_help = EXIT_STATUS_HELP)]
     Webhook(webhook::WebhookArgs),
     /// Run the lease controller and the fencing webhook in one process (--local: on this
     /// machine, registered by URL on the cluster in KUBECONFIG).
+    #[command(after_help = EXIT_STATUS_HELP)]
     Run(run::RunArgs),
     /// Run the Lease controller: grants tokens, records renewals, expires and releases leases.
+    #[command(after_help = EXIT_STATUS_HELP)]
     Controller(controller::ControllerArgs),
     /// Acquire, renew, release or show a lease (acquire prints the fencing token).
     Lease(lease::LeaseArgs),
+    /// Patch an object with a lease's fencing token (a fenced write): rejected, exit status 8,
+    /// when the object records a token at least as new.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Patch(patch::PatchArgs),
 }
 
 /// Runs one parsed command line.
-pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+pub async fn run(cli: Cli) -> Result<(), Error> {
     match cli.command {
         Command::Crd(args) => crd::run(args),
         Command::Webhook(args) => webhook::run(args).await,
         Command::Run(args) => run::run(args).await,
         Command::Controller(args) => controller::run(args).await,
         Command::Lease(args) => lease::run(args).await,
+        Command::Patch(args) => patch::run(args).await,
     }
+}
+
+/// clap's complaint about a command line, on one line: its own layout puts the cause, the
+/// offending arguments and a usage block on separate lines.
+pub fn usage_error(err: &clap::Error) -> Error {
+    let rendered = err.render().to_string();
+    let mut words: Vec<&str> = Vec::new();
+    for line in rendered.lines() {
+        let line = line.trim();
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if !line.is_empty() {
+            words.push(line);
+        }
+    }
+    let message = words.join(" ");
+    let message = message.strip_prefix("error: ").unwrap_or(&message);
+    Error::ParseArguments(format!("{message} (see --help)"))
 }
