@@ -378,7 +378,8 @@ pub fn explain_api(server: &str, err: &kube::Error) -> (Exit, String) {
     explain_api_about(server, None, err)
 }
 
-/// Like [`explain_api`]; a 404 that does not say what was missing is about `about`.
+/// Like [`explain_api`]; a 404 is about `about` (in words with its namespace), unless the
+/// namespace itself is missing.
 fn explain_api_about(server: &str, about: Option<&Object>, err: &kube::Error) -> (Exit, String) {
     match err {
         kube::Error::Api(status) => {
@@ -394,17 +395,15 @@ fn explain_api_about(server: &str, about: Option<&Object>, err: &kube::Error) ->
                 403 if status.reason == "Forbidden" => {
                     (Exit::Forbidden, format!("{message}; ask a cluster admin for that permission (RBAC), or use another user"))
                 }
-                404 => match details {
-                    Some(d) if d.kind == "namespaces" && !d.name.is_empty() => {
+                404 => match (details, about) {
+                    (Some(d), _) if d.kind == "namespaces" && !d.name.is_empty() => {
                         (Exit::NotFound, format!("namespace {:?} does not exist", d.name))
                     }
-                    Some(d) if !d.name.is_empty() && !d.kind.is_empty() => {
+                    (_, Some(object)) => (Exit::NotFound, format!("{object} does not exist")),
+                    (Some(d), None) if !d.name.is_empty() && !d.kind.is_empty() => {
                         (Exit::NotFound, format!("{} {:?} does not exist", kind_in_words(&d.kind, &d.group), d.name))
                     }
-                    _ => match about {
-                        Some(object) => (Exit::NotFound, format!("{object} does not exist")),
-                        None => (Exit::NotFound, format!("not found: {message}")),
-                    },
+                    _ => (Exit::NotFound, format!("not found: {message}")),
                 },
                 _ if message.is_empty() => (Exit::Failed, format!("the API server answered {} {}", status.code, status.reason)),
                 _ => (Exit::Failed, message),
@@ -567,7 +566,8 @@ fn run_controller(server: &str, err: &crate::lease::controller::Error) -> (Exit,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::core::{Status, StatusDetails};
+    use kube::core::Status;
+    use kube::core::response::StatusDetails;
 
     fn api(code: u16, reason: &str, message: &str, details: Option<(&str, &str, &str)>) -> kube::Error {
         kube::Error::Api(Box::new(Status {
@@ -578,7 +578,9 @@ mod tests {
                 group: group.into(),
                 kind: kind.into(),
                 name: name.into(),
-                ..Default::default()
+                uid: String::new(),
+                causes: Vec::new(),
+                retry_after_seconds: 0,
             }),
             ..Default::default()
         }))
