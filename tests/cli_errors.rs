@@ -457,3 +457,19 @@ async fn two_local_instances_run_at_once_on_free_ports() {
         assert!(status.success(), "{status}\n{}", local.log());
     }
 }
+
+/// The README's exit-status table and `--help` list the same statuses.
+#[test]
+fn the_readme_and_the_help_document_the_same_exit_statuses() {
+    let home = tempfile::tempdir().expect("HOME");
+    let help = text(&kube_fence(Cluster::None, home.path(), &["--help"]).stdout);
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    let in_readme: Vec<i32> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| ")?.split_once(" |").map(|(code, _)| code.trim().to_string()))
+        .filter_map(|code| code.parse().ok())
+        .collect();
+    let in_help: Vec<i32> = (0..=255).filter(|code| documented(&help, *code).is_some()).collect();
+    assert!(in_help.len() >= 9, "--help documents the exit statuses:\n{help}");
+    assert_eq!(in_readme, in_help, "README.md's exit table and --help agree");
+}
