@@ -466,6 +466,8 @@ fn the_readme_and_the_help_document_the_same_exit_statuses() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
     let in_readme: Vec<i32> = readme
         .lines()
+        .skip_while(|l| !l.starts_with("| exit | cause |"))
+        .take_while(|l| l.starts_with('|'))
         .filter_map(|l| l.strip_prefix("| ")?.split_once(" |").map(|(code, _)| code.trim().to_string()))
         .filter_map(|code| code.parse().ok())
         .collect();
