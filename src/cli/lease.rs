@@ -37,6 +37,7 @@ pub enum LeaseCommand {
     /// Acquire the lease (creating it when missing) and print the fencing token. Waits up to
     /// --wait while another holder has it. Nothing renews it afterwards: call `renew` within the
     /// duration, or it expires.
+    #[command(after_help = super::EXIT_STATUS_HELP)]
     Acquire {
         #[command(flatten)]
         target: Target,
@@ -51,6 +52,7 @@ pub enum LeaseCommand {
         wait: Duration,
     },
     /// Send one heartbeat for the holder's grant and print its (unchanged) token.
+    #[command(after_help = super::EXIT_STATUS_HELP)]
     Renew {
         #[command(flatten)]
         target: Target,
@@ -58,6 +60,7 @@ pub enum LeaseCommand {
         holder: String,
     },
     /// Release the holder's grant. The token stays recorded; the next grant is greater.
+    #[command(after_help = super::EXIT_STATUS_HELP)]
     Release {
         #[command(flatten)]
         target: Target,
@@ -65,6 +68,7 @@ pub enum LeaseCommand {
         holder: String,
     },
     /// Show the lease: holder, token, phase, expiry.
+    #[command(after_help = super::EXIT_STATUS_HELP)]
     Get {
         #[command(flatten)]
         target: Target,

@@ -45,6 +45,7 @@ pub enum Command {
     #[command(after_help = EXIT_STATUS_HELP)]
     Controller(controller::ControllerArgs),
     /// Acquire, renew, release or show a lease (acquire prints the fencing token).
+    #[command(after_help = EXIT_STATUS_HELP)]
     Lease(lease::LeaseArgs),
     /// Patch an object with a lease's fencing token (a fenced write): rejected, exit status 8,
     /// when the object records a token at least as new.
