@@ -209,7 +209,7 @@ pub enum Error {
         #[source]
         source: LocalError,
     },
-    #[error("{}", explain_api(.server, .source).1)]
+    #[error("{}", unregister(.configuration, .server, .source).1)]
     UnregisterLocalWebhook {
         configuration: Object,
         server: String,
@@ -264,9 +264,8 @@ impl Error {
             Error::CheckHolder { .. } => Exit::NotHeld,
             Error::ReadToken { .. } => Exit::Failed,
             Error::ResolveResourceType { .. } => Exit::NotFound,
-            Error::ConnectCluster { server, source }
-            | Error::DiscoverResourceTypes { server, source }
-            | Error::UnregisterLocalWebhook { server, source, .. } => explain_api(server, source).0,
+            Error::ConnectCluster { server, source } | Error::DiscoverResourceTypes { server, source } => explain_api(server, source).0,
+            Error::UnregisterLocalWebhook { configuration, server, source } => unregister(configuration, server, source).0,
             Error::WriteFenced { object, lease, source, server } => explain_write(server, object, lease, source).0,
             Error::ManageTls { secret, server, source } => manage_tls(secret, server, source).0,
             Error::StartLocalWebhook { server, source } => start_local(server, source).0,
@@ -551,6 +550,19 @@ fn start_local(server: &str, err: &LocalError) -> (Exit, String) {
             (exit, format!("cannot register the local webhook: {why}"))
         }
     }
+}
+
+/// The registration outlives the process: guarded writes now fail closed until it is removed.
+fn unregister(configuration: &Object, server: &str, err: &kube::Error) -> (Exit, String) {
+    let (exit, why) = explain_api(server, err);
+    let kind = configuration.kind.to_ascii_lowercase();
+    (
+        exit,
+        format!(
+            "could not remove {configuration} ({why}); guarded writes fail until it is removed: kubectl delete {kind} {}",
+            configuration.name
+        ),
+    )
 }
 
 fn run_controller(server: &str, err: &crate::lease::controller::Error) -> (Exit, String) {

@@ -84,12 +84,30 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
         super::webhook::serve(&cluster, args.webhook.clone(), metrics, registry, shutdown.clone()).await
     };
     shutdown.cancel();
-    let controller = match controller.await {
-        Ok(result) => result.map_err(|source| Error::RunController { server: cluster.server.clone(), source }),
-        Err(_) => Err(Error::ControllerPanicked),
+    if webhook.is_err() {
+        // The webhook could not start (or stopped): its error is the one to report, now.
+        controller.abort();
+        return webhook;
+    }
+    // The controller stops gracefully within moments, except when it is stopped before its
+    // first list of Leases completed: kube-runtime's graceful shutdown then waits for a store
+    // that never fills. A process that is ending must not hang on that: wait a bounded time,
+    // then drop it.
+    let mut controller = controller;
+    let controller = match tokio::time::timeout(CONTROLLER_STOP, &mut controller).await {
+        Ok(Ok(result)) => result.map_err(|source| Error::RunController { server: cluster.server.clone(), source }),
+        Ok(Err(_)) => Err(Error::ControllerPanicked),
+        Err(_) => {
+            tracing::warn!(waited = ?CONTROLLER_STOP, "the lease controller did not stop in time; dropping it");
+            controller.abort();
+            Ok(())
+        }
     };
-    webhook.and(controller)
+    controller
 }
+
+/// How long `run` waits for the lease controller to stop after shutdown.
+const CONTROLLER_STOP: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `run --local`: serve and register, say so (log line and ready file), run until shutdown,
 /// then unregister.
