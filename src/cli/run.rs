@@ -76,7 +76,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     let controller = crate::lease::controller::run(cluster.client.clone(), options, &mut registry, shutdown.clone().cancelled_owned());
     let metrics = Metrics::register(&mut registry);
     let registry = Arc::new(registry);
-    let controller = tokio::spawn(controller);
+    let mut controller = tokio::spawn(controller);
 
     let webhook = if args.local {
         local(&cluster, &args, metrics, registry, &shutdown, &controller).await
@@ -93,8 +93,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     // first list of Leases completed: kube-runtime's graceful shutdown then waits for a store
     // that never fills. A process that is ending must not hang on that: wait a bounded time,
     // then drop it.
-    let mut controller = controller;
-    let controller = match tokio::time::timeout(CONTROLLER_STOP, &mut controller).await {
+    match tokio::time::timeout(CONTROLLER_STOP, &mut controller).await {
         Ok(Ok(result)) => result.map_err(|source| Error::RunController { server: cluster.server.clone(), source }),
         Ok(Err(_)) => Err(Error::ControllerPanicked),
         Err(_) => {
@@ -102,8 +101,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
             controller.abort();
             Ok(())
         }
-    };
-    controller
+    }
 }
 
 /// How long `run` waits for the lease controller to stop after shutdown.
