@@ -205,6 +205,7 @@ fn check(case: &Case, home: &Path, help: &str) -> Vec<String> {
     let cluster = case.kubeconfig.as_deref().map_or(Cluster::None, Cluster::Kubeconfig);
     let out = kube_fence(cluster, home, &args);
     let stderr = text(&out.stderr);
+    eprintln!("{:<34} exit {:?}  {}", case.name, out.status.code(), stderr.lines().last().unwrap_or_default());
     let mut wrong = Vec::new();
     let mut fail = |what: String| wrong.push(format!("{}: {what}\n    stderr: {stderr}", case.name));
     if out.status.code() != Some(case.exit) {
