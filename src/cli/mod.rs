@@ -83,3 +83,53 @@ pub fn usage_error(err: &clap::Error) -> Error {
     let message = message.strip_prefix("error: ").unwrap_or(&message);
     Error::ParseArguments(format!("{message} (see --help)"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("kube-fence").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn leader_election_has_one_spelling_and_the_old_one_still_parses() {
+        for args in [
+            &["run", "--leader-election"][..],
+            &["run", "--leader-elect"],
+            &["controller", "--leader-election"],
+            &["controller", "--leader-elect", "--leader-elect-namespace", "x"],
+        ] {
+            let elected = match parse(args).map(|cli| cli.command) {
+                Ok(Command::Run(run)) => run.leader_election,
+                Ok(Command::Controller(controller)) => controller.leader_election,
+                other => panic!("{args:?}: {other:?}"),
+            };
+            assert!(elected, "{args:?}");
+        }
+        for command in ["run", "controller"] {
+            let help = match parse(&[command, "--help"]) {
+                Err(help) => help.render().to_string(),
+                Ok(_) => panic!("--help"),
+            };
+            assert!(help.contains("--leader-election") && !help.contains("--leader-elect "), "{command} --help:\n{help}");
+        }
+    }
+
+    #[test]
+    fn usage_errors_are_one_line() {
+        let err = parse(&["lease", "acquire", "l"]).err().map(|e| usage_error(&e).to_string()).unwrap_or_default();
+        assert_eq!(err, "the following required arguments were not provided: --holder <HOLDER> (see --help)");
+        assert_eq!(usage_error(&parse(&["nonsense"]).err().unwrap_or_else(|| panic!("parses"))).exit(), Exit::Usage);
+    }
+
+    #[test]
+    fn run_local_takes_a_free_port_unless_told_and_a_ready_file_only_with_local() {
+        match parse(&["run", "--local"]).map(|cli| cli.command) {
+            Ok(Command::Run(run)) => assert_eq!(run.local_port, None),
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&["run", "--ready-file", "/tmp/r"]).is_err(), "--ready-file needs --local");
+        assert!(parse(&["run", "--local-port", "9443"]).is_err(), "--local-port needs --local");
+    }
+}
