@@ -293,6 +293,7 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
     let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let busy_port = busy.local_addr().expect("addr").port().to_string();
     let kc = Some(kubeconfig.as_path());
+    let missing_cert = home.join("no-such.crt").display().to_string();
     let cases = [
         case(
             "no kubeconfig",
@@ -425,6 +426,24 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
             1,
             "any other failure",
             &format!("cannot listen on 127.0.0.1:{busy_port}: the address is already in use"),
+        ),
+        case(
+            "webhook TLS file missing",
+            kc,
+            &["webhook", "--addr", "127.0.0.1:0", "--tls-cert-file", &missing_cert, "--tls-key-file", &missing_cert],
+            1,
+            "any other failure",
+            &format!("cannot read the TLS file {missing_cert}: no such file or directory"),
+        ),
+        case(
+            "controller metrics port taken",
+            kc,
+            &["controller", "--namespace", &ns, "--metrics-addr", &format!("127.0.0.1:{busy_port}")],
+            1,
+            "any other failure",
+            &format!(
+                "cannot listen on 127.0.0.1:{busy_port}: the address is already in use; another process listens there: stop it or choose another --metrics-addr"
+            ),
         ),
     ];
     let wrong: Vec<String> = cases.iter().flat_map(|c| check(c, home, &help)).collect();

@@ -2,8 +2,10 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
 
 use super::cluster::Cluster;
 use super::error::Error;
@@ -44,15 +46,35 @@ pub async fn run(args: ControllerArgs) -> Result<(), Error> {
 
     let stop = crate::process::shutdown_on_signal();
     let mut registry = Registry::default();
-    let controller = controller::run(cluster.client.clone(), options, &mut registry, stop.clone().cancelled_owned());
-    let serving = telemetry::serve_metrics(args.metrics_addr, Arc::new(registry), stop.clone().cancelled_owned());
-    // A metrics port that cannot be bound stops the controller too, rather than running blind.
-    let metrics = async {
-        let served = serving.await;
-        stop.cancel();
-        served
-    };
-    let (controller, metrics) = tokio::join!(controller, metrics);
-    controller.map_err(|source| Error::RunController { server: cluster.server.clone(), source })?;
-    metrics.map_err(|source| Error::ServeMetrics { addr: args.metrics_addr, source })
+    let controller = tokio::spawn(controller::run(cluster.client.clone(), options, &mut registry, stop.clone().cancelled_owned()));
+    // Until a signal; a metrics port that cannot be bound stops the controller too, rather
+    // than running blind, and is the error to report.
+    let served = telemetry::serve_metrics(args.metrics_addr, Arc::new(registry), stop.clone().cancelled_owned()).await;
+    stop.cancel();
+    if let Err(source) = served {
+        controller.abort();
+        let _ = controller.await;
+        return Err(Error::ServeMetrics { addr: args.metrics_addr, source });
+    }
+    stopped(controller, &cluster.server).await
+}
+
+/// How long a stopping process waits for the lease controller.
+const CONTROLLER_STOP: Duration = Duration::from_secs(5);
+
+/// Waits for the (already told to stop) lease controller. It stops within moments, except
+/// when stopped before its first list of Leases completed: kube-runtime's graceful shutdown
+/// then waits for a store that never fills. A process that is ending must not hang on that:
+/// wait a bounded time, then drop it.
+pub(super) async fn stopped(mut controller: JoinHandle<Result<(), controller::Error>>, server: &str) -> Result<(), Error> {
+    match tokio::time::timeout(CONTROLLER_STOP, &mut controller).await {
+        Ok(Ok(result)) => result.map_err(|source| Error::RunController { server: server.to_string(), source }),
+        Ok(Err(_)) => Err(Error::ControllerPanicked),
+        Err(_) => {
+            tracing::warn!(waited = ?CONTROLLER_STOP, "the lease controller did not stop in time; dropping it");
+            controller.abort();
+            let _ = controller.await;
+            Ok(())
+        }
+    }
 }

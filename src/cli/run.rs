@@ -76,7 +76,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     let controller = crate::lease::controller::run(cluster.client.clone(), options, &mut registry, shutdown.clone().cancelled_owned());
     let metrics = Metrics::register(&mut registry);
     let registry = Arc::new(registry);
-    let mut controller = tokio::spawn(controller);
+    let controller = tokio::spawn(controller);
 
     let webhook = if args.local {
         local(&cluster, &args, metrics, registry, &shutdown, &controller).await
@@ -87,25 +87,12 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     if webhook.is_err() {
         // The webhook could not start (or stopped): its error is the one to report, now.
         controller.abort();
+        // Dropped before the error is printed, so it logs nothing after it.
+        let _ = controller.await;
         return webhook;
     }
-    // The controller stops gracefully within moments, except when it is stopped before its
-    // first list of Leases completed: kube-runtime's graceful shutdown then waits for a store
-    // that never fills. A process that is ending must not hang on that: wait a bounded time,
-    // then drop it.
-    match tokio::time::timeout(CONTROLLER_STOP, &mut controller).await {
-        Ok(Ok(result)) => result.map_err(|source| Error::RunController { server: cluster.server.clone(), source }),
-        Ok(Err(_)) => Err(Error::ControllerPanicked),
-        Err(_) => {
-            tracing::warn!(waited = ?CONTROLLER_STOP, "the lease controller did not stop in time; dropping it");
-            controller.abort();
-            Ok(())
-        }
-    }
+    super::controller::stopped(controller, &cluster.server).await
 }
-
-/// How long `run` waits for the lease controller to stop after shutdown.
-const CONTROLLER_STOP: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `run --local`: serve and register, say so (log line and ready file), run until shutdown,
 /// then unregister.
