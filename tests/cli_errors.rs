@@ -392,6 +392,14 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
             &format!("lease \"l\" in namespace \"{ns}\" is held by \"b\", not by \"c\""),
         ),
         case(
+            "lease held by another (get --holder)",
+            kc,
+            &["lease", "get", "l", "--holder", "c", "-n", &ns],
+            7,
+            "another holds it",
+            &format!("lease \"l\" in namespace \"{ns}\" is held by \"b\", not by \"c\""),
+        ),
+        case(
             "lease held by another (release)",
             kc,
             &["lease", "release", "l", "--holder", "a", "-n", &ns],
