@@ -47,14 +47,17 @@ kubectl apply -f crds/ >&2
 kubectl wait --for condition=established --timeout=60s crd/leases.kubefence.io >&2
 
 step "Starting kube-fence (controller + webhook, local mode; log: $work/kube-fence.log)"
-"$kf" run --local >"$work/kube-fence.log" 2>&1 &
+# --ready-file appears (written atomically) once the webhook serves and is registered and the
+# controller runs; the webhook listens on a free port, so a second kube-fence does not collide.
+"$kf" run --local --ready-file "$work/ready" >"$work/kube-fence.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 150); do
-  if grep -q "registered as ValidatingWebhookConfiguration" "$work/kube-fence.log" 2>/dev/null; then break; fi
+  [[ -s "$work/ready" ]] && break
   if ! kill -0 "${pids[0]}" 2>/dev/null; then cat "$work/kube-fence.log" >&2; say "kube-fence exited"; exit 1; fi
   sleep 0.2
 done
-grep -q "registered as ValidatingWebhookConfiguration" "$work/kube-fence.log" || { cat "$work/kube-fence.log" >&2; say "kube-fence did not become ready"; exit 1; }
+[[ -s "$work/ready" ]] || { cat "$work/kube-fence.log" >&2; say "kube-fence did not become ready within 30s"; exit 1; }
+say "kube-fence is ready: webhook at $(cat "$work/ready")"
 
 ns=kube-fence-demo
 kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null

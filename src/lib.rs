@@ -70,6 +70,7 @@
 //! - [`telemetry`]: logs and metrics shared by every long-running subcommand.
 //! - `history` (cargo feature `history`, off by default): checks a recorded history of grants and
 //!   accepted writes for fencing violations; the oracle of kube-fence's own fault-injection tests.
+//! - [`process`]: a running process's identity and shutdown signal.
 #![forbid(unsafe_code)]
 
 pub mod admission;
@@ -79,5 +80,6 @@ pub mod client;
 #[cfg(feature = "history")]
 pub mod history;
 pub mod lease;
+pub mod process;
 pub mod telemetry;
 pub mod token;

@@ -520,7 +520,7 @@ async fn cli_lease_acquire_prints_the_token() {
     // Another holder times out while sh-1 holds it.
     let out = cli(&["lease", "acquire", "job", "--holder", "sh-2", "--wait", "1s", "-n", &ns]).await;
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("timed out") && text(&out.stderr).contains("held by sh-1"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("timed out") && text(&out.stderr).contains("held by \"sh-1\""), "{}", text(&out.stderr));
 
     // Released, the next holder gets a greater token.
     let out = cli(&["lease", "release", "job", "--holder", "sh-1", "-n", &ns]).await;
@@ -536,10 +536,10 @@ async fn cli_lease_acquire_prints_the_token() {
     assert!(text(&out.stderr).contains("not a duration"), "{}", text(&out.stderr));
     let out = cli(&["lease", "get", "missing", "-n", &ns]).await;
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("not found"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("does not exist"), "{}", text(&out.stderr));
     let out = cli(&["lease", "renew", "job", "--holder", "sh-1", "-n", &ns]).await;
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("held by sh-2"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("held by \"sh-2\""), "{}", text(&out.stderr));
     controller.abort();
 }
 

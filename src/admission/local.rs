@@ -1,6 +1,7 @@
-//! Local mode: the webhook served on loopback with a CA made in-process, registered on the
-//! cluster by `clientConfig.url` (docs/design.md §2, `kube-fence run --local`), and the
-//! registration removed again on a clean stop. The tests use the same code.
+//! Local mode (`kube-fence run --local`): the webhook served on loopback — on a free port unless
+//! one is asked for — with a CA made in-process, registered on the cluster by
+//! `clientConfig.url`, and the registration removed again on a clean stop. For an API server on
+//! this machine (a development control plane); the tests use the same code.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};

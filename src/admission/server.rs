@@ -223,12 +223,7 @@ pub async fn run(
     registry: Arc<Registry>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let events = Some(RejectionEvents::new(leases.client(), instance_name()));
+    let events = Some(RejectionEvents::new(leases.client(), crate::process::identity()));
     let webhook = Arc::new(Webhook::new(exempt, leases, metrics, events));
     serve(listener, tls, router(webhook, registry), shutdown).await
-}
-
-/// This replica's name for Events: the Pod name when running in a cluster, else host and pid.
-pub fn instance_name() -> String {
-    std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(|| format!("kube-fence-{}", std::process::id()))
 }
