@@ -247,7 +247,7 @@ fn judge(
     }
 }
 
-/// The oracle: what any allowed write must satisfy (docs/design.md, "The decision table").
+/// The oracle: what any allowed write must satisfy (docs/design.md §5).
 fn check_verdict(req: &decision::Request, exempt: &Exemptions, facts: Option<&LeaseFacts>, verdict: &Verdict) -> Result<(), TestCaseError> {
     let old_lease = req.old.as_ref().and_then(|o| o.lease.as_deref());
     let new_lease = req.new.as_ref().and_then(|n| n.lease.as_deref());

@@ -1,4 +1,4 @@
-//! Where a write is judged: the fencing decision table (docs/design.md, "The decision table"),
+//! Where a write is judged: the fencing decision table (docs/design.md §5),
 //! as pure functions.
 //!
 //! A request flows one way: [`plan`] looks at the facts of one admission request and either
@@ -12,7 +12,7 @@
 //! Why this is enough for safety: for UPDATE and DELETE the API server runs validating
 //! admission inside its storage compare-and-swap loop, so the `old` object judged here is the
 //! exact version the write replaces; `presented > recorded` checked here is committed in the
-//! same etcd transaction as the write (docs/design.md, "Why a judged write is atomic").
+//! same etcd transaction as the write (docs/design.md §6).
 
 use std::fmt;
 

@@ -1,4 +1,4 @@
-//! What kube-fence registers on the API server (docs/design.md, "Registration"):
+//! What kube-fence registers on the API server (docs/design.md §5):
 //!
 //! - The ValidatingWebhookConfiguration that sends guarded writes to kube-fence: every group,
 //!   version, resource and subresource, CREATE/UPDATE/DELETE, namespaced objects carrying the

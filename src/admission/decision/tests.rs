@@ -1,4 +1,4 @@
-//! The decision table (docs/design.md, "The decision table"), row by row, plus every
+//! The decision table (docs/design.md §5), row by row, plus every
 //! malformed-token form, subresources, finalizer removal and the reads each row needs.
 
 use rstest::rstest;
