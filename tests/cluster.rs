@@ -33,6 +33,7 @@ async fn kubectl_explain_describes_the_lease_fields() {
         ("flease.spec.heartbeatTime", "Only the change"),
         ("flease.spec.fencing.comparison", "greater than the one the object records"),
         ("flease.spec.fencing.enforcement", "never back"),
+        ("flease.spec.identity", "ServiceAccount token"),
         ("flease.status.token", "Strictly greater than every token"),
         ("flease.status.expireTime", "controller clock"),
     ] {
@@ -64,7 +65,7 @@ async fn kubectl_explain_describes_the_lease_fields() {
         );
     }
 
-    // `kubectl get flease` shows holder, token, phase, expiry and age.
+    // `kubectl get flease` shows holder, token, phase, identity binding, expiry and age.
     let ns = common::namespace(&client, "columns").await;
     Api::<Lease>::namespaced(client.clone(), &ns)
         .create(&PostParams::default(), &Lease::new("shown", LeaseSpec::default()))
@@ -76,5 +77,5 @@ async fn kubectl_explain_describes_the_lease_fields() {
     .await
     .expect("thread");
     let header = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().split_whitespace().collect::<Vec<_>>().join(" ");
-    assert_eq!(header, "NAME HOLDER TOKEN PHASE EXPIRES AGE");
+    assert_eq!(header, "NAME HOLDER TOKEN PHASE IDENTITY EXPIRES AGE");
 }

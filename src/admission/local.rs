@@ -106,8 +106,8 @@ impl LocalWebhook {
         // Lease status is written by this process's controller, under this process's identity.
         let registered = async {
             let me = super::registration::whoami(&client).await?;
-            registration.apply_status_policy(&client, std::slice::from_ref(&me)).await?;
-            registration.apply_identity_policy(&client, &[me]).await?;
+            let me = [me];
+            registration.apply_policies(&client, &me, &me).await?;
             registration.apply(&client).await
         };
         if let Err(err) = registered.await {

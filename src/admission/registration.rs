@@ -148,15 +148,26 @@ impl Registration {
         LabelSelector { match_expressions: Some(rules), match_labels: None }
     }
 
+    /// A policy named `name` with `spec`, and its binding to the fenced namespaces (pure).
+    fn policy(&self, name: &str, spec: serde_json::Value) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+        let metadata = serde_json::json!({"name": name, "labels": {"app.kubernetes.io/managed-by": "kube-fence"}});
+        let policy = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy", "metadata": metadata, "spec": spec,
+        });
+        let binding = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding", "metadata": metadata,
+            "spec": {"policyName": name, "validationActions": ["Deny"], "matchResources": {"namespaceSelector": self.namespace_selector()}},
+        });
+        // Both are built from literals of their own schema: they always convert.
+        (serde_json::from_value(policy).unwrap_or_default(), serde_json::from_value(binding).unwrap_or_default())
+    }
+
     /// The policy that lets only `writers` (usernames) write the status of kube-fence Leases in
     /// the fenced namespaces, and its binding (pure).
     pub fn status_policy(&self, writers: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-        let name = self.status_policy_name();
-        let labels = serde_json::json!({"app.kubernetes.io/managed-by": "kube-fence"});
-        let policy = serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {
+        self.policy(
+            &self.status_policy_name(),
+            serde_json::json!({
                 "failurePolicy": "Fail",
                 "matchConstraints": {"resourceRules": [{
                     "apiGroups": [crate::api::GROUP], "apiVersions": ["*"], "resources": ["leases/status"], "operations": ["UPDATE"],
@@ -166,19 +177,8 @@ impl Registration {
                     "messageExpression": STATUS_WRITER_MESSAGE,
                     "reason": "Forbidden",
                 }],
-            },
-        });
-        let binding = serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {
-                "policyName": name,
-                "validationActions": ["Deny"],
-                "matchResources": {"namespaceSelector": self.namespace_selector()},
-            },
-        });
-        // Both are built from literals of their own schema: they always convert.
-        (serde_json::from_value(policy).unwrap_or_default(), serde_json::from_value(binding).unwrap_or_default())
+            }),
+        )
     }
 
     fn status_policy_name(&self) -> String {
@@ -193,12 +193,11 @@ impl Registration {
     /// renewal names the requester itself, a release is made by the holder itself; `admins`
     /// (usernames) are exempt. Judged by the API server (CEL): no webhook call. Pure.
     pub fn identity_policy(&self, admins: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-        let name = self.identity_policy_name();
-        let labels = serde_json::json!({"app.kubernetes.io/managed-by": "kube-fence"});
-        let policy = serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {
+        let variables: Vec<serde_json::Value> =
+            IDENTITY_VARIABLES.iter().map(|(name, expression)| serde_json::json!({"name": name, "expression": expression})).collect();
+        self.policy(
+            &self.identity_policy_name(),
+            serde_json::json!({
                 "failurePolicy": "Fail",
                 "matchConstraints": {"resourceRules": [{
                     "apiGroups": [crate::api::GROUP], "apiVersions": ["*"], "resources": ["leases"], "operations": ["CREATE", "UPDATE"],
@@ -207,32 +206,25 @@ impl Registration {
                     {"name": "identity-bound", "expression": "has(object.spec) && has(object.spec.identity)"},
                     {"name": "not-an-admin", "expression": format!("!({})", status_writer_expression(admins))},
                 ],
-                "variables": IDENTITY_VARIABLES.iter().map(|(name, expression)| serde_json::json!({"name": name, "expression": expression})).collect::<Vec<_>>(),
+                "variables": variables,
                 "validations": [
                     {"expression": IDENTITY_CLAIM_RULE, "messageExpression": IDENTITY_CLAIM_MESSAGE, "reason": "Forbidden"},
                     {"expression": IDENTITY_RELEASE_RULE, "messageExpression": IDENTITY_RELEASE_MESSAGE, "reason": "Forbidden"},
                 ],
-            },
-        });
-        let binding = serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {
-                "policyName": name,
-                "validationActions": ["Deny"],
-                "matchResources": {"namespaceSelector": self.namespace_selector()},
-            },
-        });
-        (serde_json::from_value(policy).unwrap_or_default(), serde_json::from_value(binding).unwrap_or_default())
+            }),
+        )
     }
 
-    /// Creates or updates the identity policy and its binding.
-    pub async fn apply_identity_policy(&self, client: &kube::Client, admins: &[String]) -> Result<(), kube::Error> {
-        let (policy, binding) = self.identity_policy(admins);
-        let name = self.identity_policy_name();
+    /// Creates or updates the lease-status policy (`writers` may write Lease status) and the
+    /// identity policy (`admins` are exempt from it), with their bindings.
+    pub async fn apply_policies(&self, client: &kube::Client, writers: &[String], admins: &[String]) -> Result<(), kube::Error> {
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        Api::<ValidatingAdmissionPolicy>::all(client.clone()).patch(&name, &params, &Patch::Apply(&policy)).await?;
-        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).patch(&name, &params, &Patch::Apply(&binding)).await?;
+        for (name, (policy, binding)) in
+            [(self.status_policy_name(), self.status_policy(writers)), (self.identity_policy_name(), self.identity_policy(admins))]
+        {
+            Api::<ValidatingAdmissionPolicy>::all(client.clone()).patch(&name, &params, &Patch::Apply(&policy)).await?;
+            Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).patch(&name, &params, &Patch::Apply(&binding)).await?;
+        }
         Ok(())
     }
 
@@ -240,16 +232,6 @@ impl Registration {
     pub async fn apply(&self, client: &kube::Client) -> Result<ValidatingWebhookConfiguration, kube::Error> {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
         api.patch(&self.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&self.configuration())).await
-    }
-
-    /// Creates or updates the lease-status policy and its binding.
-    pub async fn apply_status_policy(&self, client: &kube::Client, writers: &[String]) -> Result<(), kube::Error> {
-        let (policy, binding) = self.status_policy(writers);
-        let name = self.status_policy_name();
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        Api::<ValidatingAdmissionPolicy>::all(client.clone()).patch(&name, &params, &Patch::Apply(&policy)).await?;
-        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).patch(&name, &params, &Patch::Apply(&binding)).await?;
-        Ok(())
     }
 
     /// Deletes the webhook configuration and the lease-status policy; absent is fine.
