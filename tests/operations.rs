@@ -247,11 +247,16 @@ async fn helm(args: Vec<String>) -> std::process::Output {
     out
 }
 
-/// `helm upgrade` of the installed release to `chart`, keeping the values it was installed with.
+/// `helm upgrade` of the installed release to `chart`, keeping the values it was installed with
+/// (`--reset-then-reuse-values`: the new chart's defaults plus the values given at install;
+/// `--reuse-values` would carry the old chart's defaults over, which an older chart's schema
+/// rejects).
 async fn helm_upgrade(chart: &str, extra: &[&str]) {
     let (kf_ns, kf) = release();
-    let mut args: Vec<String> =
-        ["upgrade", &kf, chart, "-n", &kf_ns, "--reuse-values", "--wait", "--timeout", "180s"].iter().map(|s| s.to_string()).collect();
+    let mut args: Vec<String> = ["upgrade", &kf, chart, "-n", &kf_ns, "--reset-then-reuse-values", "--wait", "--timeout", "180s"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
     helm(args).await;
 }

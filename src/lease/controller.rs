@@ -219,28 +219,38 @@ pub fn run(
     }
 }
 
+/// How long a stopping controller may take to finish its running reconciles.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Runs the kube-runtime Controller until `stop` is cancelled.
 async fn reconcile_until(client: Client, options: &ControllerOptions, metrics: Metrics, stop: CancellationToken) -> Result<(), Error> {
     let leases: Api<Lease> = match &options.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let controller = Controller::new(leases, watcher::Config::default()).graceful_shutdown_on(stop.cancelled_owned());
+    let controller = Controller::new(leases, watcher::Config::default()).graceful_shutdown_on(stop.clone().cancelled_owned());
     let reporter = Reporter { controller: CONTROLLER_NAME.to_string(), instance: Some(options.identity.clone()) };
     let context = Arc::new(Context { recorder: Recorder::new(client.clone(), reporter), client, metrics, store: controller.store() });
     tracing::info!(namespace = options.namespace.as_deref().unwrap_or("<all>"), identity = %options.identity, "lease controller running");
-    controller
-        .run(reconcile, error_policy, context)
-        .for_each(|result| async move {
-            match result {
-                Ok(_) => {}
-                Err(kube::runtime::controller::Error::ReconcilerFailed(err, obj)) => {
-                    tracing::warn!(lease = %obj, reason = err.reason(), %err, "reconcile failed")
-                }
-                Err(err) => tracing::warn!(%err, "lease controller"),
+    let running = controller.run(reconcile, error_policy, context).for_each(|result| async move {
+        match result {
+            Ok(_) => {}
+            Err(kube::runtime::controller::Error::ReconcilerFailed(err, obj)) => {
+                tracing::warn!(lease = %obj, reason = err.reason(), %err, "reconcile failed")
             }
-        })
-        .await;
+            Err(err) => tracing::warn!(%err, "lease controller"),
+        }
+    });
+    // Graceful shutdown lets running reconciles finish; bound it, because a controller stopped
+    // before its first list completed waits for a store that never fills.
+    let bounded = async {
+        stop.cancelled().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        _ = running => {}
+        _ = bounded => tracing::warn!(grace = ?SHUTDOWN_GRACE, "the lease controller did not stop within its grace period; stopped"),
+    }
     Ok(())
 }
 
