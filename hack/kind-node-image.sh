@@ -36,7 +36,7 @@ ETCD_VERSION=$(sed -n 's/^ETCD_VERSION=\(v[^[:space:]]*\).*/\1/p' hack/build-con
 [[ -n $KUBE_VERSION && -n $ETCD_VERSION ]] || die "could not read KUBE_VERSION / ETCD_VERSION from hack/build-control-plane.sh"
 SUITE=bookworm
 REF=localhost/kube-fence/kind-node:$KUBE_VERSION
-ETCD_IMAGE=localhost/kf/etcd:$ETCD_VERSION
+ETCD_IMAGE=localhost/kf/etcd:${ETCD_VERSION#v}
 PAUSE_IMAGE=localhost/kf/pause:1.0
 POD_CIDR=10.244.0.0/24
 
