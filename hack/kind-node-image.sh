@@ -43,8 +43,10 @@ POD_CIDR=10.244.0.0/24
 if [[ ${1:-} == --print-ref ]]; then echo "$REF"; exit 0; fi
 [[ $# -eq 0 ]] || die "usage: $0 [--print-ref]"
 
+# The cache key: the versions and what the scripts do (comments and blank lines left out).
 key=$( { echo "$KUBE_VERSION $ETCD_VERSION $KIND_VERSION $CRICTL_VERSION $SUITE"
-  cat "$0" hack/kind/common.sh hack/kind/dir-image.sh hack/make-image.sh testenv/images/pause/main.go; } | sha256sum | cut -c1-12)
+  sed -e '/^[[:space:]]*#/d' -e '/^[[:space:]]*$/d' "$0" hack/kind/common.sh hack/kind/dir-image.sh hack/make-image.sh
+  cat testenv/images/pause/main.go; } | sha256sum | cut -c1-12)
 outdir="$kf_cache/kind"
 out="$outdir/node-$KUBE_VERSION-$key.tar"
 if [[ -f $out ]]; then say "cached: $out ($REF)"; echo "$out"; exit 0; fi
@@ -142,6 +144,7 @@ proxy=$work/kube-proxy
 mkdir -p "$proxy/usr/local/bin" "$proxy/usr/lib" "$proxy/usr/lib64" "$proxy/usr/sbin" "$proxy/usr/bin" "$proxy/run" "$proxy/tmp" "$proxy/etc"
 for d in lib lib64 sbin bin; do ln -sfn "usr/$d" "$proxy/$d"; done
 # Paths as dpkg lists them go through the merged-/usr links; resolve the directory part.
+# shellcheck disable=SC2016
 in_root bash -euc 'for p in libc6 libgcc-s1 iptables libip4tc2 libip6tc2 libxtables12 libnftnl11 libmnl0 \
     libnetfilter-conntrack3 libnfnetlink0 conntrack; do dpkg -L "$p"; done; echo /etc/ld.so.cache' | sort -u \
   | while read -r f; do
@@ -164,6 +167,7 @@ mkdir -p "$rootfs/tmp/kf-images"
 cp "$images"/*.tar "$rootfs/tmp/kf-images/"
 # containerd runs in the node's root filesystem, in a mount and PID namespace of its own: it ends
 # with the shell, and nothing it mounts outlives it.
+# shellcheck disable=SC2016
 unshare --mount --pid --fork --mount-proc="$rootfs/proc" chroot "$rootfs" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin bash -euc '
   containerd >/tmp/containerd.log 2>&1 &
   for _ in $(seq 1 50); do [[ -S /run/containerd/containerd.sock ]] && break; sleep 0.2; done
