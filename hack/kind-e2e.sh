@@ -126,7 +126,9 @@ kubeconfig=$work/kubeconfig
 export KUBECONFIG=$kubeconfig
 say "creating cluster $CLUSTER"
 cluster_made=true
-"$kind" create cluster --name "$CLUSTER" --image "$node_image" --config "$config" --kubeconfig "$kubeconfig" --wait 180s
+retain=()
+[[ -n ${KEEP_CLUSTER:-} ]] && retain=(--retain)   # keep the node of a failed create, to look into
+"$kind" create cluster --name "$CLUSTER" --image "$node_image" --config "$config" --kubeconfig "$kubeconfig" --wait 180s "${retain[@]}"
 kubectl get nodes -o wide >&2
 
 say "building image $IMAGE and loading it into the cluster"

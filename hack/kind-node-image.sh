@@ -173,7 +173,7 @@ unshare --mount --pid --fork --mount-proc="$rootfs/proc" chroot "$rootfs" /usr/b
   for _ in $(seq 1 50); do [[ -S /run/containerd/containerd.sock ]] && break; sleep 0.2; done
   ctr version >/dev/null
   for t in /tmp/kf-images/*.tar; do
-    ctr -n k8s.io images import --all-platforms --no-unpack --digests "$t" >/dev/null
+    ctr -n k8s.io images import --all-platforms --no-unpack "$t" >/dev/null
   done
   for ref in $(ctr -n k8s.io images list -q); do
     ctr -n k8s.io images label "$ref" io.cri-containerd.pinned=pinned >/dev/null

@@ -42,6 +42,8 @@ engine_snapshot() { # $1 = directory
 engine_up() {
   if [[ -z ${KIND_E2E_OWN_DOCKERD:-} ]] && docker info >/dev/null 2>&1; then
     engine_say "using the Docker engine that answers ($(docker version -f '{{.Server.Version}}' 2>/dev/null))"
+    KF_REAL_DOCKER=$(command -v docker)
+    engine_privileged
     return 0
   fi
   command -v dockerd >/dev/null 2>&1 || { engine_say "error: no Docker engine answers and dockerd is not installed (apt-get install docker.io)"; return 1; }
@@ -70,8 +72,14 @@ engine_up() {
     sleep 0.5
   done
   "$KF_REAL_DOCKER" info >/dev/null 2>&1 || { tail -20 "$engine_dir/dockerd.log" >&2; engine_say "error: dockerd did not answer in 30 s"; return 1; }
-  # Capabilities the bounding set lacks make --privileged fail: use the wrapper for them.
-  local bnd last missing="" names=(CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP
+  engine_privileged
+  engine_say "dockerd $("$KF_REAL_DOCKER" version -f '{{.Server.Version}}') answers on $DOCKER_HOST"
+}
+
+# Capabilities the bounding set lacks make --privileged fail: kind then goes through the wrapper.
+engine_privileged() {
+  export KF_REAL_DOCKER
+  local i bnd last missing="" names=(CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP
     LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO
     SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE
     AUDIT_WRITE AUDIT_CONTROL SETFCAP MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF
@@ -87,12 +95,11 @@ engine_up() {
     export KF_PRIVILEGED_DROP=$missing
     export KF_PRIVILEGED_ENTRY=$PWD/hack/kind/privileged-entry
     PATH=$PWD/hack/kind/docker-bin:$PATH
-  else
+  elif $engine_owned; then
     # still run the daemon's own CLI
     mkdir -p "$engine_run/bin" && ln -sf "$KF_REAL_DOCKER" "$engine_run/bin/docker"
     PATH=$engine_run/bin:$PATH
   fi
-  engine_say "dockerd $("$KF_REAL_DOCKER" version -f '{{.Server.Version}}') answers on $DOCKER_HOST"
 }
 
 engine_down() {
