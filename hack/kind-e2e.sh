@@ -19,7 +19,8 @@
 #
 # Tools: kind (on PATH, else built from the Go module proxy at the version hack/kind/common.sh
 # pins), kubectl and helm (on PATH, else hack/build-control-plane.sh's), cargo.
-#   KEEP_CLUSTER=1                   keep the cluster (and a dockerd this script started) afterwards
+#   KEEP_CLUSTER=1                   keep the cluster (and a dockerd this script started) afterwards;
+#                                    `hack/kind-e2e.sh --down` deletes it and stops that dockerd
 #   KUBE_FENCE_IMAGE_PROFILE=debug   faster image build (debug binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,21 @@ if ! command -v kubectl >/dev/null 2>&1 || ! command -v helm >/dev/null 2>&1; th
 fi
 kind=$(command -v kind || true)
 [[ -n $kind ]] || kind=$(kind_bin)
+kept_kubeconfig=$kf_cache/kind/$CLUSTER.kubeconfig
+
+if [[ ${1:-} == --down ]]; then
+  if ! engine_adopt; then
+    docker info >/dev/null 2>&1 || die "no Docker engine answers, and no dockerd of an earlier run is left"
+    KF_REAL_DOCKER=$(command -v docker)
+    engine_privileged
+  fi
+  say "deleting cluster $CLUSTER"
+  "$kind" delete cluster --name "$CLUSTER" >&2
+  rm -f "$kept_kubeconfig"
+  engine_down
+  exit 0
+fi
+[[ $# -eq 0 ]] || die "usage: $0 [--down]"
 say "kind $("$kind" version | cut -d' ' -f2), kubectl and helm: $(command -v kubectl), $(command -v helm)"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kind-e2e.XXXXXX")
@@ -53,8 +69,12 @@ cleanup() {
     "$kind" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || say "warning: could not delete cluster $CLUSTER"
   fi
   if [[ -n ${KEEP_CLUSTER:-} ]]; then
+    if $cluster_made; then
+      cp "$kubeconfig" "$kept_kubeconfig" 2>/dev/null || true
+      say "KEEP_CLUSTER: cluster $CLUSTER kept, KUBECONFIG=$kept_kubeconfig; remove it with: hack/kind-e2e.sh --down"
+    fi
     if $engine_owned; then
-      say "KEEP_CLUSTER: dockerd keeps running (DOCKER_HOST=$DOCKER_HOST); the host is restored only when a run without KEEP_CLUSTER stops it"
+      say "KEEP_CLUSTER: dockerd keeps running (DOCKER_HOST=$DOCKER_HOST) until hack/kind-e2e.sh --down"
     fi
   else
     engine_down

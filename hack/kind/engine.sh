@@ -49,10 +49,12 @@ engine_up() {
   command -v dockerd >/dev/null 2>&1 || { engine_say "error: no Docker engine answers and dockerd is not installed (apt-get install docker.io)"; return 1; }
   [[ $(id -u) -eq 0 ]] || { engine_say "error: starting a Docker engine needs root"; return 1; }
   if [[ -S $engine_run/docker.sock ]] && DOCKER_HOST=unix://$engine_run/docker.sock docker info >/dev/null 2>&1; then
-    engine_say "error: a dockerd started by an earlier run still answers on $engine_run/docker.sock (pid $(cat "$engine_run/dockerd.pid" 2>/dev/null)); stop it first"
+    engine_say "error: a dockerd started by an earlier run (KEEP_CLUSTER) still answers on $engine_run/docker.sock; stop it first: hack/kind-e2e.sh --down"
     return 1
   fi
-  engine_state=$(mktemp -d "${TMPDIR:-/tmp}/kf-kind-host.XXXXXX")
+  mkdir -p "$engine_run"
+  engine_state=$engine_run/host-before
+  rm -rf "$engine_state" && mkdir -p "$engine_state"
   engine_snapshot "$engine_state"
   engine_owned=true
   mkdir -p "$engine_dir/data" "$engine_run"
@@ -102,6 +104,20 @@ engine_privileged() {
   fi
 }
 
+# engine_adopt: take over a dockerd a KEEP_CLUSTER run left running (to stop it: engine_down).
+engine_adopt() {
+  local pid
+  pid=$(cat "$engine_run/dockerd.pid.started" 2>/dev/null || true)
+  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
+  engine_owned=true
+  engine_state=$engine_run/host-before
+  [[ -d $engine_state ]] || engine_state=""
+  export DOCKER_HOST=unix://$engine_run/docker.sock
+  KF_REAL_DOCKER=/usr/bin/docker
+  [[ -x $KF_REAL_DOCKER ]] || KF_REAL_DOCKER=$(command -v docker)
+  engine_privileged
+}
+
 engine_down() {
   $engine_owned || return 0
   engine_owned=false
@@ -142,6 +158,7 @@ engine_down() {
   done
   rm -rf "$engine_state" "$after"
   engine_state=""
+  engine_say "the host is as before: interfaces, iptables and sysctls checked"
 }
 
 # What a Docker engine with iptables on leaves: DOCKER* chains, jumps to them, FORWARD DROP, MASQUERADE.
