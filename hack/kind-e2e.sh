@@ -62,6 +62,7 @@ say "kind $("$kind" version | cut -d' ' -f2), kubectl and helm: $(command -v kub
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kind-e2e.XXXXXX")
 cluster_made=false
+finished=false   # set at the very end: a run stopped by a signal is not reported as passed
 cleanup() {
   local rc=$?
   if $cluster_made && [[ -z ${KEEP_CLUSTER:-} ]]; then
@@ -80,7 +81,9 @@ cleanup() {
     engine_down
   fi
   rm -rf "$work"
-  say "$([[ $rc -eq 0 ]] && echo passed || echo "failed (exit $rc)") in $(( $(date +%s) - started )) s"
+  if $finished && [[ $rc -eq 0 ]]; then say "passed in $(( $(date +%s) - started )) s"
+  elif $finished || [[ $rc -ne 0 ]]; then say "failed (exit $rc) after $(( $(date +%s) - started )) s"
+  else say "stopped before the end (by a signal) after $(( $(date +%s) - started )) s"; fi
 }
 trap cleanup EXIT
 
@@ -183,3 +186,4 @@ fi
 if kubectl get events -A -o jsonpath='{range .items[*]}{.reason}{" "}{.message}{"\n"}{end}' | grep -E '^(Pulling|Failed|ErrImagePull|BackOff) .*(pull|image)' >&2; then
   die "an image pull was attempted in the cluster (events above)"
 fi
+finished=true
