@@ -12,7 +12,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bindir=$(hack/build-control-plane.sh)
-export PATH="$bindir:$PATH"
-export KUBE_FENCE_BIN_DIR="$bindir"
 exec cargo bench --locked --bench fence -- "$@"

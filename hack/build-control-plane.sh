@@ -4,6 +4,10 @@
 # controller-runtime's envtest does, but without downloading prebuilt binaries (none can be
 # downloaded here). Binaries are cached by version; a warm run takes a second.
 #
+# This script is the one place that builds them; everything else asks kf-env for them
+# (`kf-env build [--node]` prints the directory, `kube_fence_testenv::binaries()` in Rust, and
+# `kf-env up` exports it as KUBE_FENCE_BIN_DIR and on PATH), so a test run calls it once.
+#
 # Usage: hack/build-control-plane.sh [--node] [--kind] [--print-dir]
 #   --node             also build the node components kf-env's node mode runs (kubelet,
 #                      kube-scheduler, kube-proxy; ~10 min cold, seconds when cached). The plain
@@ -13,7 +17,7 @@
 #
 # The k8s.io/kubernetes module cannot be `go install`ed: its go.mod points every staging module
 # at ./staging with v0.0.0 replace directives. A throwaway wrapper module replaces each of them
-# with the published staging version of the same release (see ../shared/CONTROL-PLANE.md).
+# with the published staging version of the same release.
 set -euo pipefail
 
 KUBE_VERSION=v1.37.2        # kube-apiserver, kube-controller-manager, kubectl (+ kubelet, kube-scheduler, kube-proxy)

@@ -4,11 +4,28 @@
 # apt-get when missing, and the kernel features the node needs are there. Anything that cannot
 # be fixed from here fails with a message saying what is missing — never a silent skip.
 #
-# Usage: hack/node-prereqs.sh            (idempotent; prints nothing but progress on stderr)
+# This script owns that job. On success it records so in $stamp (under /run: kernel features
+# and packages are checked once per boot, and again whenever this script changes); kf-env and the
+# node tests only check that record (--check), so a test run installs and probes once.
+#
+# Usage: hack/node-prereqs.sh            prepare and check (a no-op when already done this boot)
+#        hack/node-prereqs.sh --check    only say whether it was done; never installs anything
 set -euo pipefail
 
 say() { printf '[node prereqs %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { say "error: $*"; exit 1; }
+
+stamp=/run/kube-fence-node-prereqs.ok
+self_sum=$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)
+done_already() { [[ -f $stamp && $(cat "$stamp" 2>/dev/null) == "$self_sum" ]]; }
+case ${1:-} in
+  --check)
+    done_already || die "this machine has not been prepared for the node this boot: run hack/node-prereqs.sh (as root; installs containerd, runc, the CNI plugins and checks the kernel)"
+    exit 0 ;;
+  "") ;;
+  *) echo "usage: $0 [--check]" >&2; exit 2 ;;
+esac
+if done_already; then say "ok: already prepared this boot ($stamp)"; exit 0; fi
 
 [[ $(id -u) -eq 0 ]] || die "node mode needs root (network namespaces, mounts, containerd, kubelet); run as root"
 
@@ -49,4 +66,5 @@ in_ns iptables -t filter -A INPUT -m conntrack --ctstate INVALID -m addrtype --d
   || die "iptables lacks conntrack/addrtype/mark matching (CONFIG_NETFILTER_XT_MATCH_*): $(in_ns iptables -t filter -A INPUT -m conntrack --ctstate INVALID -j DROP 2>&1 || true)"
 grep -qw overlay /proc/filesystems || die "the kernel has no overlay filesystem (CONFIG_OVERLAY_FS); containerd's snapshotter needs it"
 [[ -d /sys/fs/cgroup/memory || -f /sys/fs/cgroup/cgroup.controllers ]] || die "no memory cgroup mounted at /sys/fs/cgroup; the kubelet needs cgroups"
+echo "$self_sum" > "$stamp"
 say "ok: packages installed, kernel features present"

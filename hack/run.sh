@@ -15,13 +15,12 @@ demo_only=false
 say() { printf '\033[1m[kube-fence %s]\033[0m %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 step() { printf '\n\033[1;34m==> %s\033[0m\n' "$*" >&2; }
 
-bindir=$(hack/build-control-plane.sh)
-export PATH="$bindir:$PATH"
 say "building kube-fence"
 cargo build --quiet --locked -p kube-fence -p kube-fence-testenv --bin kube-fence --bin kf-env
 target=${CARGO_TARGET_DIR:-target}
 kf="$target/debug/kube-fence"
 kf_env="$target/debug/kf-env"
+PATH="$("$kf_env" build):$PATH"   # kubectl and the control plane, built or cached (kf-env owns that)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kube-fence-run.XXXXXX")
 pids=()
@@ -48,14 +47,17 @@ kubectl apply -f crds/ >&2
 kubectl wait --for condition=established --timeout=60s crd/leases.kubefence.io >&2
 
 step "Starting kube-fence (controller + webhook, local mode; log: $work/kube-fence.log)"
-"$kf" run --local >"$work/kube-fence.log" 2>&1 &
+# --ready-file appears (written atomically) once the webhook serves and is registered and the
+# controller runs; the webhook listens on a free port, so a second kube-fence does not collide.
+"$kf" run --local --ready-file "$work/ready" >"$work/kube-fence.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 150); do
-  if grep -q "registered as ValidatingWebhookConfiguration" "$work/kube-fence.log" 2>/dev/null; then break; fi
+  [[ -s "$work/ready" ]] && break
   if ! kill -0 "${pids[0]}" 2>/dev/null; then cat "$work/kube-fence.log" >&2; say "kube-fence exited"; exit 1; fi
   sleep 0.2
 done
-grep -q "registered as ValidatingWebhookConfiguration" "$work/kube-fence.log" || { cat "$work/kube-fence.log" >&2; say "kube-fence did not become ready"; exit 1; }
+[[ -s "$work/ready" ]] || { cat "$work/kube-fence.log" >&2; say "kube-fence did not become ready within 30s"; exit 1; }
+say "kube-fence is ready: webhook at $(cat "$work/ready")"
 
 ns=kube-fence-demo
 kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null

@@ -20,6 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '[test-node %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+hack/node-prereqs.sh   # a no-op when this boot's machine is already prepared
 if [[ $# -eq 0 ]]; then
   say "running the node tests"
   exec cargo test --locked -p kube-fence-testenv --test node -- --test-threads 1
@@ -27,8 +28,6 @@ fi
 [[ $1 == -- ]] || { echo "usage: $0 [-- CMD [ARG..]]" >&2; exit 2; }
 shift
 
-hack/node-prereqs.sh
-hack/build-control-plane.sh --node >/dev/null
 image_args=(--ref localhost/kube-fence/kube-fence:dev)
 [[ ${KUBE_FENCE_IMAGE_PROFILE:-release} == debug ]] && image_args+=(--debug)
 tarball=$(hack/build-image.sh "${image_args[@]}")
@@ -37,8 +36,9 @@ export KUBE_FENCE_ENV_DIR
 KUBE_FENCE_ENV_DIR=$(mktemp -d "${TMPDIR:-/tmp}/kube-fence-node-env.XXXXXX")
 kf_env=(cargo run --quiet --locked -p kube-fence-testenv --)
 trap '"${kf_env[@]}" down || true' EXIT INT TERM
-eval "$("${kf_env[@]}" up --node)"
-ctr images import "$tarball" >/dev/null
+exports=$("${kf_env[@]}" up --node)   # builds or finds the node binaries too
+eval "$exports"
+"${kf_env[@]}" import "$tarball"
 export KUBE_FENCE_IMAGE=localhost/kube-fence/kube-fence:dev
 say "node up (KUBECONFIG=$KUBECONFIG), image $KUBE_FENCE_IMAGE imported; running: $*"
 "$@"

@@ -11,20 +11,24 @@ cd "$(dirname "$0")/.."
 
 say() { printf '[test %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-bindir=$(hack/build-control-plane.sh)
-export PATH="$bindir:$PATH"
-# The node tests (testenv/tests/node.rs) run a real kubelet node: they need root, Debian's
-# containerd/runc/CNI plugins and the node binaries. Fail here, clearly, if the machine can't.
+# The node tests (testenv/tests/node.rs) and the in-cluster suite run a real kubelet node: they
+# need root and Debian's containerd/runc/CNI plugins. Prepared here, once; everything after only
+# checks that it was (and fails clearly if the machine can't).
 hack/node-prereqs.sh
-hack/build-control-plane.sh --node >/dev/null
 
 say "building kube-fence and its tests"
 cargo build --workspace --all-targets --locked
 
+# kf-env is the one owner of the control plane: it builds (or finds cached) every binary the
+# run needs, once, and starts the cluster. Tests and scripts below find the binaries through
+# KUBE_FENCE_BIN_DIR and PATH instead of building again.
+kf_env=(cargo run --quiet --locked -p kube-fence-testenv --)
+bindir=$("${kf_env[@]}" build --node)
+export KUBE_FENCE_BIN_DIR=$bindir PATH="$bindir:$PATH"
+
 if [[ -z "${KUBECONFIG:-}" ]]; then
   export KUBE_FENCE_ENV_DIR
   KUBE_FENCE_ENV_DIR=$(mktemp -d "${TMPDIR:-/tmp}/kube-fence-test-env.XXXXXX")
-  kf_env=(cargo run --quiet --locked -p kube-fence-testenv --)
   trap '"${kf_env[@]}" down || true' EXIT INT TERM
   exports=$("${kf_env[@]}" up)
   eval "$exports"

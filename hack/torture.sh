@@ -13,8 +13,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bindir=$(hack/build-control-plane.sh)
-export KUBE_FENCE_BIN_DIR="$bindir"
 export KF_TORTURE_REPORT="${KF_TORTURE_REPORT:-${TMPDIR:-/tmp}/kube-fence-torture.md}"
 cargo test --locked --test faults -- --ignored --exact faults_long --nocapture "$@"
 echo "table written to $KF_TORTURE_REPORT" >&2

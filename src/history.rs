@@ -8,7 +8,8 @@
 //! - every accepted write carries a token its lease granted (checked for the leases whose grants
 //!   the history recorded).
 //!
-//! Pure: tests and the fault-injection driver record, this judges.
+//! Pure: tests and the fault-injection driver record, this judges. A test oracle, not part of what
+//! workers use: compiled only with the `history` cargo feature (kube-fence's own tests enable it).
 
 use std::collections::{BTreeMap, HashMap};
 

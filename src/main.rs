@@ -1,16 +1,41 @@
 //! The `kube-fence` binary (also usable as the kubectl plugin `kubectl-fence`).
-//! Everything lives in the library; this only parses arguments and reports errors.
+//! Everything lives in the library; this only parses arguments and reports errors: one line,
+//! and the exit status `kube-fence --help` documents.
+
+use std::process::ExitCode;
 
 use clap::Parser;
+use clap::error::ErrorKind;
+use kube_fence::cli::{Cli, run, usage_error};
 
 #[tokio::main]
-async fn main() -> std::process::ExitCode {
-    let cli = kube_fence::cli::Cli::parse();
-    match kube_fence::cli::run(cli).await {
-        Ok(code) => code,
+async fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err)
+            if matches!(
+                err.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            err.exit()
+        }
         Err(err) => {
-            eprintln!("kube-fence: error: {err:#}");
-            std::process::ExitCode::FAILURE
+            let err = usage_error(&err);
+            eprintln!("kube-fence: error: {err}");
+            return err.exit().into();
+        }
+    };
+    let verbose = cli.verbose;
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            if verbose {
+                eprintln!("kube-fence: error: {}", err.verbose());
+            } else {
+                eprintln!("kube-fence: error: {err}");
+            }
+            err.exit().into()
         }
     }
 }

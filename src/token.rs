@@ -12,6 +12,10 @@ use std::str::FromStr;
 
 /// Annotation that carries the token authorising a write to a guarded object.
 pub const TOKEN_ANNOTATION: &str = "kubefence.io/token";
+/// Annotation the client library sets to a fresh value on every fenced write. Under a lease's
+/// `AllowEqual` comparison an equal token is admitted only when this value changed: the write
+/// restated its token rather than leaving the annotations as a newer holder wrote them.
+pub const WRITE_ANNOTATION: &str = "kubefence.io/write";
 /// Label that binds a guarded object to the lease (same namespace) whose tokens guard it.
 pub const LEASE_LABEL: &str = "kubefence.io/lease";
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/kube-fence");
 
@@ -61,10 +61,70 @@ fn chart_crds_are_the_generated_crds() {
     assert!(chart == generated, "charts/kube-fence/crds/ differs from crds/: cp crds/*.yaml charts/kube-fence/crds/");
 }
 
+/// The chart's webhook configuration and lease-status policy are what local mode registers
+/// (`src/admission/registration.rs`): rules, match condition, selectors, failure policy, and the
+/// policy's rule, all compared field by field.
+#[test]
+fn the_chart_registers_what_local_mode_registers() {
+    use kube_fence::admission::registration::{Endpoint, Registration};
+    let rendered = ok("helm", &["template", "cmp", CHART, "-n", "kf-system", "--set", "webhook.onlyNamespaces={a,b}"], None);
+    let docs: Vec<serde_json::Value> = rendered
+        .split("\n---")
+        .filter_map(|doc| serde_yaml::from_str::<serde_json::Value>(doc).ok())
+        .filter(|doc| doc.is_object())
+        .collect();
+    let find = |kind: &str| docs.iter().find(|d| d["kind"] == kind).cloned().unwrap_or_else(|| panic!("the chart renders a {kind}"));
+    let mut reg = Registration::new("cmp-kube-fence", Endpoint::Service { namespace: "kf-system".into(), name: "x".into(), port: 443 });
+    reg.operator_namespace = Some("kf-system".into());
+    reg.only_namespaces = Some(vec!["a".into(), "b".into()]);
+    let ours = serde_json::to_value(reg.configuration()).expect("configuration");
+    let chart = find("ValidatingWebhookConfiguration");
+    for field in [
+        "name",
+        "rules",
+        "matchConditions",
+        "objectSelector",
+        "namespaceSelector",
+        "failurePolicy",
+        "sideEffects",
+        "matchPolicy",
+        "admissionReviewVersions",
+    ] {
+        assert_eq!(chart["webhooks"][0][field], ours["webhooks"][0][field], "webhook field {field}");
+    }
+    let (policy, binding) = reg.status_policy(&["system:serviceaccount:kf-system:cmp-kube-fence".into()]);
+    let (policy, binding) = (serde_json::to_value(policy).expect("policy"), serde_json::to_value(binding).expect("binding"));
+    let chart_policy = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-lease-status")))
+        .expect("the chart renders the lease-status policy");
+    for field in ["failurePolicy", "matchConstraints", "validations"] {
+        assert_eq!(chart_policy["spec"][field], policy["spec"][field], "policy field {field}");
+    }
+    let bindings: Vec<&serde_json::Value> = docs.iter().filter(|d| d["kind"] == "ValidatingAdmissionPolicyBinding").collect();
+    for chart_binding in &bindings {
+        assert_eq!(chart_binding["spec"]["matchResources"], binding["spec"]["matchResources"]);
+        assert_eq!(chart_binding["spec"]["validationActions"], binding["spec"]["validationActions"]);
+    }
+    let (identity, _) = reg.identity_policy(&[]);
+    let identity = serde_json::to_value(identity).expect("identity policy");
+    let chart_identity = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-lease-identity"))
+        })
+        .expect("the chart renders the identity policy");
+    for field in ["failurePolicy", "matchConstraints", "matchConditions", "variables", "validations"] {
+        assert_eq!(chart_identity["spec"][field], identity["spec"][field], "identity policy field {field}");
+    }
+}
+
 #[test]
 fn chart_lints_and_the_schema_rejects_bad_values() {
     ok("helm", &["lint", "--strict", CHART], None);
-    for bad in ["replicaCount=0", "tls.mode=bogus", "webhook.timeoutSeconds=60", "logFormat=xml", "nosuchvalue=1"] {
+    for bad in
+        ["replicaCount=0", "tls.mode=bogus", "webhook.timeoutSeconds=60", "logFormat=xml", "nosuchvalue=1", "leaseStatusWriters={o'brien}"]
+    {
         let out = run("helm", &["template", "t", CHART, "--set", bad], None);
         assert!(!out.status.success(), "values {bad} must be rejected by values.schema.json");
     }
@@ -82,6 +142,8 @@ async fn rendered_objects_pass_a_server_side_dry_run_in_both_tls_modes() {
         "validatingwebhookconfiguration.admissionregistration.k8s.io/dry-kube-fence",
         "clusterrole.rbac.authorization.k8s.io/dry-kube-fence",
         "poddisruptionbudget.policy/dry-kube-fence",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/dry-kube-fence-lease-status",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/dry-kube-fence-lease-status",
     ] {
         assert!(out.contains(kind), "dry run covered {kind}:\n{out}");
     }
@@ -90,6 +152,10 @@ async fn rendered_objects_pass_a_server_side_dry_run_in_both_tls_modes() {
     assert!(cm.contains(&format!("cert-manager.io/inject-ca-from: {ns}/dry-kube-fence-webhook")), "{cm}");
     assert!(cm.contains(&format!("dry-kube-fence-webhook.{ns}.svc")), "{cm}");
     assert!(cm.contains("--tls-cert-file=/etc/kube-fence/tls/tls.crt") && !cm.contains("--self-managed-tls"));
+    // Client-certificate authentication of the API server: the flag, the CA mounted, probes on the port.
+    let mtls = ok("helm", &["template", "dry", CHART, "-n", &ns, "--set", "webhook.clientCASecret=api-server-ca"], None);
+    assert!(mtls.contains("--client-ca-file=/etc/kube-fence/client-ca/ca.crt") && mtls.contains("secretName: api-server-ca"), "{mtls}");
+    assert!(mtls.contains("tcpSocket") && !mtls.contains("path: /readyz"), "{mtls}");
 }
 
 #[tokio::test]
@@ -142,32 +208,14 @@ async fn install_creates_what_the_values_say_and_uninstall_removes_the_webhook()
     assert!(excluded.values.clone().unwrap_or_default().contains(&ns), "the release namespace is never fenced");
 
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &fenced);
-    let guarded = || ConfigMap {
-        metadata: ObjectMeta {
-            name: Some("guarded".into()),
-            labels: Some([("kubefence.io/lease".to_string(), "l".to_string())].into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        // The API server picks up a new webhook configuration within a moment.
-        match configmaps.create(&PostParams::default(), &guarded()).await {
-            Err(kube::Error::Api(e)) if e.message.contains("fence.kubefence.io") => break,
-            Ok(_) => {
-                let _ = configmaps.delete("guarded", &Default::default()).await;
-            }
-            Err(e) => panic!("unexpected error: {e}"),
-        }
-        assert!(Instant::now() < deadline, "the installed webhook (no Pods) never made guarded writes fail closed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // The API server picks up a new webhook configuration within a moment; with no Pods
+    // behind it, guarded writes fail closed.
+    common::wait_fenced(&client, &fenced, &Default::default(), common::Fencing::FailsClosed, Duration::from_secs(20)).await;
 
     ok("helm", &["uninstall", release, "-n", &ns, "--wait"], None);
     assert!(vwcs.get_opt("inst-kube-fence").await.expect("get").is_none(), "uninstall leaves no webhook configuration behind");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while let Err(e) = configmaps.create(&PostParams::default(), &guarded()).await {
+    while let Err(e) = configmaps.create(&PostParams::default(), &common::guarded_configmap("guarded", "l")).await {
         assert!(Instant::now() < deadline, "guarded objects are writable again after uninstall: {e}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -31,7 +31,8 @@ async fn kubectl_explain_describes_the_lease_fields() {
     for (field, words) in [
         ("flease.spec.holder", "clear it to release the lease"),
         ("flease.spec.heartbeatTime", "Only the change"),
-        ("flease.spec.fencing.comparison", "AllowEqual"),
+        ("flease.spec.fencing.comparison", "greater than the one the object records"),
+        ("flease.spec.fencing.enforcement", "never back"),
         ("flease.status.token", "Strictly greater than every token"),
         ("flease.status.expireTime", "controller clock"),
     ] {

@@ -63,22 +63,9 @@ impl KubeFence {
         kf
     }
 
-    /// The API server calls the webhook for this namespace: a guarded create without a token fails.
+    /// The API server calls the webhook for this namespace.
     async fn wait_until_fenced(&self) {
-        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let probe = guarded_configmap("probe", "probe", "probing");
-            match api.create(&Default::default(), &probe).await {
-                Err(kube::Error::Api(e)) if e.message.contains("fence.kubefence.io") => return,
-                Ok(_) => {
-                    let _ = api.delete("probe", &Default::default()).await;
-                }
-                Err(e) => panic!("probing the webhook: {e}"),
-            }
-            assert!(Instant::now() < deadline, "the API server did not call the fencing webhook for {} within 60 s", self.ns);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        common::wait_fenced(&self.client, &self.ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(60)).await;
     }
 
     async fn stop(mut self) {
@@ -90,15 +77,7 @@ impl KubeFence {
 }
 
 fn guarded_configmap(name: &str, lease: &str, writer: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([("kubefence.io/lease".to_string(), lease.to_string())].into()),
-            ..Default::default()
-        },
-        data: Some([("writer".to_string(), writer.to_string())].into()),
-        ..Default::default()
-    }
+    ConfigMap { data: Some([("writer".to_string(), writer.to_string())].into()), ..common::guarded_configmap(name, lease) }
 }
 
 /// The seed's failure, end to end with the worker library: A holds the lease and is paused after

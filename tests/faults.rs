@@ -11,6 +11,7 @@
 //! Both start a control plane of their own whatever `KUBECONFIG` says: they restart its
 //! kube-apiserver and etcd, which no shared cluster may suffer.
 
+mod common;
 mod torture;
 
 use torture::{Config, Fault, Report};

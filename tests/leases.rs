@@ -24,6 +24,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use kube_fence::api::{Lease, Phase};
 use kube_fence::client::{AcquireOptions, Error, KeepAliveOptions, Leases, Loss};
+use kube_fence::history::{self, Observation};
 use kube_fence::lease::controller::{self, ControllerOptions};
 use kube_fence::token::Token;
 use prometheus_client::registry::Registry;
@@ -47,7 +48,7 @@ fn start_controller_with(client: &Client, options: ControllerOptions, registry: 
 #[derive(Clone, Debug)]
 struct Seen {
     lease: String,
-    uid: String,
+    resource_version: u64,
     phase: Phase,
     holder: Option<String>,
     token: Option<Token>,
@@ -81,7 +82,7 @@ impl History {
                 if let Ok(mut h) = sink.0.lock() {
                     h.push(Seen {
                         lease: lease.name_any(),
-                        uid: lease.uid().unwrap_or_default(),
+                        resource_version: lease.resource_version().and_then(|rv| rv.parse().ok()).unwrap_or_default(),
                         phase: status.phase,
                         holder: status.holder,
                         token: status.token,
@@ -114,29 +115,23 @@ impl History {
         grants
     }
 
-    /// The invariants, per lease name across objects: the recorded token never goes down; each
-    /// grant's token is strictly greater than the previous grant's; a token belongs to one holder.
+    /// The invariants, judged by `kube_fence::history::check` on every Held status the watch
+    /// saw (per lease name across objects: each grant's token is strictly greater than the
+    /// previous grant's; a token belongs to one holder). Returns the number of grants.
     fn assert_fencing_invariants(&self) -> usize {
-        let mut newest: HashMap<String, Token> = HashMap::new();
-        for s in self.snapshot() {
-            if let Some(token) = s.token {
-                let before = newest.entry(s.lease.clone()).or_insert(token);
-                assert!(token >= *before, "token of lease {} went down from {before} to {token} (object {})", s.lease, s.uid);
-                *before = token;
-            }
-        }
-        let grants = self.grants();
-        let mut previous: HashMap<&str, Token> = HashMap::new();
-        let mut holder_of: HashMap<(String, Token), String> = HashMap::new();
-        for (lease, holder, token) in &grants {
-            if let Some(p) = previous.get(lease.as_str()) {
-                assert!(token > p, "grant of {lease} to {holder} has token {token}, not greater than the previous grant's {p}");
-            }
-            previous.insert(lease, *token);
-            let first = holder_of.entry((lease.clone(), *token)).or_insert_with(|| holder.clone());
-            assert_eq!(first, holder, "token {token} of {lease} was held by two holders");
-        }
-        grants.len()
+        let observations: Vec<Observation> = self
+            .snapshot()
+            .into_iter()
+            .filter_map(|s| match (s.phase, s.holder, s.token) {
+                (Phase::Held, Some(holder), Some(token)) => {
+                    Some(Observation::Grant { lease: s.lease, holder, token, resource_version: s.resource_version })
+                }
+                _ => None,
+            })
+            .collect();
+        let violations = history::check(&observations, |_| false);
+        assert!(violations.is_empty(), "the lease history has violations: {violations:#?}");
+        self.grants().len()
     }
 }
 
@@ -485,12 +480,8 @@ async fn the_api_server_rejects_a_takeover_of_a_held_lease() {
     controller.abort();
 }
 
-async fn kubeconfig() -> std::path::PathBuf {
-    tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("kubeconfig")
-}
-
 async fn cli(args: &[&str]) -> std::process::Output {
-    let kubeconfig = kubeconfig().await;
+    let kubeconfig = common::kubeconfig().await;
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     tokio::task::spawn_blocking(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_kube-fence"))
@@ -529,7 +520,7 @@ async fn cli_lease_acquire_prints_the_token() {
     // Another holder times out while sh-1 holds it.
     let out = cli(&["lease", "acquire", "job", "--holder", "sh-2", "--wait", "1s", "-n", &ns]).await;
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("timed out") && text(&out.stderr).contains("held by sh-1"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("timed out") && text(&out.stderr).contains("held by \"sh-1\""), "{}", text(&out.stderr));
 
     // Released, the next holder gets a greater token.
     let out = cli(&["lease", "release", "job", "--holder", "sh-1", "-n", &ns]).await;
@@ -545,10 +536,10 @@ async fn cli_lease_acquire_prints_the_token() {
     assert!(text(&out.stderr).contains("not a duration"), "{}", text(&out.stderr));
     let out = cli(&["lease", "get", "missing", "-n", &ns]).await;
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("not found"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("does not exist"), "{}", text(&out.stderr));
     let out = cli(&["lease", "renew", "job", "--holder", "sh-1", "-n", &ns]).await;
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("held by sh-2"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("held by \"sh-2\""), "{}", text(&out.stderr));
     controller.abort();
 }
 

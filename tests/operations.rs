@@ -27,17 +27,6 @@ fn release() -> (String, String) {
     (ns.to_string(), name.to_string())
 }
 
-fn guarded(name: &str, lease: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([("kubefence.io/lease".to_string(), lease.to_string())].into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
-
 fn bump(token: &Grant, n: u64) -> Patch<serde_json::Value> {
     let _ = token;
     Patch::Merge(json!({"data": {"n": n.to_string()}}))
@@ -76,7 +65,7 @@ async fn under_load<F: std::future::Future<Output = ()>>(client: &Client, ns: &s
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let opts = AcquireOptions::default().duration(Duration::from_secs(2)).timeout(Duration::from_secs(60));
     let old = leases.acquire("load", "old", opts.clone()).await.expect("old grant");
-    old.create(&cms, &guarded("state", "load")).await.expect("create with the old grant");
+    old.create(&cms, &common::guarded_configmap("state", "load")).await.expect("create with the old grant");
     leases.release(&old).await.expect("release");
     let new = leases.acquire("load", "new", opts.duration(Duration::from_secs(300))).await.expect("new grant");
     new.patch(&cms, "state", &PatchParams::default(), bump(&new, 0)).await.expect("first write with the new grant");
@@ -245,28 +234,238 @@ async fn a_rotated_certificate_is_picked_up_by_the_running_pods_without_a_failed
     assert_eq!(stale_ok, 0);
 }
 
+/// Runs helm on the shared cluster (off the async runtime: `--wait` blocks for minutes).
+async fn helm(args: Vec<String>) -> std::process::Output {
+    let helm = kube_fence_testenv::binaries().expect("helm").join("helm");
+    let shown = args.join(" ");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(helm).args(&args).env("KUBECONFIG", kube_fence_testenv::shared_kubeconfig()).output().expect("run helm")
+    })
+    .await
+    .expect("thread");
+    assert!(out.status.success(), "helm {shown}: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// `helm upgrade` of the installed release to `chart`, keeping the values it was installed with.
+async fn helm_upgrade(chart: &str, extra: &[&str]) {
+    let (kf_ns, kf) = release();
+    let mut args: Vec<String> =
+        ["upgrade", &kf, chart, "-n", &kf_ns, "--reuse-values", "--wait", "--timeout", "180s"].iter().map(|s| s.to_string()).collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    helm(args).await;
+}
+
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/kube-fence");
+
+/// The commit whose chart is the 0.1.0 release's (`git archive` of it is the 0.1.0 chart).
+const CHART_0_1_COMMIT: &str = "930fc009ced37c6c0bfef7f47f006d087952109b";
+
+/// The 0.1.0 chart: `KUBE_FENCE_CHART_0_1` (a chart directory or the released .tgz), else
+/// extracted from this repository's history into `dir`.
+fn chart_0_1(dir: &std::path::Path) -> String {
+    if let Ok(chart) = std::env::var("KUBE_FENCE_CHART_0_1") {
+        return chart;
+    }
+    let archive = std::process::Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "archive", "--format=tar", CHART_0_1_COMMIT, "charts/kube-fence"])
+        .output()
+        .expect("git archive (or set KUBE_FENCE_CHART_0_1 to the 0.1.0 chart)");
+    assert!(archive.status.success(), "git archive {CHART_0_1_COMMIT}: {}", String::from_utf8_lossy(&archive.stderr));
+    let mut tar = std::process::Command::new("tar").args(["-x", "-C"]).arg(dir).stdin(std::process::Stdio::piped()).spawn().expect("tar");
+    std::io::Write::write_all(&mut tar.stdin.take().expect("stdin"), &archive.stdout).expect("feed tar");
+    assert!(tar.wait().expect("tar").success(), "tar -x of the 0.1.0 chart");
+    let chart = dir.join("charts/kube-fence");
+    let meta = std::fs::read_to_string(chart.join("Chart.yaml")).expect("the 0.1.0 Chart.yaml");
+    assert!(meta.contains("\nversion: 0.1.0\n"), "the chart at {CHART_0_1_COMMIT} is version 0.1.0:\n{meta}");
+    chart.display().to_string()
+}
+
 #[tokio::test]
 #[ignore = "needs an installed kube-fence: hack/e2e-node.sh"]
 async fn helm_upgrade_keeps_fencing() {
     let client = common::client().await;
     let ns = common::namespace(&client, "ops-upgrade").await;
-    let (kf_ns, kf) = release();
-    let helm = kube_fence_testenv::binaries().expect("helm").join("helm");
-    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/kube-fence");
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(helm)
-            .args(["upgrade", &kf, chart, "-n", &kf_ns, "--reuse-values", "--set", "replicaCount=3", "--wait", "--timeout", "180s"])
-            .env("KUBECONFIG", kube_fence_testenv::shared_kubeconfig())
-            .output()
-            .expect("helm upgrade")
-    })
-    .await
-    .expect("thread");
-    assert!(out.status.success(), "helm upgrade: {}", String::from_utf8_lossy(&out.stderr));
+    helm_upgrade(CHART, &["--set", "replicaCount=3"]).await;
     let (ok, failed, stale_ok, stale_rejected) = under_load(&client, &ns, 5, async {}).await;
     eprintln!("MEASURED after helm upgrade: valid ok={ok} failed={failed} stale admitted={stale_ok} rejected={stale_rejected}");
     assert_eq!((stale_ok, failed), (0, 0));
     assert!(ok > 0 && stale_rejected > 0);
+}
+
+/// What a guarded object keeps: its data, its lease label and its recorded token.
+fn kept(cm: &ConfigMap) -> (Option<std::collections::BTreeMap<String, String>>, Option<String>, Option<String>) {
+    (cm.data.clone(), cm.labels().get("kubefence.io/lease").cloned(), cm.annotations().get(kube_fence::token::TOKEN_ANNOTATION).cloned())
+}
+
+/// The upgrade from the released 0.1.0 chart: the installed release is put on the 0.1.0 chart,
+/// guarded objects are written under it (and 0.1.0 is seen rejecting a stale write), then the
+/// release is upgraded to this chart while a valid writer and two stale writers keep writing.
+/// Afterwards: no stale write was admitted during or after the upgrade, every acknowledged write
+/// is still there (objects, data, labels, recorded tokens, Lease grants), and tokens granted
+/// before the upgrade still order against tokens granted after it.
+///
+/// Both charts run the image under test (the release's reused `image.*` values): this tests what
+/// the chart upgrade does to a running installation and to the state it keeps, not the 0.1.0
+/// binary. A pod annotation set by the upgrade makes it replace every Pod, as a new image would.
+#[tokio::test]
+#[ignore = "needs an installed kube-fence: hack/e2e-node.sh"]
+async fn helm_upgrade_from_0_1_keeps_guarded_objects_and_fencing() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "ops-upgrade-0-1").await;
+    let (kf_ns, kf) = release();
+    let old_chart_dir = tempfile::tempdir().expect("tempdir");
+    let old_chart = chart_0_1(old_chart_dir.path());
+    helm_upgrade(&old_chart, &[]).await;
+    let stdout = |out: std::process::Output| String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let on_0_1 = stdout(helm(vec!["get".into(), "metadata".into(), kf.clone(), "-n".into(), kf_ns.clone()]).await);
+    eprintln!("release on the 0.1.0 chart:\n{on_0_1}");
+
+    // Under 0.1.0: `report` (Strict) written by "old", then by "new"; "old"'s later write is rejected.
+    let leases = Leases::new(client.clone(), &ns);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let opts = AcquireOptions::default().duration(Duration::from_secs(300)).timeout(Duration::from_secs(60));
+    let old = leases.acquire("report", "old", opts.clone()).await.expect("old grant");
+    old.create(&cms, &common::guarded_configmap("report", "report")).await.expect("create report with the old grant");
+    leases.release(&old).await.expect("release");
+    let new = leases.acquire("report", "new", opts.clone()).await.expect("new grant");
+    let report = cms.get("report").await.expect("get report");
+    let mut written = report.clone();
+    written.data = Some([("by".to_string(), "new".to_string())].into());
+    new.replace(&cms, &written).await.expect("the new grant writes report");
+    let stale = old.patch(&cms, "report", &PatchParams::default(), Patch::Merge(json!({"data": {"by": "old"}}))).await;
+    assert!(matches!(stale, Err(Error::StaleToken { .. })), "0.1.0 rejects the old grant's write: {stale:?}");
+    let report_before = kept(&cms.get("report").await.expect("get report"));
+    assert_eq!(report_before.2, Some(new.token.to_string()), "report records the new grant's token");
+
+    // `state` (AllowEqual): a stream of writes with one grant, and a stale grant's writes beside it.
+    allow_equal_lease(&client, &ns, "state").await;
+    let stale_state = leases.acquire("state", "stale", opts.clone()).await.expect("stale grant");
+    stale_state.create(&cms, &common::guarded_configmap("state", "state")).await.expect("create state");
+    leases.release(&stale_state).await.expect("release");
+    let writer = leases.acquire("state", "writer", opts.clone()).await.expect("writer grant");
+    writer.patch(&cms, "state", &PatchParams::default(), bump(&writer, 0)).await.expect("first write with the writer grant");
+    let stale = stale_state.patch(&cms, "state", &PatchParams::default(), bump(&stale_state, 1_000_000)).await;
+    assert!(matches!(stale, Err(Error::StaleToken { .. })), "0.1.0 rejects the stale grant's write: {stale:?}");
+    let lease_api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let statuses = |api: Api<Lease>| async move {
+        let mut all = Vec::new();
+        for name in ["report", "state"] {
+            let status = api.get(name).await.expect("get lease").status.expect("status");
+            all.push((name, status.holder.clone(), status.token));
+        }
+        all
+    };
+    let leases_before = statuses(lease_api.clone()).await;
+
+    // The upgrade to this chart, with the three writers running.
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let acknowledged = Arc::new(AtomicU64::new(0));
+    let failed_writes = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let (valid_failed, stale_admitted, stale_rejected) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let valid = {
+        let (cms, writer, acknowledged, failed, failed_writes, stop) =
+            (cms.clone(), writer.clone(), acknowledged.clone(), valid_failed.clone(), failed_writes.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 1;
+            while !*stop.borrow() {
+                match writer.patch(&cms, "state", &PatchParams::default(), bump(&writer, n)).await {
+                    Ok(_) => acknowledged.store(n, Ordering::SeqCst),
+                    Err(_) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        failed_writes.lock().expect("failed writes").push(n);
+                    }
+                }
+                n += 1;
+            }
+        })
+    };
+    let stale_writers: Vec<_> = [(stale_state.clone(), "state"), (old.clone(), "report")]
+        .into_iter()
+        .map(|(grant, object)| {
+            let (cms, admitted, rejected, stop) = (cms.clone(), stale_admitted.clone(), stale_rejected.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut n = 1_000_000;
+                while !*stop.borrow() {
+                    let patch = Patch::Merge(json!({"data": {"n": n.to_string(), "by": "stale"}}));
+                    match grant.patch(&cms, object, &PatchParams::default(), patch).await {
+                        Ok(_) => admitted.fetch_add(1, Ordering::Relaxed),
+                        Err(Error::StaleToken { .. }) => rejected.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => 0, // failed closed or a transport error: not admitted
+                    };
+                    n += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        })
+        .collect();
+    // A real upgrade ships a new image, which replaces every Pod; the annotation (unique to this
+    // run) does the same here, so the writers run while the webhook Pods are replaced one by one.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &kf_ns);
+    let selector = format!("app.kubernetes.io/instance={kf}");
+    let pod_names = |pods: Api<Pod>| {
+        let selector = selector.clone();
+        async move {
+            let list = pods.list(&ListParams::default().labels(&selector)).await.expect("list pods").items;
+            list.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).map(|p| p.name_any()).collect::<std::collections::BTreeSet<_>>()
+        }
+    };
+    let pods_on_0_1 = pod_names(pods.clone()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    helm_upgrade(CHART, &["--set", &format!("podAnnotations.kubefence-upgrade-test={ns}")]).await;
+    let on_current = stdout(helm(vec!["get".into(), "metadata".into(), kf.clone(), "-n".into(), kf_ns.clone()]).await);
+    eprintln!("release on this chart:\n{on_current}");
+    wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;
+    let pods_now = pod_names(pods).await;
+    eprintln!("webhook Pods on 0.1.0 {pods_on_0_1:?}, after the upgrade {pods_now:?}");
+    assert!(pods_on_0_1.is_disjoint(&pods_now), "every Pod was replaced under the writers");
+    // A few seconds of writes against the upgraded Pods, then stop.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop_tx.send(true).expect("stop the writers");
+    valid.await.expect("valid writer");
+    for w in stale_writers {
+        w.await.expect("stale writer");
+    }
+    let (acknowledged, valid_failed, stale_admitted, stale_rejected) = (
+        acknowledged.load(Ordering::SeqCst),
+        valid_failed.load(Ordering::Relaxed),
+        stale_admitted.load(Ordering::Relaxed),
+        stale_rejected.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "MEASURED helm upgrade from 0.1.0: valid writes acknowledged up to n={acknowledged}, failed={valid_failed}; stale admitted={stale_admitted} rejected={stale_rejected}"
+    );
+    assert_eq!(stale_admitted, 0, "no write 0.1.0 rejected is admitted during the upgrade");
+    assert!(acknowledged > 0 && stale_rejected > 0, "the writers ran");
+
+    // Nothing lost: the objects, their data, labels and tokens; the last acknowledged write; the grants.
+    assert_eq!(kept(&cms.get("report").await.expect("report survives")), report_before, "report is as 0.1.0 left it");
+    let state = kept(&cms.get("state").await.expect("state survives"));
+    let stored: u64 = state.0.as_ref().and_then(|d| d.get("n")).and_then(|n| n.parse().ok()).expect("state has n");
+    // The last acknowledged write is the stored one, unless a later write that reported an error
+    // was committed after all (a response lost after the commit): never an older state.
+    let failed_writes = failed_writes.lock().expect("failed writes").clone();
+    assert!(
+        stored == acknowledged || (stored > acknowledged && failed_writes.contains(&stored)),
+        "state stores n={stored}; last acknowledged n={acknowledged}, failed attempts {failed_writes:?}"
+    );
+    assert_eq!((state.1.as_deref(), state.2), (Some("state"), Some(writer.token.to_string())), "state keeps its label and token");
+    assert_eq!(statuses(lease_api).await, leases_before, "the Leases keep their holders and tokens");
+
+    // After the upgrade: stale grants are still rejected, the valid one admitted, and a grant made
+    // by the upgraded controller is newer than the ones made before it.
+    let stale = old.patch(&cms, "report", &PatchParams::default(), Patch::Merge(json!({"data": {"by": "old"}}))).await;
+    assert!(matches!(stale, Err(Error::StaleToken { .. })), "the old grant is still rejected: {stale:?}");
+    writer.patch(&cms, "state", &PatchParams::default(), bump(&writer, acknowledged + 1)).await.expect("the writer still writes");
+    leases.release(&new).await.expect("release report");
+    let next = leases.acquire("report", "next", opts).await.expect("a grant after the upgrade");
+    assert!(next.token > new.token, "token after the upgrade {} > before {}", next.token, new.token);
+    next.patch(&cms, "report", &PatchParams::default(), Patch::Merge(json!({"data": {"by": "next"}})))
+        .await
+        .expect("the next grant writes report");
+    let stale = new.patch(&cms, "report", &PatchParams::default(), Patch::Merge(json!({"data": {"by": "new"}}))).await;
+    assert!(matches!(stale, Err(Error::StaleToken { .. })), "a pre-upgrade grant is stale against a post-upgrade one: {stale:?}");
 }
 
 #[tokio::test]
@@ -292,8 +491,8 @@ async fn with_no_webhook_pod_guarded_writes_fail_closed_and_the_rest_still_works
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let err = cms.create(&PostParams::default(), &guarded("guarded", "l")).await.expect_err("a guarded write fails closed with no webhook");
-    assert!(err.to_string().contains("fence.kubefence.io"), "the failure names the webhook: {err}");
+    let err = common::rejected(cms.create(&PostParams::default(), &common::guarded_configmap("guarded", "l")).await);
+    assert!(common::failed_closed(&err), "a guarded write fails closed with no webhook: {err:?}");
     cms.create(
         &PostParams::default(),
         &ConfigMap { metadata: ObjectMeta { name: Some("plain".into()), ..Default::default() }, ..Default::default() },
@@ -302,7 +501,7 @@ async fn with_no_webhook_pod_guarded_writes_fail_closed_and_the_rest_still_works
     .expect("unguarded objects stay writable");
     let system: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
     let name = format!("kf-labelled-{ns}");
-    system.create(&PostParams::default(), &guarded(&name, "l")).await.expect("kube-system is never fenced");
+    system.create(&PostParams::default(), &common::guarded_configmap(&name, "l")).await.expect("kube-system is never fenced");
     system.delete(&name, &DeleteParams::default()).await.expect("cleanup");
     scale(before).await;
     wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;

@@ -22,10 +22,6 @@ impl Drop for Replica {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
 fn replica(ns: &str, configuration: &str, port: u16) -> Replica {
     let child = Command::new(env!("CARGO_BIN_EXE_kube-fence"))
         .args(["webhook", "--self-managed-tls", "--namespace", ns, "--service-name", "fence", "--webhook-configuration", configuration])
@@ -64,6 +60,7 @@ async fn replicas_share_one_ca_and_keep_the_ca_bundle_right() {
     registration.only_namespaces = Some(vec![format!("{ns}-nothing")]);
     registration.apply(&client).await.expect("create the webhook configuration");
 
+    let free_port = || kube_fence_testenv::free_port().expect("a free port");
     let ports = [free_port(), free_port()];
     let _replicas: Vec<Replica> = ports.iter().map(|p| replica(&ns, &configuration, *p)).collect();
 

@@ -5,7 +5,11 @@
 //! simulates grants by writing Lease status directly as admin — the lease controller is not
 //! needed to judge writes.
 
+#[path = "webhook/attacks.rs"]
+mod attacks;
 mod common;
+
+use common::Fencing;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,6 +19,7 @@ use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions, WatchEvent, WatchParams};
+use kube::core::Status;
 use kube::{Client, Resource, ResourceExt};
 use kube_fence::admission::local::{LocalOptions, LocalWebhook};
 use kube_fence::admission::server::Metrics;
@@ -59,33 +64,10 @@ impl Fixture {
         Api::namespaced_with(self.client.clone(), &self.ns, &ApiResource::erase::<K>(&()))
     }
 
-    /// Waits until the API server calls the webhook: a guarded create without a token is denied.
+    /// Waits until the API server calls this test's webhook for the namespace's guarded
+    /// objects (those carrying `extra` labels too).
     async fn wait_enforced(&self, extra: &BTreeMap<String, String>) {
-        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let mut labels = extra.clone();
-            labels.insert(LEASE.into(), "probe".into());
-            let probe = ConfigMap {
-                metadata: kube::api::ObjectMeta { name: Some("probe".into()), labels: Some(labels), ..Default::default() },
-                ..Default::default()
-            };
-            match cms.create(&PostParams::default(), &probe).await {
-                Err(kube::Error::Api(e)) if e.message.contains("fence.kubefence.io") => return,
-                Ok(created) => {
-                    let rv = created.metadata.resource_version.clone();
-                    let _ = cms
-                        .delete(
-                            "probe",
-                            &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() },
-                        )
-                        .await;
-                }
-                Err(e) => panic!("unexpected error while probing the webhook: {e}"),
-            }
-            assert!(Instant::now() < deadline, "the API server did not start calling the webhook within 30 s");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        common::wait_fenced(&self.client, &self.ns, extra, Fencing::Judged, Duration::from_secs(30)).await;
     }
 
     /// Simulates a grant: the lease says `holder` holds it with `token` (status written as admin).
@@ -96,6 +78,15 @@ impl Fixture {
         }
         let status = json!({"status": {"phase": "Held", "holder": holder, "token": token}});
         leases.patch_status(lease, &PatchParams::default(), &Patch::Merge(&status)).await.expect("write lease status");
+    }
+
+    /// Grants lease `work` to `a` with `token` and creates the guarded ConfigMap `name` with it.
+    async fn create_guarded(&self, name: &str, token: u64) -> DynamicObject {
+        self.grant("work", "a", token).await;
+        self.api::<ConfigMap>()
+            .create(&PostParams::default(), &configmap(name, "work", token))
+            .await
+            .expect("create the guarded object with the lease's token")
     }
 
     async fn set_policy(&self, lease: &str, policy: serde_json::Value) {
@@ -119,15 +110,6 @@ fn write(token: Option<u64>, writer: &str) -> serde_json::Value {
 
 async fn patch(api: &Api<DynamicObject>, name: &str, body: &serde_json::Value) -> Result<DynamicObject, kube::Error> {
     api.patch(name, &PatchParams::default(), &Patch::Merge(body)).await
-}
-
-/// The error of a denied write: (HTTP code, message).
-fn denial(result: Result<DynamicObject, kube::Error>) -> (u16, String) {
-    match result {
-        Err(kube::Error::Api(e)) => (e.code, e.message),
-        Ok(obj) => panic!("write was admitted: {:?}", obj.metadata.annotations),
-        Err(e) => panic!("unexpected error: {e}"),
-    }
 }
 
 fn token_of(obj: &DynamicObject) -> Option<u64> {
@@ -176,7 +158,7 @@ async fn pause_test(f: &Fixture, api: Api<DynamicObject>, object: DynamicObject,
         let a_write = write(Some(n), "a"); // ... and pauses before sending it
         f.grant("work", "b", n + 1).await; // A's lease expires; B acquires: n+1
         patch(&api, &name, &write(Some(n + 1), "b")).await.expect("B's write is admitted");
-        let (code, message) = denial(patch(&api, &name, &a_write).await); // A resumes
+        let Status { code, message, .. } = common::rejected(patch(&api, &name, &a_write).await); // A resumes
         assert_eq!(code, 409, "{message}");
         assert!(message.contains(&format!("presented token {n}")) && message.contains(&format!("recorded token {}", n + 1)), "{message}");
         assert!(
@@ -192,24 +174,14 @@ async fn pause_test(f: &Fixture, api: Api<DynamicObject>, object: DynamicObject,
     assert_eq!(stored.labels().get("writer").map(String::as_str), Some("b"));
 }
 
+#[rstest::rstest]
+#[case::configmaps("pause-cm", ApiResource::erase::<ConfigMap>(&()), configmap("state", "work", 1_000))]
+#[case::deployment("pause-deploy", ApiResource::erase::<Deployment>(&()), deployment("app", "work", 1_000))]
+#[case::custom_resource("pause-cr", ApiResource::erase::<Lease>(&()), custom_resource("guarded", "work", 1_000))]
 #[tokio::test]
-async fn pause_test_configmaps() {
-    let f = Fixture::new("pause-cm").await;
-    pause_test(&f, f.api::<ConfigMap>(), configmap("state", "work", 1_000), 100).await;
-    f.stop().await;
-}
-
-#[tokio::test]
-async fn pause_test_deployment() {
-    let f = Fixture::new("pause-deploy").await;
-    pause_test(&f, f.api::<Deployment>(), deployment("app", "work", 1_000), 100).await;
-    f.stop().await;
-}
-
-#[tokio::test]
-async fn pause_test_custom_resource() {
-    let f = Fixture::new("pause-cr").await;
-    pause_test(&f, f.api::<Lease>(), custom_resource("guarded", "work", 1_000), 100).await;
+async fn pause_test_on(#[case] test: &str, #[case] resource: ApiResource, #[case] object: DynamicObject) {
+    let f = Fixture::new(test).await;
+    pause_test(&f, Api::namespaced_with(f.client.clone(), &f.ns, &resource), object, 100).await;
     f.stop().await;
 }
 
@@ -218,8 +190,7 @@ async fn pause_test_custom_resource() {
 async fn racing_writers_never_move_the_recorded_token_backwards() {
     let f = Fixture::new("race").await;
     let api = f.api::<ConfigMap>();
-    f.grant("work", "a", 10).await;
-    let created = api.create(&PostParams::default(), &configmap("state", "work", 10)).await.unwrap();
+    let created = f.create_guarded("state", 10).await;
     let rv = created.metadata.resource_version.clone().unwrap();
     let rounds = 60u64;
     let last = 10 + 2 * rounds; // the last round's n+1
@@ -265,18 +236,17 @@ async fn racing_writers_never_move_the_recorded_token_backwards() {
 async fn create_after_delete_with_a_stale_token_is_rejected() {
     let f = Fixture::new("recreate").await;
     let api = f.api::<ConfigMap>();
-    f.grant("work", "a", 5).await;
-    let created = api.create(&PostParams::default(), &configmap("state", "work", 5)).await.expect("create with the current token");
+    let created = f.create_guarded("state", 5).await;
     let rv = created.metadata.resource_version.clone();
     api.delete("state", &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() })
         .await
         .expect("delete with precondition");
     f.grant("work", "b", 6).await;
-    let (code, message) = denial(api.create(&PostParams::default(), &configmap("state", "work", 5)).await);
+    let Status { code, message, .. } = common::rejected(api.create(&PostParams::default(), &configmap("state", "work", 5)).await);
     assert_eq!(code, 409, "{message}");
     assert!(message.contains("presented token 5") && message.contains("recorded token 6"), "{message}");
     // A token the lease has not issued is not accepted either, nor a missing one.
-    let (code, message) = denial(api.create(&PostParams::default(), &configmap("state", "work", 7)).await);
+    let Status { code, message, .. } = common::rejected(api.create(&PostParams::default(), &configmap("state", "work", 7)).await);
     assert_eq!(code, 403, "{message}");
     assert!(message.contains("not issued"), "{message}");
     api.create(&PostParams::default(), &configmap("state", "work", 6)).await.expect("create with the newest token");
@@ -287,11 +257,9 @@ async fn create_after_delete_with_a_stale_token_is_rejected() {
 async fn delete_needs_a_resource_version_precondition() {
     let f = Fixture::new("delete").await;
     let api = f.api::<ConfigMap>();
-    f.grant("work", "a", 5).await;
-    let created = api.create(&PostParams::default(), &configmap("state", "work", 5)).await.unwrap();
-    let err = api.delete("state", &DeleteParams::default()).await.expect_err("an unconditional delete is denied");
-    let kube::Error::Api(e) = err else { panic!("{err}") };
-    assert_eq!(e.code, 403);
+    let created = f.create_guarded("state", 5).await;
+    let e = common::rejected(api.delete("state", &DeleteParams::default()).await);
+    assert_eq!(e.code, 403, "an unconditional delete is denied: {e:?}");
     assert!(e.message.contains("resourceVersion precondition"), "{}", e.message);
     let rv = created.metadata.resource_version.clone();
     api.delete("state", &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() })
@@ -304,14 +272,13 @@ async fn delete_needs_a_resource_version_precondition() {
 async fn rebinding_unguarding_and_malformed_tokens() {
     let f = Fixture::new("binding").await;
     let api = f.api::<ConfigMap>();
-    f.grant("work", "a", 5).await;
+    f.create_guarded("state", 5).await;
     f.grant("other", "a", 50).await;
-    api.create(&PostParams::default(), &configmap("state", "work", 5)).await.unwrap();
     f.grant("work", "a", 8).await;
 
     // Changing the bound lease: never, whatever the token.
-    let (code, message) =
-        denial(patch(&api, "state", &json!({"metadata": {"labels": {LEASE: "other"}, "annotations": {TOKEN: "50"}}})).await);
+    let Status { code, message, .. } =
+        common::rejected(patch(&api, "state", &json!({"metadata": {"labels": {LEASE: "other"}, "annotations": {TOKEN: "50"}}})).await);
     assert_eq!(code, 403, "{message}");
     assert!(message.contains("never allowed"), "{message}");
 
@@ -326,15 +293,16 @@ async fn rebinding_unguarding_and_malformed_tokens() {
         ("9223372036854775808", "larger than"),
         ("\u{0666}", "not a decimal"),
     ] {
-        let (code, message) = denial(patch(&api, "state", &json!({"metadata": {"annotations": {TOKEN: raw}}})).await);
+        let Status { code, message, .. } =
+            common::rejected(patch(&api, "state", &json!({"metadata": {"annotations": {TOKEN: raw}}})).await);
         assert_eq!(code, 400, "{raw:?}: {message}");
         assert!(message.contains(names), "{raw:?}: {message}");
     }
-    let (code, message) = denial(patch(&api, "state", &write(None, "x")).await);
+    let Status { code, message, .. } = common::rejected(patch(&api, "state", &write(None, "x")).await);
     assert_eq!(code, 403, "missing token: {message}");
 
     // Unguarding is an UPDATE like any other: the stale token is refused, a fresh one admitted.
-    let (code, message) = denial(patch(&api, "state", &json!({"metadata": {"labels": {LEASE: null}}})).await);
+    let Status { code, message, .. } = common::rejected(patch(&api, "state", &json!({"metadata": {"labels": {LEASE: null}}})).await);
     assert_eq!(code, 409, "{message}");
     patch(&api, "state", &json!({"metadata": {"labels": {LEASE: null}, "annotations": {TOKEN: "6"}}}))
         .await
@@ -342,8 +310,8 @@ async fn rebinding_unguarding_and_malformed_tokens() {
     // Unguarded now: written freely (the webhook is not even called).
     patch(&api, "state", &write(None, "anyone")).await.expect("unguarded write");
     // Guarding it again is a CREATE-strength check: the lease's newest token only.
-    let (code, message) =
-        denial(patch(&api, "state", &json!({"metadata": {"labels": {LEASE: "work"}, "annotations": {TOKEN: "7"}}})).await);
+    let Status { code, message, .. } =
+        common::rejected(patch(&api, "state", &json!({"metadata": {"labels": {LEASE: "work"}, "annotations": {TOKEN: "7"}}})).await);
     assert_eq!(code, 409, "{message}");
     patch(&api, "state", &json!({"metadata": {"labels": {LEASE: "work"}, "annotations": {TOKEN: "8"}}}))
         .await
@@ -351,30 +319,21 @@ async fn rebinding_unguarding_and_malformed_tokens() {
     f.stop().await;
 }
 
+/// Warn mode: set when a lease is created (a rollout), it admits stale writes with a warning
+/// and counts them; it can be tightened to Enforce, never relaxed back (see attacks.rs).
 #[tokio::test]
-async fn allow_equal_and_warn_modes() {
+async fn warn_mode_admits_with_a_warning_until_tightened() {
     let f = Fixture::new("modes").await;
     let api = f.api::<ConfigMap>();
+    let warn: Lease = serde_json::from_value(json!({
+        "apiVersion": "kubefence.io/v1alpha1", "kind": "Lease", "metadata": {"name": "work"},
+        "spec": {"fencing": {"enforcement": "Warn"}}
+    }))
+    .unwrap();
+    f.leases().create(&PostParams::default(), &warn).await.expect("a lease created in Warn mode");
     f.grant("work", "a", 5).await;
     api.create(&PostParams::default(), &configmap("state", "work", 5)).await.unwrap();
-    // Strict: a second write under the same grant is stale.
-    assert_eq!(denial(patch(&api, "state", &write(Some(5), "again")).await).0, 409);
-    // A relaxed policy reaches the webhook through its lease cache a moment after it is written
-    // (until then it judges by the stricter policy: the safe direction), so allow it a moment.
-    async fn admitted_soon(api: &Api<DynamicObject>, body: &serde_json::Value, what: &str) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match patch(api, "state", body).await {
-                Ok(_) => return,
-                Err(e) if Instant::now() > deadline => panic!("{what}: {e}"),
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-    }
-    f.set_policy("work", json!({"comparison": "AllowEqual"})).await;
-    admitted_soon(&api, &write(Some(5), "again"), "AllowEqual admits the same token").await;
-    f.set_policy("work", json!({"comparison": "Strict", "enforcement": "Warn"})).await;
-    admitted_soon(&api, &write(Some(3), "old"), "Warn admits a stale write").await;
+    patch(&api, "state", &write(Some(3), "old")).await.expect("Warn admits a stale write");
     let metrics = kube_fence::telemetry::render(&f.registry);
     assert!(
         metrics
@@ -384,7 +343,8 @@ async fn allow_equal_and_warn_modes() {
     );
     // (Warn admitted the stale write, so the object now records 3: Warn is for rollouts only.)
     f.set_policy("work", json!({"enforcement": "Enforce"})).await;
-    assert_eq!(denial(patch(&api, "state", &write(Some(2), "old")).await).0, 409);
+    // The tightened policy is read with a quorum read while the cache still says Warn.
+    assert_eq!(common::rejected(patch(&api, "state", &write(Some(2), "old")).await).code, 409);
     f.stop().await;
 }
 
@@ -473,8 +433,8 @@ async fn webhook_down_fails_closed_but_spares_system_and_unguarded_objects() {
     let mut hook = f.hook.take().unwrap();
     hook.stop_serving().await;
 
-    let err = patch(&api, "state", &write(Some(6), "a")).await.expect_err("a guarded write fails closed");
-    assert!(err.to_string().contains("failed calling webhook"), "{err}");
+    let err = common::rejected(patch(&api, "state", &write(Some(6), "a")).await);
+    assert!(common::failed_closed(&err), "a guarded write fails closed: {err:?}");
     patch(&api, "plain", &write(None, "anyone")).await.expect("unguarded writes do not need the webhook");
     let system: Api<DynamicObject> = Api::namespaced_with(client.clone(), "kube-system", &ApiResource::erase::<ConfigMap>(&()));
     let mut sys = scoped(&format!("kf-guarded-{ns}"));
@@ -505,8 +465,7 @@ impl IntoDynamic for ConfigMap {
 async fn admission_latency_is_measured() {
     let f = Fixture::new("latency").await;
     let api = f.api::<ConfigMap>();
-    f.grant("work", "a", 1_000_000).await;
-    api.create(&PostParams::default(), &configmap("guarded", "work", 1_000_000)).await.unwrap();
+    f.create_guarded("guarded", 1_000_000).await;
     api.create(
         &PostParams::default(),
         &ConfigMap { metadata: kube::api::ObjectMeta { name: Some("plain".into()), ..Default::default() }, ..Default::default() }
@@ -571,6 +530,16 @@ async fn a_client_trickling_headers_is_cut_off() {
 
 /// A TLS connection to the webhook, trusting only `ca_pem` and checking its IP address.
 async fn tls_connect(addr: std::net::SocketAddr, ca_pem: &str) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    tls_connect_from(None, addr, ca_pem).await
+}
+
+/// A TLS connection to the webhook from `source` (a loopback address of this machine) when
+/// given, trusting `ca_pem`.
+async fn tls_connect_from(
+    source: Option<std::net::IpAddr>,
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
@@ -581,15 +550,27 @@ async fn tls_connect(addr: std::net::SocketAddr, ca_pem: &str) -> tokio_rustls::
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    if let Some(source) = source {
+        socket.bind(std::net::SocketAddr::new(source, 0)).unwrap();
+    }
+    let tcp = socket.connect(addr).await.unwrap();
     let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
     tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.expect("TLS handshake with the webhook")
 }
 
 /// One HTTPS request to the webhook, trusting `ca_pem`: (status code, body, served leaf DER).
 async fn https(addr: std::net::SocketAddr, ca_pem: &str, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+    https_via(tls_connect(addr, ca_pem).await, head, body).await
+}
+
+/// [`https`] from the loopback address `source`.
+async fn https_from(source: &str, addr: std::net::SocketAddr, ca_pem: &str, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+    https_via(tls_connect_from(Some(source.parse().unwrap()), addr, ca_pem).await, head, body).await
+}
+
+async fn https_via(mut tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut tls = tls_connect(addr, ca_pem).await;
     let leaf = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| c.to_vec()).unwrap_or_default();
     let _ = tls.write_all(head.as_bytes()).await;
     let _ = tls.write_all(body).await;
@@ -683,7 +664,7 @@ async fn rotated_certificate_is_picked_up_without_a_failed_admission() {
     let loopback = [std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)];
     let made = SelfSigned::generate(&["localhost".into()], &loopback).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let files = CertFiles { cert: dir.path().join("tls.crt"), key: dir.path().join("tls.key") };
+    let files = CertFiles { cert: dir.path().join("tls.crt"), key: dir.path().join("tls.key"), client_auth: Default::default() };
     std::fs::write(&files.cert, &made.serving.cert).unwrap();
     std::fs::write(&files.key, &made.serving.key).unwrap();
 

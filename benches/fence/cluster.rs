@@ -133,7 +133,7 @@ struct Bench {
 }
 
 pub async fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
-    let kubeconfig = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await?;
+    let kubeconfig = common::kubeconfig().await;
     let client = common::client().await;
     let dir = tempfile::Builder::new().prefix("kube-fence-bench.").tempdir()?;
     let made = SelfSigned::generate(&["localhost".to_string()], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
@@ -380,20 +380,8 @@ async fn guarded_vs_unguarded_registered(args: &Args, table: &mut Table, bench: 
     let cms: Api<ConfigMap> = Api::namespaced(bench.client.clone(), &bench.ns_hook);
     let leases: Api<Lease> = Api::namespaced(bench.client.clone(), &bench.ns_hook);
     // A guarded create needs the lease's newest token; wait until the API server calls the
-    // webhook (a create without a token is denied).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let probe = ConfigMap { metadata: meta("probe", Some(LEASE), None), ..Default::default() };
-        match cms.create(&PostParams::default(), &probe).await {
-            Err(kube::Error::Api(e)) if e.message.contains("fence.kubefence.io") => break,
-            Ok(_) => {
-                cms.delete("probe", &DeleteParams::default()).await?;
-            }
-            Err(e) => return Err(e.into()),
-        }
-        anyhow::ensure!(Instant::now() < deadline, "the API server did not call the webhook within 30 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // webhook.
+    common::wait_fenced(&bench.client, &bench.ns_hook, &Default::default(), common::Fencing::Judged, Duration::from_secs(30)).await;
     let writers = args.writers;
     for w in 0..writers {
         let data = Some([("seq".to_string(), "0".to_string())].into());

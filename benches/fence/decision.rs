@@ -6,10 +6,9 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
-use kube_fence::admission::decision::{self, Exemptions, LeaseFacts, LeaseLookup};
-use kube_fence::admission::server;
+use kube_fence::admission::decision::{self, Cached, Exemptions, Judged, LeaseFacts, Plan, Verdict};
+use kube_fence::admission::review::{self as server, Guardable};
 use kube_fence::api::{Comparison, Enforcement};
 use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token};
 use serde_json::json;
@@ -64,32 +63,38 @@ pub fn review(namespace: &str, size: usize) -> Vec<u8> {
     serde_json::to_vec(&review).unwrap_or_default()
 }
 
-fn lookup() -> LeaseLookup {
-    LeaseLookup {
-        lease: Some(LeaseFacts { issued: Token::new(ISSUED), comparison: Comparison::default(), enforcement: Enforcement::default() }),
-        linearizable: false,
-    }
+fn lookup() -> Option<LeaseFacts> {
+    Some(LeaseFacts { issued: Token::new(ISSUED), comparison: Comparison::default(), enforcement: Enforcement::default() })
 }
 
 /// The server's per-request path: bytes in, response bytes out, and whether it admitted.
-fn judge(body: &[u8], exempt: &Exemptions, lease: &LeaseLookup) -> (Vec<u8>, bool) {
+fn judge(body: &[u8], exempt: &Exemptions, lease: &Option<LeaseFacts>) -> (Vec<u8>, bool) {
     let Ok(request) = server::decode(body) else { return (Vec::new(), false) };
     judge_request(&request, exempt, lease)
 }
 
-fn judge_request<K: kube::Resource>(request: &AdmissionRequest<K>, exempt: &Exemptions, lease: &LeaseLookup) -> (Vec<u8>, bool) {
+fn judge_request(request: &AdmissionRequest<Guardable>, exempt: &Exemptions, lease: &Option<LeaseFacts>) -> (Vec<u8>, bool) {
     let facts = server::request_facts(request);
-    let verdict = decision::decide(&facts, exempt, Some(lease));
+    // The benchmark's writes are judged from the cache (the lease is there and has seen the token).
+    let verdict = match decision::plan(&facts, exempt) {
+        Plan::Done(verdict) => verdict,
+        Plan::Cache(read) => match read.judge(Cached(lease.clone())) {
+            Judged::Done(verdict) => verdict,
+            Judged::Quorum(_) => return (Vec::new(), false),
+        },
+        Plan::Quorum(_) => return (Vec::new(), false),
+    };
+    let verdict: Verdict = verdict;
     let response = server::response(request, &verdict);
     (serde_json::to_vec(&response.into_review()).unwrap_or_default(), verdict.is_allowed())
 }
 
-/// The path before the bench: JSON → `Value` → `DynamicObject`s (every field of both objects
-/// copied into `Value`s, twice).
-fn judge_via_value(body: &[u8], exempt: &Exemptions, lease: &LeaseLookup) -> (Vec<u8>, bool) {
+/// The path before the bench: JSON → `Value` first (every field of both objects copied into
+/// `Value`s), then the review.
+fn judge_via_value(body: &[u8], exempt: &Exemptions, lease: &Option<LeaseFacts>) -> (Vec<u8>, bool) {
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else { return (Vec::new(), false) };
-    let Ok(review) = serde_json::from_value::<AdmissionReview<DynamicObject>>(value) else { return (Vec::new(), false) };
-    let Ok(request) = TryInto::<AdmissionRequest<DynamicObject>>::try_into(review) else { return (Vec::new(), false) };
+    let Ok(review) = serde_json::from_value::<AdmissionReview<Guardable>>(value) else { return (Vec::new(), false) };
+    let Ok(request) = TryInto::<AdmissionRequest<Guardable>>::try_into(review) else { return (Vec::new(), false) };
     judge_request(&request, exempt, lease)
 }
 

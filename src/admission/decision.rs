@@ -1,16 +1,18 @@
-//! Where a write is judged: the fencing decision table of DESIGN.md section 4, as a pure
-//! function.
+//! Where a write is judged: the fencing decision table (docs/design.md §5),
+//! as pure functions.
 //!
-//! [`decide`] takes the facts of one admission request (operation, the lease binding and token
-//! of the old and new object, who asks, the delete precondition) and the facts of the bound
-//! lease, and returns a [`Verdict`]. [`lease_read`] says which read of the lease a request needs
-//! before it can be judged. Neither does I/O; the server (`super::server`) gathers the facts,
-//! the lease directory (`super::leases`) reads the lease, and this file decides.
+//! A request flows one way: [`plan`] looks at the facts of one admission request and either
+//! judges it outright ([`Plan::Done`]) or says which read of the bound lease it needs —
+//! [`Plan::Cache`] (the watch cache is enough unless what it holds could be stale in the unsafe
+//! direction, in which case [`CacheRead::judge`] asks for a quorum read) or [`Plan::Quorum`].
+//! The reads are types: a [`QuorumRead`] is judged only with a [`Quorum`], which only a quorum
+//! read produces, so handing the decision the wrong read does not compile. Nothing here does
+//! I/O; the server gathers the facts and performs the one read the plan asks for.
 //!
 //! Why this is enough for safety: for UPDATE and DELETE the API server runs validating
 //! admission inside its storage compare-and-swap loop, so the `old` object judged here is the
 //! exact version the write replaces; `presented > recorded` checked here is committed in the
-//! same etcd transaction as the write (DESIGN.md section 4, "Why this is atomic").
+//! same etcd transaction as the write (docs/design.md §6).
 
 use std::fmt;
 
@@ -41,15 +43,32 @@ pub struct ObjectFacts {
     pub lease: Option<String>,
     /// Raw value of the `kubefence.io/token` annotation, unparsed (parsing is part of judging).
     pub token: Option<String>,
+    /// Value of the `kubefence.io/write` annotation: a fresh value per write, set by the client
+    /// library next to the token. Under `AllowEqual` it tells a write that restated the token
+    /// from one that left the annotations alone.
+    pub write: Option<String>,
+    /// Whether `metadata.deletionTimestamp` is set: the object is being deleted.
+    pub deleting: bool,
+    /// `metadata.finalizers`.
+    pub finalizers: Vec<String>,
+    /// A digest of everything a finalizer removal must leave unchanged: labels, annotations and
+    /// every field outside `metadata`. `None` when it was not computed (then a finalizer removal
+    /// is judged like any other write: the safe direction).
+    pub content: Option<u64>,
 }
 
 impl ObjectFacts {
     pub fn guarded(lease: &str, token: Option<&str>) -> ObjectFacts {
-        ObjectFacts { lease: Some(lease.to_string()), token: token.map(str::to_string) }
+        ObjectFacts { lease: Some(lease.to_string()), token: token.map(str::to_string), ..ObjectFacts::default() }
     }
 
     pub fn unguarded(token: Option<&str>) -> ObjectFacts {
-        ObjectFacts { lease: None, token: token.map(str::to_string) }
+        ObjectFacts { lease: None, token: token.map(str::to_string), ..ObjectFacts::default() }
+    }
+
+    /// Whether `self` and `other` carry the same guard: lease label and token annotation.
+    fn same_guard(&self, other: &ObjectFacts) -> bool {
+        self.lease == other.lease && self.token == other.token
     }
 }
 
@@ -59,6 +78,8 @@ pub struct Request {
     pub operation: Operation,
     /// Namespace of the object (guarded objects are namespaced; the lease lives beside them).
     pub namespace: String,
+    /// The subresource written (`status`, `scale`, ...); `None` for the object itself.
+    pub subresource: Option<String>,
     /// The stored object (UPDATE, DELETE).
     pub old: Option<ObjectFacts>,
     /// The incoming object (CREATE, UPDATE).
@@ -67,6 +88,13 @@ pub struct Request {
     pub user: String,
     /// Whether the DELETE carries a non-empty `preconditions.resourceVersion`.
     pub delete_precondition: bool,
+}
+
+impl Request {
+    /// A request on the object itself (no subresource), by `user`, with no delete precondition.
+    pub fn new(operation: Operation, namespace: &str, old: Option<ObjectFacts>, new: Option<ObjectFacts>, user: &str) -> Request {
+        Request { operation, namespace: namespace.into(), subresource: None, old, new, user: user.into(), delete_precondition: false }
+    }
 }
 
 /// What the webhook knows about the lease an object is bound to.
@@ -78,24 +106,27 @@ pub struct LeaseFacts {
     pub enforcement: Enforcement,
 }
 
-/// The outcome of looking a lease up.
+/// The lease as the watch cache holds it (`None`: not in the cache). Judging from it is safe
+/// only where [`CacheRead::judge`] says so.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseLookup {
-    /// `None` when no lease of that name exists.
-    pub lease: Option<LeaseFacts>,
-    /// Whether this came from a linearizable (quorum) read rather than the watch cache.
-    pub linearizable: bool,
+pub struct Cached(pub Option<LeaseFacts>);
+
+/// The lease as a linearizable (quorum) read returned it (`None`: no such lease). Construct it
+/// only from a quorum read (`super::leases::LeaseDirectory::quorum`); tests build it directly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quorum(pub Option<LeaseFacts>);
+
+/// The lease a request is judged by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseRef<'r> {
+    pub namespace: &'r str,
+    pub name: &'r str,
 }
 
-/// Which read of the bound lease a request needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeaseRead {
-    /// The verdict does not depend on the lease.
-    None,
-    /// The watch cache is enough: a cache that lags only makes the verdict stricter.
-    Cache,
-    /// A quorum read: the cache could be stale in the unsafe direction.
-    Linearizable,
+impl fmt::Display for LeaseRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
 }
 
 /// Stable reasons, used in the AdmissionResponse status and as the metric label.
@@ -109,6 +140,11 @@ pub enum Reason {
     Exempt,
     /// Admitted: the DELETE names the version it deletes.
     DeletePreconditioned,
+    /// Admitted: a subresource write (`/status`, ...) that leaves the guard (lease label, token
+    /// annotation) as it was.
+    GuardUnchanged,
+    /// Admitted: the write only removes finalizers from an object being deleted.
+    FinalizersRemoved,
     StaleToken,
     TokenMissing,
     TokenMalformed,
@@ -121,18 +157,37 @@ pub enum Reason {
     MalformedRequest,
     /// The lease could not be read (API server unreachable): failed closed.
     LeaseReadFailed,
-    /// The decision was handed lease facts from the cache where it needs a quorum read: a
-    /// bug in the caller, failed closed.
-    LeaseReadRequired,
 }
 
 impl Reason {
+    /// Every reason, for tests and documentation.
+    pub const ALL: [Reason; 16] = [
+        Reason::Fenced,
+        Reason::Unguarded,
+        Reason::Exempt,
+        Reason::DeletePreconditioned,
+        Reason::GuardUnchanged,
+        Reason::FinalizersRemoved,
+        Reason::StaleToken,
+        Reason::TokenMissing,
+        Reason::TokenMalformed,
+        Reason::TokenNotIssued,
+        Reason::LeaseNotFound,
+        Reason::LeaseRebound,
+        Reason::LeaseLabelInvalid,
+        Reason::DeletePreconditionRequired,
+        Reason::MalformedRequest,
+        Reason::LeaseReadFailed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Fenced => "Fenced",
             Reason::Unguarded => "Unguarded",
             Reason::Exempt => "Exempt",
             Reason::DeletePreconditioned => "DeletePreconditioned",
+            Reason::GuardUnchanged => "GuardUnchanged",
+            Reason::FinalizersRemoved => "FinalizersRemoved",
             Reason::StaleToken => "StaleToken",
             Reason::TokenMissing => "TokenMissing",
             Reason::TokenMalformed => "TokenMalformed",
@@ -142,9 +197,13 @@ impl Reason {
             Reason::LeaseLabelInvalid => "LeaseLabelInvalid",
             Reason::DeletePreconditionRequired => "DeletePreconditionRequired",
             Reason::MalformedRequest => "MalformedRequest",
-            Reason::LeaseReadRequired => "LeaseReadRequired",
             Reason::LeaseReadFailed => "LeaseReadFailed",
         }
+    }
+
+    /// The reason named `s` (as [`Reason::as_str`] spells it).
+    pub fn parse(s: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == s)
     }
 }
 
@@ -152,6 +211,19 @@ impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// The facts of a denial, for the writer to read typed (they travel in the response's
+/// `status.details`, see `super::denial`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// `namespace/name` of the lease that judged the write.
+    pub lease: Option<String>,
+    /// The token the write presented.
+    pub presented: Option<Token>,
+    /// The token the write had to beat: the object's recorded token, or for a CREATE the
+    /// lease's newest token.
+    pub recorded: Option<Token>,
 }
 
 /// The judgement on one request.
@@ -167,11 +239,12 @@ pub enum Verdict {
     },
     /// `code` is the HTTP status the API server returns to the writer: 409 for a stale token
     /// (normal recovery: reread and retry under a newer grant), 403 for a write fencing
-    /// forbids, 400 for malformed input, 500 for a caller bug.
+    /// forbids, 400 for malformed input, 500 when the lease could not be read.
     Deny {
         code: u16,
         reason: Reason,
         message: String,
+        facts: Facts,
     },
 }
 
@@ -193,6 +266,11 @@ impl Verdict {
 
     pub fn is_allowed(&self) -> bool {
         !matches!(self, Verdict::Deny { .. })
+    }
+
+    /// A denial whose facts name only the lease.
+    pub fn deny(code: u16, reason: Reason, message: String) -> Verdict {
+        Verdict::Deny { code, reason, message, facts: Facts::default() }
     }
 }
 
@@ -216,37 +294,70 @@ impl Default for Exemptions {
     }
 }
 
-/// The shape of a request, once the lease binding of its two sides is compared.
-enum Shape<'a> {
-    /// Neither side is guarded, the requester is exempt, or the operation is not fenced.
-    Pass(Reason),
-    /// The request cannot be judged; deny it without looking at any lease.
-    Reject(Verdict),
+/// What judging a request needs after [`plan`].
+#[derive(Debug)]
+pub enum Plan<'r> {
+    /// Judged without looking at any lease.
+    Done(Verdict),
+    /// Read the lease from the watch cache and call [`CacheRead::judge`].
+    Cache(CacheRead<'r>),
+    /// Read the lease with a quorum read and call [`QuorumRead::judge`].
+    Quorum(QuorumRead<'r>),
+}
+
+/// A request that the watch cache may be enough to judge.
+#[derive(Debug)]
+pub struct CacheRead<'r>(Pending<'r>);
+
+/// A request that only a quorum read of its lease can judge.
+#[derive(Debug)]
+pub struct QuorumRead<'r>(Pending<'r>);
+
+/// The outcome of judging from the cache.
+#[derive(Debug)]
+pub enum Judged<'r> {
+    Done(Verdict),
+    /// The cache could be stale in the unsafe direction: read the quorum.
+    Quorum(QuorumRead<'r>),
+}
+
+/// A request waiting for its lease.
+#[derive(Debug)]
+struct Pending<'r> {
+    lease: LeaseRef<'r>,
+    rule: Rule,
+}
+
+/// Which row of the table judges a request that depends on its lease.
+#[derive(Clone, Debug)]
+enum Rule {
     /// CREATE, or UPDATE of an object with no valid recorded token (newly guarded, or guarded
     /// before kube-fence ran): `t` must equal the lease's newest issued token.
-    Fresh { lease: &'a str, presented: Result<Token, Missing<'a>> },
-    /// UPDATE of an object that records `r`: `t > r` (or `>=`), and `t <= issued`.
-    Successor { lease: &'a str, presented: Result<Token, Missing<'a>>, recorded: Token },
+    Fresh { presented: Result<Token, Missing> },
+    /// UPDATE of an object that records `r`: `t > r` (or, under `AllowEqual`, `t == r` with a new
+    /// `kubefence.io/write` value: the token restated by this write), and `t <= issued`.
+    Successor { presented: Result<Token, Missing>, recorded: Token, restated: bool },
     /// DELETE without a resourceVersion precondition: denied unless the lease is in Warn mode.
-    UnconditionalDelete { lease: &'a str },
+    UnconditionalDelete,
 }
 
 /// Why the incoming object carries no usable token.
 #[derive(Clone, Debug)]
-enum Missing<'a> {
+enum Missing {
     Absent,
-    Malformed(&'a str, TokenError),
+    Malformed(String, TokenError),
 }
 
-fn presented_token(facts: &ObjectFacts) -> Result<Token, Missing<'_>> {
+fn presented_token(facts: &ObjectFacts) -> Result<Token, Missing> {
     match facts.token.as_deref() {
         None => Err(Missing::Absent),
-        Some(raw) => raw.parse().map_err(|e| Missing::Malformed(raw, e)),
+        Some(raw) => raw.parse().map_err(|e| Missing::Malformed(raw.to_string(), e)),
     }
 }
 
-fn shape<'a>(req: &'a Request, exempt: &Exemptions) -> Shape<'a> {
-    let malformed = |message: String| Shape::Reject(Verdict::Deny { code: 400, reason: Reason::MalformedRequest, message });
+/// The first step of judging `req`: judged outright, or the read of the bound lease it needs.
+pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
+    let malformed = |message: String| Plan::Done(Verdict::deny(400, Reason::MalformedRequest, message));
     // Whether the object is guarded is known only from the objects the review carries.
     let needs_old = matches!(req.operation, Operation::Update | Operation::Delete);
     let needs_new = matches!(req.operation, Operation::Create | Operation::Update);
@@ -263,152 +374,164 @@ fn shape<'a>(req: &'a Request, exempt: &Exemptions) -> Shape<'a> {
     }
     let old_lease = req.old.as_ref().and_then(|o| o.lease.as_deref());
     let new_lease = req.new.as_ref().and_then(|n| n.lease.as_deref());
+    let pass = |reason| Plan::Done(Verdict::Allow { reason });
     if old_lease.is_none() && new_lease.is_none() {
-        return Shape::Pass(Reason::Unguarded);
+        return pass(Reason::Unguarded);
     }
     if exempt.contains(&req.user) {
-        return Shape::Pass(Reason::Exempt);
+        return pass(Reason::Exempt);
     }
+    let subresource = req.subresource.as_deref().is_some_and(|s| !s.is_empty());
+    match (req.operation, &req.old, &req.new) {
+        (Operation::Connect, ..) => return pass(Reason::Unguarded),
+        // A subresource CREATE (eviction, binding, token) makes no guarded object.
+        (Operation::Create | Operation::Delete, ..) if subresource => return pass(Reason::Unguarded),
+        // A subresource write is judged only when it moves the guard itself.
+        (Operation::Update, Some(old), Some(new)) if subresource && old.same_guard(new) => return pass(Reason::GuardUnchanged),
+        (Operation::Update, Some(old), Some(new)) if only_removes_finalizers(old, new) => return pass(Reason::FinalizersRemoved),
+        _ => {}
+    }
+    let lease = |name| LeaseRef { namespace: &req.namespace, name };
     match req.operation {
-        Operation::Connect => Shape::Pass(Reason::Unguarded),
+        Operation::Connect => pass(Reason::Unguarded),
         Operation::Delete => match old_lease {
-            Some(_) if req.delete_precondition => Shape::Pass(Reason::DeletePreconditioned),
-            Some(lease) => Shape::UnconditionalDelete { lease },
-            None => Shape::Pass(Reason::Unguarded),
+            Some(_) if req.delete_precondition => pass(Reason::DeletePreconditioned),
+            Some(name) => Plan::Cache(CacheRead(Pending { lease: lease(name), rule: Rule::UnconditionalDelete })),
+            None => pass(Reason::Unguarded),
         },
         Operation::Create | Operation::Update => {
-            let Some(new) = req.new.as_ref() else { return Shape::Pass(Reason::Unguarded) };
+            let Some(new) = req.new.as_ref() else { return pass(Reason::Unguarded) };
             if let (Some(old), Some(new)) = (old_lease, new_lease)
                 && old != new
             {
-                return Shape::Reject(Verdict::Deny {
-                    code: 403,
-                    reason: Reason::LeaseRebound,
-                    message: format!(
+                return Plan::Done(Verdict::deny(
+                    403,
+                    Reason::LeaseRebound,
+                    format!(
                         "the object is bound to lease {ns}/{old}; changing its {label} label to {new:?} is never allowed (a token of one lease says nothing about another): delete and re-create the object, or unguard it first with a valid token of {ns}/{old}",
                         ns = req.namespace,
                         label = crate::token::LEASE_LABEL,
                     ),
-                });
+                ));
             }
             // The lease that judges the write: the old binding when there is one (unguarding is
             // judged by the lease being left), else the new one.
-            let lease = old_lease.or(new_lease).unwrap_or_default();
-            if lease.is_empty() || !is_dns_subdomain(lease) {
-                return Shape::Reject(Verdict::Deny {
-                    code: 400,
-                    reason: Reason::LeaseLabelInvalid,
-                    message: format!(
-                        "the {} label {lease:?} does not name a lease (a lowercase DNS subdomain name in the same namespace)",
+            let name = old_lease.or(new_lease).unwrap_or_default();
+            if name.is_empty() || !is_dns_subdomain(name) {
+                return Plan::Done(Verdict::deny(
+                    400,
+                    Reason::LeaseLabelInvalid,
+                    format!(
+                        "the {} label {name:?} does not name a lease (a lowercase DNS subdomain name in the same namespace)",
                         crate::token::LEASE_LABEL
                     ),
-                });
+                ));
             }
             let presented = presented_token(new);
-            let recorded = match old_lease {
-                // The recorded token only counts while the stored object is guarded: an
-                // annotation on an unguarded object was never judged.
-                Some(_) => req.old.as_ref().and_then(|o| o.token.as_deref()).and_then(|r| r.parse::<Token>().ok()),
-                None => None,
-            };
+            // The recorded token only counts while the stored object is guarded: an annotation
+            // on an unguarded object was never judged.
+            let recorded = old_lease.and(req.old.as_ref()).and_then(|o| o.token.as_deref()).and_then(|r| r.parse::<Token>().ok());
+            let restated = new.write.is_some() && new.write != req.old.as_ref().and_then(|o| o.write.clone());
             match recorded {
-                Some(recorded) => Shape::Successor { lease, presented, recorded },
-                None => Shape::Fresh { lease, presented },
+                Some(recorded) => {
+                    Plan::Cache(CacheRead(Pending { lease: lease(name), rule: Rule::Successor { presented, recorded, restated } }))
+                }
+                None => Plan::Quorum(QuorumRead(Pending { lease: lease(name), rule: Rule::Fresh { presented } })),
             }
         }
     }
 }
 
-/// The lease that judges `req`: the one the stored object is bound to, else the one the
-/// incoming object names.
-pub fn bound_lease(req: &Request) -> Option<&str> {
-    let old = req.old.as_ref().and_then(|o| o.lease.as_deref());
-    old.or_else(|| req.new.as_ref().and_then(|n| n.lease.as_deref()))
+/// Whether an UPDATE only removes finalizers from an object being deleted: the guard, every
+/// label and annotation and every field outside metadata unchanged. Controllers (PVC protection,
+/// foreground deletion, operators' own) must be able to finish a deletion someone was allowed to
+/// start; blocking them would pin the object, and its namespace, for ever.
+fn only_removes_finalizers(old: &ObjectFacts, new: &ObjectFacts) -> bool {
+    let subset = new.finalizers.iter().all(|f| old.finalizers.contains(f)) && new.finalizers.len() < old.finalizers.len();
+    old.deleting && subset && old.same_guard(new) && old.content.is_some() && old.content == new.content
 }
 
-/// Which read of the bound lease `req` needs. Called first with `cached: None`; when that
-/// answers [`LeaseRead::Cache`], call it again with what the cache holds — it answers
-/// [`LeaseRead::Linearizable`] when the cache could be stale in the unsafe direction:
-/// the lease is absent from it, the presented token is newer than the newest token the cache
-/// has seen, or the lease relaxes fencing (AllowEqual deciding the write, or Warn) so a policy
-/// tightened a moment ago must not be missed.
-pub fn lease_read(req: &Request, exempt: &Exemptions, cached: Option<&LeaseLookup>) -> LeaseRead {
-    match shape(req, exempt) {
-        Shape::Pass(_) | Shape::Reject(_) => LeaseRead::None,
-        Shape::Fresh { .. } => LeaseRead::Linearizable,
-        Shape::UnconditionalDelete { .. } => match cached.map(|c| &c.lease) {
-            Some(Some(facts)) if facts.enforcement == Enforcement::Warn => LeaseRead::Linearizable,
-            _ => LeaseRead::Cache,
-        },
-        Shape::Successor { presented, recorded, .. } => {
-            let Some(cached) = cached else { return LeaseRead::Cache };
-            let Some(facts) = &cached.lease else { return LeaseRead::Linearizable };
-            if facts.enforcement == Enforcement::Warn {
-                return LeaseRead::Linearizable;
-            }
-            match presented {
-                Ok(t) if facts.issued.is_none_or(|issued| t > issued) => LeaseRead::Linearizable,
-                Ok(t) if t == recorded && facts.comparison == Comparison::AllowEqual => LeaseRead::Linearizable,
-                _ => LeaseRead::Cache,
-            }
+impl<'r> CacheRead<'r> {
+    /// The lease to look up in the watch cache.
+    pub fn lease(&self) -> LeaseRef<'r> {
+        self.0.lease
+    }
+
+    /// Judges from the cache, or asks for a quorum read when the cache could be stale in the
+    /// unsafe direction: the lease is absent from it, the presented token is newer than the
+    /// newest token it has seen, or the lease relaxes fencing — Warn mode, or `AllowEqual`
+    /// deciding the write (a lease tightened a moment ago must not be missed).
+    pub fn judge(self, cached: Cached) -> Judged<'r> {
+        let Pending { lease, rule } = self.0;
+        let quorum = |rule| Judged::Quorum(QuorumRead(Pending { lease, rule }));
+        let Some(facts) = cached.0 else {
+            return match rule {
+                // A delete without a precondition is denied whatever the lease says, unless it is
+                // in Warn mode; an absent lease cannot be, so no quorum read is needed.
+                Rule::UnconditionalDelete => Judged::Done(judge(lease, &rule, None)),
+                rule => quorum(rule),
+            };
+        };
+        if facts.enforcement == Enforcement::Warn {
+            return quorum(rule);
         }
+        if let Rule::Successor { presented: Ok(t), recorded, .. } = &rule
+            && (facts.issued.is_none_or(|issued| *t > issued) || (t == recorded && facts.comparison == Comparison::AllowEqual))
+        {
+            return quorum(rule);
+        }
+        Judged::Done(judge(lease, &rule, Some(&facts)))
     }
 }
 
-/// Judges one request. `lease` is the lookup of the bound lease, read as [`lease_read`] asks
-/// (`None` when it asks for no read). Given a weaker read than it needs, it fails closed.
-pub fn decide(req: &Request, exempt: &Exemptions, lease: Option<&LeaseLookup>) -> Verdict {
-    let shape = shape(req, exempt);
-    let (name, presented, recorded) = match &shape {
-        Shape::Pass(reason) => return Verdict::Allow { reason: *reason },
-        Shape::Reject(verdict) => return verdict.clone(),
-        Shape::Fresh { lease, presented } => (*lease, presented, None),
-        Shape::Successor { lease, presented, recorded } => (*lease, presented, Some(*recorded)),
-        Shape::UnconditionalDelete { lease } => (*lease, &Err(Missing::Absent), None),
-    };
-    let ns = &req.namespace;
-    let Some(lookup) = lease else {
-        return Verdict::Deny {
-            code: 500,
-            reason: Reason::LeaseReadRequired,
-            message: format!("lease {ns}/{name} was not read (kube-fence bug; failing closed)"),
-        };
-    };
-    let needed = lease_read(req, exempt, Some(lookup));
-    if needed == LeaseRead::Linearizable && !lookup.linearizable {
-        return Verdict::Deny {
-            code: 500,
-            reason: Reason::LeaseReadRequired,
-            message: format!("lease {ns}/{name} must be read linearizably to judge this write (kube-fence bug; failing closed)"),
-        };
+impl<'r> QuorumRead<'r> {
+    /// The lease to read with a quorum read.
+    pub fn lease(&self) -> LeaseRef<'r> {
+        self.0.lease
     }
-    let Some(facts) = &lookup.lease else {
+
+    /// Judges with the lease as a quorum read returned it.
+    pub fn judge(self, fresh: Quorum) -> Verdict {
+        judge(self.0.lease, &self.0.rule, fresh.0.as_ref())
+    }
+}
+
+/// The rows that depend on the lease.
+fn judge(lease: LeaseRef<'_>, rule: &Rule, facts: Option<&LeaseFacts>) -> Verdict {
+    let on_lease = Facts { lease: Some(lease.to_string()), ..Facts::default() };
+    let Some(facts) = facts else {
         return Verdict::Deny {
             code: 403,
             reason: Reason::LeaseNotFound,
             message: format!(
-                "the object is bound to lease {ns}/{name}, which does not exist: create the lease and write with a token it granted"
+                "the object is bound to lease {lease}, which does not exist: create the lease and write with a token it granted"
             ),
+            facts: on_lease,
         };
     };
     // From here on a denial is a fencing denial, which a Warn lease turns into a warning.
-    let deny = |code: u16, reason: Reason, message: String| match facts.enforcement {
-        Enforcement::Enforce => Verdict::Deny { code, reason, message },
+    let deny = |code: u16, reason: Reason, message: String, facts_of_denial: Facts| match facts.enforcement {
+        Enforcement::Enforce => Verdict::Deny { code, reason, message, facts: facts_of_denial },
         Enforcement::Warn => Verdict::AllowWithWarning {
             reason,
-            message: format!("kube-fence (lease {ns}/{name} enforcement Warn) would deny this write: {message}"),
+            message: format!("kube-fence (lease {lease} enforcement Warn) would deny this write: {message}"),
         },
     };
-
-    if matches!(shape, Shape::UnconditionalDelete { .. }) {
-        return deny(
-            403,
-            Reason::DeletePreconditionRequired,
-            format!(
-                "deleting an object guarded by lease {ns}/{name} requires a resourceVersion precondition (delete only the version you read)"
-            ),
-        );
-    }
+    let (presented, recorded) = match rule {
+        Rule::UnconditionalDelete => {
+            return deny(
+                403,
+                Reason::DeletePreconditionRequired,
+                format!(
+                    "deleting an object guarded by lease {lease} requires a resourceVersion precondition (delete only the version you read)"
+                ),
+                on_lease,
+            );
+        }
+        Rule::Fresh { presented } => (presented, None),
+        Rule::Successor { presented, recorded, .. } => (presented, Some(*recorded)),
+    };
+    let restated = matches!(rule, Rule::Successor { restated: true, .. });
     let presented = match presented {
         Ok(t) => *t,
         Err(Missing::Absent) => {
@@ -416,25 +539,37 @@ pub fn decide(req: &Request, exempt: &Exemptions, lease: Option<&LeaseLookup>) -
                 403,
                 Reason::TokenMissing,
                 format!(
-                    "the object is guarded by lease {ns}/{name}: the write must carry the {} annotation with a token granted by that lease",
+                    "the object is guarded by lease {lease}: the write must carry the {} annotation with a token granted by that lease",
                     crate::token::TOKEN_ANNOTATION
                 ),
+                Facts { recorded, ..on_lease },
             );
         }
         Err(Missing::Malformed(raw, err)) => {
             return deny(
                 400,
                 Reason::TokenMalformed,
-                format!("the {} annotation {raw:?} is not a token (lease {ns}/{name}): {err}", crate::token::TOKEN_ANNOTATION),
+                format!("the {} annotation {raw:?} is not a token (lease {lease}): {err}", crate::token::TOKEN_ANNOTATION),
+                Facts { recorded, ..on_lease },
             );
         }
     };
+    let facts_with = |recorded: Option<Token>| Facts { lease: Some(lease.to_string()), presented: Some(presented), recorded };
     let Some(issued) = facts.issued else {
         return deny(
             403,
             Reason::TokenNotIssued,
-            format!("lease {ns}/{name} has not granted any token yet; presented token {presented} was not issued by it"),
+            format!("lease {lease} has not granted any token yet; presented token {presented} was not issued by it"),
+            facts_with(recorded),
         );
+    };
+    let not_issued = || {
+        deny(
+            403,
+            Reason::TokenNotIssued,
+            format!("presented token {presented} is newer than lease {lease}'s newest token {issued}: it was not issued by that lease"),
+            facts_with(recorded),
+        )
     };
     match recorded {
         // CREATE / newly guarded: there is no recorded token on the object to compare with,
@@ -444,41 +579,32 @@ pub fn decide(req: &Request, exempt: &Exemptions, lease: Option<&LeaseLookup>) -
             409,
             Reason::StaleToken,
             format!(
-                "stale write to an object guarded by lease {ns}/{name}: presented token {presented}, recorded token {issued} (the lease's newest grant); a guarded object is created or newly guarded only with the newest token"
+                "stale write to an object guarded by lease {lease}: presented token {presented}, recorded token {issued} (the lease's newest grant); a guarded object is created or newly guarded only with the newest token"
             ),
+            facts_with(Some(issued)),
         ),
-        None => deny(
-            403,
-            Reason::TokenNotIssued,
-            format!("presented token {presented} was not issued by lease {ns}/{name} (its newest token is {issued})"),
+        None => not_issued(),
+        // AllowEqual: several writes under one grant, each restating the token (a new write
+        // annotation), so a write that leaves the annotations alone is not taken for one.
+        Some(recorded) if presented == recorded && facts.comparison == Comparison::AllowEqual && !restated => deny(
+            409,
+            Reason::StaleToken,
+            format!(
+                "stale write to an object guarded by lease {lease}: presented token {presented}, recorded token {recorded}; under AllowEqual an equal token counts only when the write restates it with a new {} annotation (the client library does)",
+                crate::token::WRITE_ANNOTATION
+            ),
+            facts_with(Some(recorded)),
         ),
-        Some(recorded) => {
-            let fresh = match facts.comparison {
-                Comparison::Strict => presented > recorded,
-                Comparison::AllowEqual => presented >= recorded,
-            };
-            if !fresh {
-                let relation = match facts.comparison {
-                    Comparison::Strict => "is not greater than",
-                    Comparison::AllowEqual => "is less than",
-                };
-                deny(
-                    409,
-                    Reason::StaleToken,
-                    format!(
-                        "stale write to an object guarded by lease {ns}/{name}: presented token {presented}, recorded token {recorded} (the presented token {relation} the recorded one)"
-                    ),
-                )
-            } else if presented > issued {
-                deny(
-                    403,
-                    Reason::TokenNotIssued,
-                    format!("presented token {presented} was not issued by lease {ns}/{name} (its newest token is {issued})"),
-                )
-            } else {
-                Verdict::Allow { reason: Reason::Fenced }
-            }
-        }
+        Some(recorded) if presented < recorded || (presented == recorded && facts.comparison == Comparison::Strict) => deny(
+            409,
+            Reason::StaleToken,
+            format!(
+                "stale write to an object guarded by lease {lease}: presented token {presented}, recorded token {recorded} (the presented token is not greater than the recorded one)"
+            ),
+            facts_with(Some(recorded)),
+        ),
+        Some(_) if presented > issued => not_issued(),
+        Some(_) => Verdict::Allow { reason: Reason::Fenced },
     }
 }
 

@@ -1,6 +1,6 @@
 //! Reading the lease a guarded object is bound to: from a watch cache of all kube-fence Leases,
 //! or with a quorum read when the cache could be stale in the unsafe direction
-//! ([`super::decision::lease_read`] says which).
+//! ([`super::decision::plan`] says which).
 //!
 //! A cache that lags is safe for the per-object rule: tokens only grow, so a token at or below
 //! what the cache has seen was issued. What the cache cannot answer — CREATE, newly guarded
@@ -14,7 +14,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
-use super::decision::{LeaseFacts, LeaseLookup, LeaseRead};
+use super::decision::{Cached, LeaseFacts, LeaseRef, Quorum};
 use crate::api::Lease;
 
 /// The webhook's view of the leases.
@@ -63,24 +63,15 @@ impl LeaseDirectory {
     }
 
     /// The lease as the watch cache has it.
-    pub fn cached(&self, namespace: &str, name: &str) -> LeaseLookup {
-        let lease = self.store.get(&ObjectRef::new(name).within(namespace));
-        LeaseLookup { lease: lease.as_deref().map(facts), linearizable: false }
+    pub fn cached(&self, lease: LeaseRef<'_>) -> Cached {
+        let cached = self.store.get(&ObjectRef::new(lease.name).within(lease.namespace));
+        Cached(cached.as_deref().map(facts))
     }
 
-    /// The lease as etcd has it now.
-    pub async fn linearizable(&self, namespace: &str, name: &str) -> Result<LeaseLookup, kube::Error> {
-        let lease = Api::<Lease>::namespaced(self.client.clone(), namespace).get_opt(name).await?;
-        Ok(LeaseLookup { lease: lease.as_ref().map(facts), linearizable: true })
-    }
-
-    /// Reads as `read` asks.
-    pub async fn read(&self, read: LeaseRead, namespace: &str, name: &str) -> Result<Option<LeaseLookup>, kube::Error> {
-        Ok(match read {
-            LeaseRead::None => None,
-            LeaseRead::Cache => Some(self.cached(namespace, name)),
-            LeaseRead::Linearizable => Some(self.linearizable(namespace, name).await?),
-        })
+    /// The lease as etcd has it now: `Api::get` without a resourceVersion is a quorum read.
+    pub async fn quorum(&self, lease: LeaseRef<'_>) -> Result<Quorum, kube::Error> {
+        let fresh = Api::<Lease>::namespaced(self.client.clone(), lease.namespace).get_opt(lease.name).await?;
+        Ok(Quorum(fresh.as_ref().map(facts)))
     }
 }
 

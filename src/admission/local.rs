@@ -1,6 +1,7 @@
-//! Local mode: the webhook served on loopback with a CA made in-process, registered on the
-//! cluster by `clientConfig.url` (DESIGN.md section 2, `kube-fence run --local`), and the
-//! registration removed again on a clean stop. The tests use the same code.
+//! Local mode (`kube-fence run --local`): the webhook served on loopback — on a free port unless
+//! one is asked for — with a CA made in-process, registered on the cluster by
+//! `clientConfig.url`, and the registration removed again on a clean stop. For an API server on
+//! this machine (a development control plane); the tests use the same code.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
@@ -102,7 +103,14 @@ impl LocalWebhook {
         registration.ca_bundle = Some(made.ca_cert.clone());
         registration.only_namespaces = options.only_namespaces;
         registration.extra_object_labels = options.extra_object_labels;
-        if let Err(err) = registration.apply(&client).await {
+        // Lease status is written by this process's controller, under this process's identity.
+        let registered = async {
+            let me = super::registration::whoami(&client).await?;
+            registration.apply_status_policy(&client, std::slice::from_ref(&me)).await?;
+            registration.apply_identity_policy(&client, &[me]).await?;
+            registration.apply(&client).await
+        };
+        if let Err(err) = registered.await {
             stop.cancel();
             cache.abort();
             return Err(LocalError::Register(err));

@@ -1,15 +1,23 @@
 //! Where a write is judged: the fencing webhook.
 //!
-//! - [`decision`]: the pure decision table (DESIGN.md section 4).
+//! - [`decision`]: the pure decision table (docs/design.md §5).
+//! - [`review`]: the wire — AdmissionReview in, decision facts out, AdmissionResponse back.
+//! - [`denial`]: the typed facts of a denial, written by the webhook, read by the client.
 //! - [`leases`]: reading the bound lease — watch cache, or a quorum read when the cache could be
 //!   stale in the unsafe direction.
-//! - [`server`]: the HTTPS server (`/validate`, `/healthz`, `/readyz`, `/metrics`).
+//! - [`server`]: the HTTPS server (`/validate`, `/healthz`, `/readyz`, `/metrics`) and its bounds.
+//! - [`events`]: Kubernetes Events for rejected writes, budgeted per source.
+//! - [`metrics`]: the webhook's metrics.
 //! - [`tls`]: serving certificates — files hot-reloaded, or self-managed in a Secret.
-//! - [`registration`]: the ValidatingWebhookConfiguration.
+//! - [`registration`]: the ValidatingWebhookConfiguration and the lease-status policy.
 
 pub mod decision;
+pub mod denial;
+pub mod events;
 pub mod leases;
 pub mod local;
+pub mod metrics;
 pub mod registration;
+pub mod review;
 pub mod server;
 pub mod tls;

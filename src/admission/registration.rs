@@ -1,25 +1,39 @@
-//! The ValidatingWebhookConfiguration that sends guarded writes to kube-fence (DESIGN.md
-//! section 4): every group, version and resource but no subresource (status writes by
-//! Kubernetes' own controllers must keep working), CREATE/UPDATE/DELETE, namespaced objects
-//! carrying the `kubefence.io/lease` label, never in system namespaces or kube-fence's own, and
-//! failing closed.
+//! What kube-fence registers on the API server (docs/design.md §5):
+//!
+//! - The ValidatingWebhookConfiguration that sends guarded writes to kube-fence: every group,
+//!   version, resource and subresource, CREATE/UPDATE/DELETE, namespaced objects carrying the
+//!   `kubefence.io/lease` label, never in system namespaces or kube-fence's own, failing closed.
+//!   A subresource write is sent only when it moves the guard (the lease label or the token
+//!   annotation differ between the stored and the incoming object): a match condition the API
+//!   server evaluates itself, so the status writes of Kubernetes' own controllers never wait
+//!   for kube-fence.
+//! - A ValidatingAdmissionPolicy (CEL, judged inside the API server) that lets only kube-fence's
+//!   controller identity write the status of kube-fence Leases: the status is where tokens are
+//!   issued, so a worker with `leases/status` RBAC must not be able to forge one.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    RuleWithOperations, ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MatchCondition, RuleWithOperations, ServiceReference, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingWebhook,
+    ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
 
-use crate::token::LEASE_LABEL;
+use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION};
 
 /// Name of the webhook inside the configuration; the API server quotes it in every denial:
 /// `admission webhook "fence.kubefence.io" denied the request: ...`.
 pub const WEBHOOK_NAME: &str = "fence.kubefence.io";
 /// Name of the ValidatingWebhookConfiguration (local mode may add a suffix).
 pub const CONFIGURATION_NAME: &str = "kube-fence";
+/// Name of the webhook's match condition that skips subresource writes leaving the guard alone.
+pub const GUARD_CONDITION_NAME: &str = "object-or-guard-moves";
+/// Name of the lease-status policy and its binding (local mode may add a suffix).
+pub const STATUS_POLICY_NAME: &str = "kube-fence-lease-status";
+/// The userInfo.extra key a Pod-bound ServiceAccount token carries the Pod's name in.
+pub const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 /// Path the webhook serves.
 pub const PATH: &str = "/validate";
 /// Namespaces never fenced, so the cluster cannot lock itself out.
@@ -84,25 +98,14 @@ impl Registration {
                 }
             },
         };
-        let mut excluded: Vec<String> = SYSTEM_NAMESPACES.iter().map(|s| s.to_string()).collect();
-        excluded.extend(self.operator_namespace.clone());
-        let mut namespace_rules =
-            vec![LabelSelectorRequirement { key: NAMESPACE_NAME_LABEL.into(), operator: "NotIn".into(), values: Some(excluded) }];
-        if let Some(only) = &self.only_namespaces {
-            namespace_rules.push(LabelSelectorRequirement {
-                key: NAMESPACE_NAME_LABEL.into(),
-                operator: "In".into(),
-                values: Some(only.clone()),
-            });
-        }
         let webhook = ValidatingWebhook {
             name: WEBHOOK_NAME.into(),
             client_config,
             rules: Some(vec![RuleWithOperations {
                 api_groups: Some(vec!["*".into()]),
                 api_versions: Some(vec!["*".into()]),
-                // `*` alone matches resources but not their subresources (`*/*` would).
-                resources: Some(vec!["*".into()]),
+                // `*/*`: every resource and every subresource (`/status`, `/scale`, ...).
+                resources: Some(vec!["*/*".into()]),
                 operations: Some(vec!["CREATE".into(), "UPDATE".into(), "DELETE".into()]),
                 scope: Some("Namespaced".into()),
             }]),
@@ -114,13 +117,13 @@ impl Registration {
                 }]),
                 match_labels: (!self.extra_object_labels.is_empty()).then(|| self.extra_object_labels.clone()),
             }),
-            namespace_selector: Some(LabelSelector { match_expressions: Some(namespace_rules), match_labels: None }),
+            namespace_selector: Some(self.namespace_selector()),
             failure_policy: Some("Fail".into()),
             side_effects: "None".into(),
             match_policy: Some("Equivalent".into()),
             timeout_seconds: Some(self.timeout_seconds),
             admission_review_versions: vec!["v1".into()],
-            match_conditions: None,
+            match_conditions: Some(vec![MatchCondition { name: GUARD_CONDITION_NAME.into(), expression: guard_condition() }]),
         };
         ValidatingWebhookConfiguration {
             metadata: ObjectMeta {
@@ -132,22 +135,199 @@ impl Registration {
         }
     }
 
-    /// Creates or updates the configuration (server-side apply, one field manager).
+    /// Namespaces fenced: never the system namespaces or kube-fence's own; only the listed
+    /// ones when a list is given.
+    fn namespace_selector(&self) -> LabelSelector {
+        let mut excluded: Vec<String> = SYSTEM_NAMESPACES.iter().map(|s| s.to_string()).collect();
+        excluded.extend(self.operator_namespace.clone());
+        let mut rules =
+            vec![LabelSelectorRequirement { key: NAMESPACE_NAME_LABEL.into(), operator: "NotIn".into(), values: Some(excluded) }];
+        if let Some(only) = &self.only_namespaces {
+            rules.push(LabelSelectorRequirement { key: NAMESPACE_NAME_LABEL.into(), operator: "In".into(), values: Some(only.clone()) });
+        }
+        LabelSelector { match_expressions: Some(rules), match_labels: None }
+    }
+
+    /// The policy that lets only `writers` (usernames) write the status of kube-fence Leases in
+    /// the fenced namespaces, and its binding (pure).
+    pub fn status_policy(&self, writers: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+        let name = self.status_policy_name();
+        let labels = serde_json::json!({"app.kubernetes.io/managed-by": "kube-fence"});
+        let policy = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [crate::api::GROUP], "apiVersions": ["*"], "resources": ["leases/status"], "operations": ["UPDATE"],
+                }]},
+                "validations": [{
+                    "expression": status_writer_expression(writers),
+                    "messageExpression": STATUS_WRITER_MESSAGE,
+                    "reason": "Forbidden",
+                }],
+            },
+        });
+        let binding = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": self.namespace_selector()},
+            },
+        });
+        // Both are built from literals of their own schema: they always convert.
+        (serde_json::from_value(policy).unwrap_or_default(), serde_json::from_value(binding).unwrap_or_default())
+    }
+
+    fn status_policy_name(&self) -> String {
+        if self.name == CONFIGURATION_NAME { STATUS_POLICY_NAME.to_string() } else { format!("{}-lease-status", self.name) }
+    }
+
+    fn identity_policy_name(&self) -> String {
+        format!("{}-lease-identity", self.name)
+    }
+
+    /// The policy that binds the holder of a Lease with `spec.identity` to who asks: a claim or
+    /// renewal names the requester itself, a release is made by the holder itself; `admins`
+    /// (usernames) are exempt. Judged by the API server (CEL): no webhook call. Pure.
+    pub fn identity_policy(&self, admins: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+        let name = self.identity_policy_name();
+        let labels = serde_json::json!({"app.kubernetes.io/managed-by": "kube-fence"});
+        let policy = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [crate::api::GROUP], "apiVersions": ["*"], "resources": ["leases"], "operations": ["CREATE", "UPDATE"],
+                }]},
+                "matchConditions": [
+                    {"name": "identity-bound", "expression": "has(object.spec) && has(object.spec.identity)"},
+                    {"name": "not-an-admin", "expression": format!("!({})", status_writer_expression(admins))},
+                ],
+                "variables": IDENTITY_VARIABLES.iter().map(|(name, expression)| serde_json::json!({"name": name, "expression": expression})).collect::<Vec<_>>(),
+                "validations": [
+                    {"expression": IDENTITY_CLAIM_RULE, "messageExpression": IDENTITY_CLAIM_MESSAGE, "reason": "Forbidden"},
+                    {"expression": IDENTITY_RELEASE_RULE, "messageExpression": IDENTITY_RELEASE_MESSAGE, "reason": "Forbidden"},
+                ],
+            },
+        });
+        let binding = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": self.namespace_selector()},
+            },
+        });
+        (serde_json::from_value(policy).unwrap_or_default(), serde_json::from_value(binding).unwrap_or_default())
+    }
+
+    /// Creates or updates the identity policy and its binding.
+    pub async fn apply_identity_policy(&self, client: &kube::Client, admins: &[String]) -> Result<(), kube::Error> {
+        let (policy, binding) = self.identity_policy(admins);
+        let name = self.identity_policy_name();
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        Api::<ValidatingAdmissionPolicy>::all(client.clone()).patch(&name, &params, &Patch::Apply(&policy)).await?;
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).patch(&name, &params, &Patch::Apply(&binding)).await?;
+        Ok(())
+    }
+
+    /// Creates or updates the webhook configuration (server-side apply, one field manager).
     pub async fn apply(&self, client: &kube::Client) -> Result<ValidatingWebhookConfiguration, kube::Error> {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
         api.patch(&self.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&self.configuration())).await
     }
 
-    /// Deletes the configuration; absent is fine.
+    /// Creates or updates the lease-status policy and its binding.
+    pub async fn apply_status_policy(&self, client: &kube::Client, writers: &[String]) -> Result<(), kube::Error> {
+        let (policy, binding) = self.status_policy(writers);
+        let name = self.status_policy_name();
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        Api::<ValidatingAdmissionPolicy>::all(client.clone()).patch(&name, &params, &Patch::Apply(&policy)).await?;
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).patch(&name, &params, &Patch::Apply(&binding)).await?;
+        Ok(())
+    }
+
+    /// Deletes the webhook configuration and the lease-status policy; absent is fine.
     pub async fn remove(&self, client: &kube::Client) -> Result<(), kube::Error> {
-        let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-        match api.delete(&self.name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(e),
+        fn gone<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+            match result {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                Err(e) => Err(e),
+            }
         }
+        gone(Api::<ValidatingWebhookConfiguration>::all(client.clone()).delete(&self.name, &DeleteParams::default()).await)?;
+        for name in [self.status_policy_name(), self.identity_policy_name()] {
+            gone(Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).delete(&name, &DeleteParams::default()).await)?;
+            gone(Api::<ValidatingAdmissionPolicy>::all(client.clone()).delete(&name, &DeleteParams::default()).await)?;
+        }
+        Ok(())
     }
 }
+
+/// The username the API server knows `client` by (a SelfSubjectReview).
+pub async fn whoami(client: &kube::Client) -> Result<String, kube::Error> {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let review =
+        Api::<SelfSubjectReview>::all(client.clone()).create(&kube::api::PostParams::default(), &SelfSubjectReview::default()).await?;
+    Ok(review.status.and_then(|s| s.user_info).and_then(|u| u.username).unwrap_or_default())
+}
+
+/// The webhook's match condition (CEL, evaluated by the API server): the object itself, or a
+/// subresource write whose stored and incoming objects differ in the lease label or the token
+/// annotation. Written so that it cannot fail to evaluate (an error would fail the request
+/// closed): every map lookup is guarded by `has` and `in`.
+pub fn guard_condition() -> String {
+    let moved = |field: &str, key: &str| {
+        let present = |obj: &str| format!("(has({obj}.metadata.{field}) && '{key}' in {obj}.metadata.{field})");
+        format!(
+            "{new} != {old} || ({new} && object.metadata.{field}['{key}'] != oldObject.metadata.{field}['{key}'])",
+            new = present("object"),
+            old = present("oldObject"),
+        )
+    };
+    format!(
+        "!has(request.subResource) || request.subResource == '' || object == null || oldObject == null || {} || {}",
+        moved("labels", LEASE_LABEL),
+        moved("annotations", TOKEN_ANNOTATION)
+    )
+}
+
+/// The lease-status policy's rule: the requester is one of `writers`.
+pub fn status_writer_expression(writers: &[String]) -> String {
+    let quoted: Vec<String> = writers.iter().map(|w| format!("'{}'", w.replace('\\', "\\\\").replace('\'', "\\'"))).collect();
+    format!("request.userInfo.username in [{}]", quoted.join(", "))
+}
+
+/// The identity policy's variables: who asks, as the lease names holders (`me`), and the holder
+/// and heartbeat before and after the write.
+pub const IDENTITY_VARIABLES: [(&str, &str); 5] = [
+    (
+        "me",
+        "object.spec.identity == 'Pod' ? ((has(request.userInfo.extra) && 'authentication.kubernetes.io/pod-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/pod-name']) > 0) ? request.userInfo.extra['authentication.kubernetes.io/pod-name'][0] : '') : request.userInfo.username",
+    ),
+    ("newHolder", "has(object.spec.holder) ? object.spec.holder : ''"),
+    ("oldHolder", "oldObject != null && has(oldObject.spec) && has(oldObject.spec.holder) ? oldObject.spec.holder : ''"),
+    ("newBeat", "has(object.spec.heartbeatTime) ? string(object.spec.heartbeatTime) : ''"),
+    (
+        "oldBeat",
+        "oldObject != null && has(oldObject.spec) && has(oldObject.spec.heartbeatTime) ? string(oldObject.spec.heartbeatTime) : ''",
+    ),
+];
+/// A claim or a renewal (holder set, and holder or heartbeat changed) names the requester.
+pub const IDENTITY_CLAIM_RULE: &str = "variables.newHolder == '' || (variables.newHolder == variables.oldHolder && variables.newBeat == variables.oldBeat) || variables.newHolder == variables.me";
+pub const IDENTITY_CLAIM_MESSAGE: &str = "'lease ' + object.metadata.name + ' binds its holder to the requester (spec.identity ' + object.spec.identity + '): ' + (variables.me == '' ? 'the request carries no Pod identity (use the Pod\\'s own ServiceAccount token)' : variables.me + ' may claim or renew it only as ' + variables.me + ', not as ' + variables.newHolder)";
+/// A release (holder cleared) is made by the holder itself.
+pub const IDENTITY_RELEASE_RULE: &str = "variables.oldHolder == '' || variables.newHolder != '' || variables.oldHolder == variables.me";
+pub const IDENTITY_RELEASE_MESSAGE: &str = "'lease ' + object.metadata.name + ' is released only by its holder ' + variables.oldHolder + ' (spec.identity ' + object.spec.identity + '), not by ' + (variables.me == '' ? request.userInfo.username : variables.me)";
+
+/// The lease-status policy's message.
+pub const STATUS_WRITER_MESSAGE: &str = "'the status of a kube-fence Lease (where fencing tokens are issued) is written only by the kube-fence controller; ' + request.userInfo.username + ' may not write it'";
 
 #[cfg(test)]
 mod tests {
@@ -166,7 +346,9 @@ mod tests {
         assert_eq!(w["sideEffects"], "None");
         assert_eq!(w["matchPolicy"], "Equivalent");
         assert_eq!(w["admissionReviewVersions"], serde_json::json!(["v1"]));
-        assert_eq!(w["rules"][0]["resources"], serde_json::json!(["*"]));
+        assert_eq!(w["rules"][0]["resources"], serde_json::json!(["*/*"]));
+        assert_eq!(w["matchConditions"][0]["name"], GUARD_CONDITION_NAME);
+        assert_eq!(w["matchConditions"][0]["expression"], guard_condition());
         assert_eq!(w["rules"][0]["apiGroups"], serde_json::json!(["*"]));
         assert_eq!(w["rules"][0]["apiVersions"], serde_json::json!(["*"]));
         assert_eq!(w["rules"][0]["operations"], serde_json::json!(["CREATE", "UPDATE", "DELETE"]));
@@ -178,6 +360,24 @@ mod tests {
         );
         assert_eq!(w["clientConfig"]["url"], "https://127.0.0.1:9443/validate");
         assert!(w["timeoutSeconds"].as_i64().unwrap() <= 10);
+    }
+
+    #[test]
+    fn the_status_policy_names_its_writers_and_follows_the_namespace_scope() {
+        let mut reg = Registration::new("kube-fence", Endpoint::Url("https://127.0.0.1:9443/validate".into()));
+        reg.only_namespaces = Some(vec!["mine".into()]);
+        let (policy, binding) = reg.status_policy(&["system:serviceaccount:kf:kube-fence".into(), "o'brien".into()]);
+        let policy = serde_json::to_value(&policy).unwrap();
+        let binding = serde_json::to_value(&binding).unwrap();
+        assert_eq!(policy["metadata"]["name"], STATUS_POLICY_NAME);
+        assert_eq!(policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"], serde_json::json!(["leases/status"]));
+        assert_eq!(
+            policy["spec"]["validations"][0]["expression"],
+            r"request.userInfo.username in ['system:serviceaccount:kf:kube-fence', 'o\'brien']"
+        );
+        assert_eq!(binding["spec"]["policyName"], STATUS_POLICY_NAME);
+        assert_eq!(binding["spec"]["validationActions"], serde_json::json!(["Deny"]));
+        assert_eq!(binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][1]["values"], serde_json::json!(["mine"]));
     }
 
     #[test]

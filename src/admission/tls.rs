@@ -8,6 +8,11 @@
 //! - self-managed: a CA and a serving certificate made here ([`SelfSigned`]) and kept in a
 //!   Secret that every replica shares (created if absent, so concurrent replicas agree on one
 //!   CA), with the CA put into the webhook configuration's `caBundle`.
+//!
+//! Either way the webhook can also authenticate its callers ([`ClientAuth`], `--client-ca-file`):
+//! with the API server configured to present a client certificate to webhooks
+//! (`--admission-control-config-file`, a kubeconfig per webhook), nobody else can even complete
+//! a handshake with the webhook port.
 
 use prometheus_client::metrics::counter::Counter;
 use std::net::IpAddr;
@@ -44,17 +49,61 @@ pub enum TlsError {
     Kube(#[from] kube::Error),
 }
 
-/// A rustls server configuration from a PEM certificate chain and a PEM private key.
+/// Which clients may connect: anyone (the default: the port is protected by the network, see
+/// the chart's NetworkPolicy), or only those presenting a certificate signed by a given CA.
+#[derive(Clone, Debug, Default)]
+pub struct ClientAuth(Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>);
+
+impl ClientAuth {
+    /// Anyone may connect.
+    pub fn none() -> ClientAuth {
+        ClientAuth(None)
+    }
+
+    /// Only clients with a certificate signed by one of the CAs in `ca_pem`.
+    pub fn require(ca_pem: &[u8]) -> Result<ClientAuth, TlsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem).filter_map(Result::ok) {
+            roots.add(cert)?;
+        }
+        if roots.is_empty() {
+            return Err(TlsError::NoCertificate);
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| TlsError::Config(rustls::Error::General(format!("client CA: {e}"))))?;
+        Ok(ClientAuth(Some(verifier)))
+    }
+
+    /// Reads the client CA bundle from `path`.
+    pub fn require_file(path: &std::path::Path) -> Result<ClientAuth, TlsError> {
+        let pem = std::fs::read(path).map_err(|source| TlsError::Read { path: path.to_path_buf(), source })?;
+        ClientAuth::require(&pem)
+    }
+}
+
+/// A rustls server configuration from a PEM certificate chain and a PEM private key, for any
+/// client.
 pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<ServerConfig>, TlsError> {
+    server_config_for(cert_pem, key_pem, &ClientAuth::none())
+}
+
+/// A rustls server configuration from a PEM certificate chain and a PEM private key, for the
+/// clients `auth` admits.
+pub fn server_config_for(cert_pem: &[u8], key_pem: &[u8], auth: &ClientAuth) -> Result<Arc<ServerConfig>, TlsError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem).filter_map(Result::ok).collect();
     if certs.is_empty() {
         return Err(TlsError::NoCertificate);
     }
     let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(TlsError::Key)?;
-    let mut config = ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
+    let builder =
+        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider())).with_safe_default_protocol_versions()?;
+    let builder = match &auth.0 {
+        Some(verifier) => builder.with_client_cert_verifier(verifier.clone()),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(certs, key)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -71,6 +120,7 @@ pub struct PemPair {
 pub struct CertFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
+    pub client_auth: ClientAuth,
 }
 
 impl CertFiles {
@@ -82,7 +132,7 @@ impl CertFiles {
     /// Loads the files once, for serving.
     pub async fn load(&self) -> Result<(RustlsConfig, PemPair), TlsError> {
         let pair = self.read().await?;
-        let config = server_config(&pair.cert, &pair.key)?;
+        let config = server_config_for(&pair.cert, &pair.key, &self.client_auth)?;
         Ok((RustlsConfig::from_config(config), pair))
     }
 
@@ -104,7 +154,7 @@ impl CertFiles {
             if pair == current {
                 continue;
             }
-            match server_config(&pair.cert, &pair.key) {
+            match server_config_for(&pair.cert, &pair.key, &self.client_auth) {
                 Ok(config) => {
                     tls.reload_from_config(config);
                     current = pair;
@@ -177,6 +227,11 @@ impl SelfSigned {
         server_config(&self.serving.cert, &self.serving.key)
     }
 
+    /// The server configuration for the clients `auth` admits.
+    pub fn server_config_for(&self, auth: &ClientAuth) -> Result<Arc<ServerConfig>, TlsError> {
+        server_config_for(&self.serving.cert, &self.serving.key, auth)
+    }
+
     fn to_secret(&self, name: &str, namespace: &str) -> Secret {
         let data = [
             ("ca.crt", self.ca_cert.as_bytes().to_vec()),
@@ -221,6 +276,7 @@ pub struct SelfManaged {
     /// DNS names of the webhook Service (`<svc>.<ns>.svc`, ...).
     pub dns_names: Vec<String>,
     pub webhook_configuration: String,
+    pub client_auth: ClientAuth,
 }
 
 impl SelfManaged {
@@ -249,7 +305,7 @@ impl SelfManaged {
                 tracing::warn!(error = %err, configuration = %self.webhook_configuration, "cannot set the webhook caBundle; retrying");
             }
             tokio::time::sleep(interval).await;
-            match self.ensure_secret(&client).await.and_then(|pair| Ok((pair.server_config()?, pair))) {
+            match self.ensure_secret(&client).await.and_then(|pair| Ok((pair.server_config_for(&self.client_auth)?, pair))) {
                 Ok((config, pair)) if pair != current => {
                     tls.reload_from_config(config);
                     current = pair;
@@ -283,4 +339,77 @@ pub async fn ensure_ca_bundle(client: &kube::Client, configuration: &str, ca_pem
     updated.webhooks = Some(webhooks);
     api.replace(configuration, &PostParams::default(), &updated).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CA and a client certificate (EKU clientAuth) it signed: (CA PEM, client cert PEM, key PEM).
+    fn client_identity() -> (String, String, String) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(rcgen::DnType::CommonName, "api server client CA");
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut leaf = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        leaf.distinguished_name.push(rcgen::DnType::CommonName, "kube-apiserver");
+        leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = leaf.signed_by(&key, &issuer).unwrap();
+        (ca_pem, cert.pem(), key.serialize_pem())
+    }
+
+    async fn handshake(
+        addr: std::net::SocketAddr,
+        server_ca: &str,
+        client: Option<(&str, &str)>,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(server_ca.as_bytes()) {
+            roots.add(cert?)?;
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots);
+        let config = match client {
+            Some((cert, key)) => builder.with_client_auth_cert(
+                CertificateDer::pem_slice_iter(cert.as_bytes()).collect::<Result<Vec<_>, _>>()?,
+                PrivateKeyDer::from_pem_slice(key.as_bytes())?,
+            )?,
+            None => builder.with_no_client_auth(),
+        };
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
+        tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await?;
+        let mut out = Vec::new();
+        tls.read_to_end(&mut out).await?;
+        if String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200") { Ok(()) } else { Err("no 200".into()) }
+    }
+
+    /// Finding 5's second half: with `--client-ca-file`, only a client presenting a certificate
+    /// of that CA (the API server, configured to) completes a request; anyone else is refused in
+    /// the handshake.
+    #[tokio::test]
+    async fn a_webhook_that_authenticates_its_callers_refuses_everyone_else() {
+        let serving = SelfSigned::generate(&["localhost".into()], &[IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)]).unwrap();
+        let (client_ca, client_cert, client_key) = client_identity();
+        let auth = ClientAuth::require(client_ca.as_bytes()).unwrap();
+        let tls = RustlsConfig::from_config(serving.server_config_for(&auth).unwrap());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(super::super::server::serve(listener, tls, router, stop.clone().cancelled_owned()));
+        assert!(handshake(addr, &serving.ca_cert, None).await.is_err(), "no client certificate: refused");
+        let (other_ca, other_cert, other_key) = client_identity();
+        drop(other_ca);
+        assert!(handshake(addr, &serving.ca_cert, Some((&other_cert, &other_key))).await.is_err(), "another CA's certificate: refused");
+        handshake(addr, &serving.ca_cert, Some((&client_cert, &client_key))).await.expect("the authenticated caller is served");
+        assert!(ClientAuth::require(b"not a certificate").is_err());
+        stop.cancel();
+    }
 }

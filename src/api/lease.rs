@@ -29,9 +29,13 @@ pub const DEFAULT_LEASE_DURATION_SECONDS: u32 = 15;
     printcolumn = r#"{"name":"Holder","type":"string","jsonPath":".status.holder","description":"Who holds the lease now"}"#,
     printcolumn = r#"{"name":"Token","type":"integer","jsonPath":".status.token","description":"Fencing token of the newest grant"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Held or Unheld"}"#,
+    printcolumn = r#"{"name":"Identity","type":"string","jsonPath":".spec.identity","description":"Pod or User: the holder is bound to the requester's identity"}"#,
     printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".status.expireTime","description":"When the holder's lease expires unless renewed (controller clock)"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase != 'Held' || !has(oldSelf.status.holder) || !has(self.spec.holder) || self.spec.holder == oldSelf.status.holder").message("the lease is held by another holder: wait until it is released or expires").reason(Reason::FieldValueForbidden)
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase != 'Held' || !has(oldSelf.status.holder) || !has(self.spec.holder) || self.spec.holder == oldSelf.status.holder").message("the lease is held by another holder: wait until it is released or expires").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("(has(oldSelf.spec.fencing) && has(oldSelf.spec.fencing.enforcement) && oldSelf.spec.fencing.enforcement == 'Warn') || !has(self.spec.fencing) || !has(self.spec.fencing.enforcement) || self.spec.fencing.enforcement == 'Enforce'").message("spec.fencing.enforcement of an existing lease can be tightened (Warn to Enforce) but never relaxed to Warn: a holder must not be able to switch fencing off. To use Warn, create a new Lease with it").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("(has(oldSelf.spec.fencing) && has(oldSelf.spec.fencing.comparison) && oldSelf.spec.fencing.comparison == 'AllowEqual') || !has(self.spec.fencing) || !has(self.spec.fencing.comparison) || self.spec.fencing.comparison == 'Strict'").message("spec.fencing.comparison of an existing lease can be tightened (AllowEqual to Strict) but never relaxed to AllowEqual. To use AllowEqual, create a new Lease with it").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("has(self.spec.identity) == has(oldSelf.spec.identity) && (!has(self.spec.identity) || self.spec.identity == oldSelf.spec.identity)").message("spec.identity is immutable: it is chosen when the lease is created").reason(Reason::FieldValueForbidden)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseSpec {
@@ -54,7 +58,17 @@ pub struct LeaseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_time: Option<MicroTime>,
 
-    /// How writes to the objects this lease guards are judged.
+    /// Binds the holder to who asks. `Pod`: `holder` must be the name of the Pod whose
+    /// ServiceAccount token makes the claim, renewal or release; `User`: the requester's
+    /// username. Judged by the API server (a ValidatingAdmissionPolicy kube-fence installs), so
+    /// no other identity can claim, renew or release the lease under that holder's name.
+    /// Unset: any client RBAC lets update the Lease may use any holder name. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<HolderIdentity>,
+
+    /// How writes to the objects this lease guards are judged. Fencing can be tightened on an
+    /// existing lease, never relaxed: the API server rejects a change of `enforcement` from
+    /// `Enforce` to `Warn`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing: Option<FencingPolicy>,
 }
@@ -64,29 +78,46 @@ pub struct LeaseSpec {
 #[serde(rename_all = "camelCase")]
 pub struct FencingPolicy {
     /// `Strict` (default) admits a write only when its token is greater than the recorded one:
-    /// one write per grant. `AllowEqual` also admits an equal token, so a holder may write the
-    /// same object several times under one grant; still safe, because a token belongs to
-    /// exactly one grant and a later grant always has a greater token.
+    /// one write per grant. `AllowEqual` also admits an equal token when the write restates it
+    /// (a new `kubefence.io/write` annotation, which the client library sets on every write), so
+    /// a holder may write the same object several times under one grant. Set it when the lease
+    /// is created; it can later be tightened to `Strict`, never relaxed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comparison: Option<Comparison>,
 
     /// `Enforce` (default) denies stale writes. `Warn` admits them with an admission warning,
-    /// counts and logs them: for rolling fencing out onto a running system.
+    /// counts and logs them: for rolling fencing out onto a running system. Set it when the
+    /// lease is created; it can later be changed to `Enforce`, never back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enforcement: Option<Enforcement>,
 }
 
-/// Token comparison for writes to guarded objects.
+/// Who a holder name stands for: `Pod` — the Pod (by name) whose ServiceAccount token makes the
+/// request; `User` — the requester's username.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum HolderIdentity {
+    /// `holder` is the requesting Pod's name (from its bound ServiceAccount token).
+    Pod,
+    /// `holder` is the requester's username.
+    User,
+}
+
+/// Token comparison for writes to guarded objects: `Strict` — a write must present a token
+/// greater than the one the object records; `AllowEqual` — or an equal one it restates with a
+/// new `kubefence.io/write` annotation. Chosen when the lease is created; `AllowEqual` can be
+/// tightened to `Strict`, never back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Comparison {
     /// Admit only `presented > recorded`.
     #[default]
     Strict,
-    /// Admit `presented >= recorded`.
+    /// Admit `presented > recorded`, or `presented == recorded` restated by this write.
     AllowEqual,
 }
 
-/// What happens to a write the fencing rules reject.
+/// What happens to a write the fencing rules reject: `Enforce` denies it, `Warn` admits it with a
+/// warning (for rollouts). Chosen when the lease is created; `Warn` can be tightened to `Enforce`,
+/// never back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Enforcement {
     /// Deny it (HTTP 409).

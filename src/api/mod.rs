@@ -6,6 +6,9 @@ pub use lease::*;
 
 use kube::CustomResourceExt;
 
+/// The API group of kube-fence's custom resources.
+pub const GROUP: &str = "kubefence.io";
+
 /// All CRDs kube-fence owns, as one multi-document YAML stream (what `kube-fence crd` prints and
 /// what `crds/` holds).
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {

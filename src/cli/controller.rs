@@ -1,12 +1,14 @@
 //! `kube-fence controller`: the Lease controller with `/metrics`, `/healthz` and `/readyz`.
 
 use std::net::SocketAddr;
-use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::Context as _;
 use prometheus_client::registry::Registry;
-use tokio_util::sync::CancellationToken;
+use tokio::task::JoinHandle;
+
+use super::cluster::Cluster;
+use super::error::Error;
 
 use crate::lease::controller::{self, ControllerOptions};
 use crate::telemetry::{self, LogFormat};
@@ -22,70 +24,57 @@ pub struct ControllerArgs {
     pub metrics_addr: SocketAddr,
     /// Reconcile only while leading among replicas (coordination.k8s.io/v1 Lease). For
     /// efficiency only: safety never depends on it.
-    #[arg(long)]
-    pub leader_elect: bool,
+    #[arg(long, alias = "leader-elect")]
+    pub leader_election: bool,
     /// Namespace of the leader-election Lease (default: --namespace, else POD_NAMESPACE, else default).
-    #[arg(long, env = "POD_NAMESPACE")]
-    pub leader_elect_namespace: Option<String>,
-    /// Identity of this replica in Events and leader election (default: POD_NAME, else the host name).
-    #[arg(long, env = "POD_NAME")]
+    #[arg(long, alias = "leader-elect-namespace", env = "POD_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// Identity of this replica in Events and leader election (default: POD_NAME, else host
+    /// name and process id).
+    #[arg(long)]
     pub identity: Option<String>,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }
 
-/// Resolves when SIGINT or SIGTERM arrives.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(_) => return std::future::pending().await,
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+pub async fn run(args: ControllerArgs) -> Result<(), Error> {
+    telemetry::init_logging(args.log_format);
+    let cluster = Cluster::connect().await?;
+    let mut options = ControllerOptions::new(args.identity.unwrap_or_else(crate::process::identity)).leader_election(args.leader_election);
+    options.namespace = args.namespace;
+    options.leader_election_namespace = args.leader_election_namespace;
+
+    let stop = crate::process::shutdown_on_signal();
+    let mut registry = Registry::default();
+    let controller = tokio::spawn(controller::run(cluster.client.clone(), options, &mut registry, stop.clone().cancelled_owned()));
+    // Until a signal; a metrics port that cannot be bound stops the controller too, rather
+    // than running blind, and is the error to report.
+    let served = telemetry::serve_metrics(args.metrics_addr, Arc::new(registry), stop.clone().cancelled_owned()).await;
+    stop.cancel();
+    if let Err(source) = served {
+        controller.abort();
+        let _ = controller.await;
+        return Err(Error::ServeMetrics { addr: args.metrics_addr, source });
+    }
+    stopped(controller, &cluster.server).await
+}
+
+/// How long a stopping process waits for the lease controller.
+const CONTROLLER_STOP: Duration = Duration::from_secs(5);
+
+/// Waits for the (already told to stop) lease controller. It stops within moments, except
+/// when stopped before its first list of Leases completed: kube-runtime's graceful shutdown
+/// then waits for a store that never fills. A process that is ending must not hang on that:
+/// wait a bounded time, then drop it.
+pub(super) async fn stopped(mut controller: JoinHandle<Result<(), controller::Error>>, server: &str) -> Result<(), Error> {
+    match tokio::time::timeout(CONTROLLER_STOP, &mut controller).await {
+        Ok(Ok(result)) => result.map_err(|source| Error::RunController { server: server.to_string(), source }),
+        Ok(Err(_)) => Err(Error::ControllerPanicked),
+        Err(_) => {
+            tracing::warn!(waited = ?CONTROLLER_STOP, "the lease controller did not stop in time; dropping it");
+            controller.abort();
+            let _ = controller.await;
+            Ok(())
         }
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-}
-
-/// This replica's identity when none is given: the host name (a pod's name), else the pid.
-pub fn default_identity() -> String {
-    std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|s| s.trim().to_string()))
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| format!("kube-fence-{}", std::process::id()))
-}
-
-pub async fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
-    telemetry::init_logging(args.log_format);
-    let client = kube::Client::try_default().await.context("connecting to the cluster")?;
-    let mut options = ControllerOptions::new(args.identity.unwrap_or_else(default_identity)).leader_election(args.leader_elect);
-    options.namespace = args.namespace;
-    options.leader_election_namespace = args.leader_elect_namespace;
-
-    let stop = CancellationToken::new();
-    let trigger = stop.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!("shutting down");
-        trigger.cancel();
-    });
-    let mut registry = Registry::default();
-    let controller = controller::run(client, options, &mut registry, stop.clone().cancelled_owned());
-    let serving = telemetry::serve_metrics(args.metrics_addr, Arc::new(registry), stop.clone().cancelled_owned());
-    // A metrics port that cannot be bound stops the controller too, rather than running blind.
-    let metrics = async {
-        let served = serving.await;
-        stop.cancel();
-        served
-    };
-    let (controller, metrics) = tokio::join!(controller, metrics);
-    controller?;
-    metrics.with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
-    Ok(ExitCode::SUCCESS)
 }

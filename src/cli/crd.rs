@@ -1,12 +1,15 @@
+//! `kube-fence crd`: the CustomResourceDefinitions, generated from the Rust types.
+
 use std::io::Write;
-use std::process::ExitCode;
+
+use super::error::Error;
 
 /// Arguments of `kube-fence crd`.
 #[derive(Debug, clap::Args)]
 pub struct CrdArgs {}
 
-pub fn run(_: CrdArgs) -> anyhow::Result<ExitCode> {
-    let yaml = crate::api::crds_yaml()?;
+pub fn run(_: CrdArgs) -> Result<(), Error> {
+    let yaml = crate::api::crds_yaml().map_err(|e| Error::EncodeOutput { source: e.into() })?;
     std::io::stdout().lock().write_all(yaml.as_bytes())?;
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

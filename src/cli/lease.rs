@@ -5,13 +5,15 @@
 //! stderr; a failure exits non-zero.
 
 use std::io::Write;
-use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context as _;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
+use kube::api::Api;
 
-use crate::client::{AcquireOptions, Leases};
+use super::cluster::Cluster;
+use super::error::{Error, Object};
+use crate::client::{self, AcquireOptions, Leases};
 
 /// Arguments of `kube-fence lease`.
 #[derive(Debug, clap::Args)]
@@ -35,6 +37,7 @@ pub enum LeaseCommand {
     /// Acquire the lease (creating it when missing) and print the fencing token. Waits up to
     /// --wait while another holder has it. Nothing renews it afterwards: call `renew` within the
     /// duration, or it expires.
+    #[command(after_help = super::EXIT_STATUS_HELP)]
     Acquire {
         #[command(flatten)]
         target: Target,
@@ -49,6 +52,7 @@ pub enum LeaseCommand {
         wait: Duration,
     },
     /// Send one heartbeat for the holder's grant and print its (unchanged) token.
+    #[command(after_help = super::EXIT_STATUS_HELP)]
     Renew {
         #[command(flatten)]
         target: Target,
@@ -56,6 +60,7 @@ pub enum LeaseCommand {
         holder: String,
     },
     /// Release the holder's grant. The token stays recorded; the next grant is greater.
+    #[command(after_help = super::EXIT_STATUS_HELP)]
     Release {
         #[command(flatten)]
         target: Target,
@@ -63,6 +68,7 @@ pub enum LeaseCommand {
         holder: String,
     },
     /// Show the lease: holder, token, phase, expiry.
+    #[command(after_help = super::EXIT_STATUS_HELP)]
     Get {
         #[command(flatten)]
         target: Target,
@@ -86,63 +92,93 @@ pub enum Output {
 }
 
 /// A lease duration: whole seconds from 1 s to 24 h (what `spec.leaseDurationSeconds` holds).
+/// clap names the value in its message; these say only what is wrong with it.
 fn parse_lease_duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration ({e}); write e.g. 15s or 2m"))?;
+    let d = humantime::parse_duration(s).map_err(|e| format!("not a duration ({e}); write e.g. 15s or 2m"))?;
     if d.subsec_nanos() != 0 || d.as_secs() == 0 || d.as_secs() > 86_400 {
-        return Err(format!("{s:?}: a lease duration is whole seconds from 1s to 24h"));
+        return Err("a lease duration is whole seconds from 1s to 24h".to_string());
     }
     Ok(d)
 }
 
 fn parse_wait(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration ({e}); write e.g. 30s or 2m"))
+    humantime::parse_duration(s).map_err(|e| format!("not a duration ({e}); write e.g. 30s or 2m"))
 }
 
-pub async fn run(args: LeaseArgs) -> anyhow::Result<ExitCode> {
-    let client = kube::Client::try_default().await.context("connecting to the cluster in KUBECONFIG")?;
-    let leases_in = |target: &Target| {
-        let ns = target.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
-        Leases::new(client.clone(), &ns)
+pub async fn run(args: LeaseArgs) -> Result<(), Error> {
+    let cluster = Cluster::connect().await?;
+    let server = cluster.server.clone();
+    let at = |target: &Target| {
+        let ns = target.namespace.clone().unwrap_or_else(|| cluster.namespace.clone());
+        (Leases::new(cluster.client.clone(), &ns), Object::namespaced("lease", ns, &target.name))
     };
     let mut out = std::io::stdout().lock();
     match args.command {
         LeaseCommand::Acquire { target, holder, duration, wait } => {
+            let (leases, lease) = at(&target);
             let mut options = AcquireOptions::default().timeout(wait);
             options.duration = duration;
-            let grant = leases_in(&target).acquire(&target.name, &holder, options).await?;
+            // One read first: acquire retries a failing watch until --wait runs out, which
+            // would report a refusal (RBAC, no API server) as a timeout.
+            let readable = match leases.get(&target.name).await {
+                Ok(_) | Err(client::Error::LeaseNotFound { .. }) => Ok(()),
+                Err(err) => Err(err),
+            };
+            let acquired = match readable {
+                Ok(()) => leases.acquire(&target.name, &holder, options).await,
+                Err(err) => Err(err),
+            };
+            let grant = match acquired {
+                Ok(grant) => grant,
+                Err(source) => return Err(Error::AcquireLease { lease, holder, wait, server, source }),
+            };
             writeln!(out, "{}", grant.token)?;
         }
         LeaseCommand::Renew { target, holder } => {
-            let leases = leases_in(&target);
-            let grant = leases.current_grant(&target.name, &holder).await?;
-            let grant = leases.renew(&grant).await?;
-            writeln!(out, "{}", grant.token)?;
+            let (leases, lease) = at(&target);
+            let renewed = match leases.current_grant(&target.name, &holder).await {
+                Ok(grant) => leases.renew(&grant).await,
+                Err(err) => Err(or_missing_namespace(&cluster, &lease, err).await),
+            };
+            match renewed {
+                Ok(grant) => writeln!(out, "{}", grant.token)?,
+                Err(source) => return Err(Error::RenewLease { lease, holder, server, source }),
+            }
         }
         LeaseCommand::Release { target, holder } => {
-            let leases = leases_in(&target);
-            match leases.current_grant(&target.name, &holder).await {
-                Ok(grant) => leases.release(&grant).await?,
-                Err(crate::client::Error::NotHeld { loss, .. }) => {
-                    anyhow::bail!("lease {} is not held by {holder}: {loss}", target.name)
-                }
-                Err(err) => return Err(err.into()),
+            let (leases, lease) = at(&target);
+            let released = match leases.current_grant(&target.name, &holder).await {
+                Ok(grant) => leases.release(&grant).await,
+                Err(err) => Err(or_missing_namespace(&cluster, &lease, err).await),
+            };
+            if let Err(source) = released {
+                return Err(Error::ReleaseLease { lease, holder, server, source });
             }
         }
         LeaseCommand::Get { target, holder, output } => {
-            let lease = leases_in(&target).get(&target.name).await?;
+            let (leases, object) = at(&target);
+            let lease = match leases.get(&target.name).await {
+                Ok(lease) => lease,
+                Err(err) => {
+                    let source = or_missing_namespace(&cluster, &object, err).await;
+                    return Err(Error::GetLease { lease: object, server, source });
+                }
+            };
             let status = lease.status.clone().unwrap_or_default();
-            if let Some(holder) = &holder
-                && crate::lease::state::held(lease.status.as_ref()).map(|(h, _)| h) != Some(holder.as_str())
-            {
-                anyhow::bail!("lease {} is not held by {holder}", target.name);
+            if let Some(holder) = holder {
+                let held_by = crate::lease::state::held(lease.status.as_ref()).map(|(h, _)| h.to_string());
+                if held_by.as_deref() != Some(holder.as_str()) {
+                    return Err(Error::CheckHolder { lease: object, holder, held_by });
+                }
             }
+            let encode = |source: Box<dyn std::error::Error + Send + Sync>| Error::EncodeOutput { source };
             match output {
                 Output::Token => match status.token {
                     Some(token) => writeln!(out, "{token}")?,
-                    None => anyhow::bail!("lease {} has issued no token yet", target.name),
+                    None => return Err(Error::ReadToken { lease: object }),
                 },
-                Output::Yaml => out.write_all(serde_yaml::to_string(&lease)?.as_bytes())?,
-                Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&lease)?)?,
+                Output::Yaml => out.write_all(serde_yaml::to_string(&lease).map_err(|e| encode(e.into()))?.as_bytes())?,
+                Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&lease).map_err(|e| encode(e.into()))?)?,
                 Output::Table => {
                     let or_none = |s: Option<String>| s.unwrap_or_else(|| "<none>".to_string());
                     writeln!(out, "NAME\tHOLDER\tTOKEN\tPHASE\tEXPIRES")?;
@@ -159,7 +195,19 @@ pub async fn run(args: LeaseArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
+}
+
+/// A lease that is not found may be missing because its namespace is: then the namespace's own
+/// 404 (from the API server, with its typed details) is the cause worth reporting.
+async fn or_missing_namespace(cluster: &Cluster, lease: &Object, err: client::Error) -> client::Error {
+    let (client::Error::LeaseNotFound { .. }, Some(ns)) = (&err, &lease.namespace) else {
+        return err;
+    };
+    match Api::<Namespace>::all(cluster.client.clone()).get_metadata(ns).await {
+        Err(missing @ kube::Error::Api(_)) if matches!(&missing, kube::Error::Api(s) if s.code == 404) => client::Error::Kube(missing),
+        _ => err,
+    }
 }
 
 #[cfg(test)]

@@ -1,20 +1,31 @@
-//! The `kube-fence` command line. Each subcommand lives in a file of its own.
+//! The `kube-fence` command line. Each subcommand lives in a file of its own; every failure is
+//! an [`Error`] (`error.rs`), which alone decides the message and the exit status.
 
-use std::process::ExitCode;
+// An `Error` ends the process, once: carrying its facts unboxed costs nothing that matters.
+#![allow(clippy::result_large_err)]
 
 use clap::{Parser, Subcommand};
 
+pub mod cluster;
 pub mod controller;
 mod crd;
+pub mod error;
 pub mod lease;
+pub mod patch;
 pub mod run;
 pub mod webhook;
+
+pub use error::{EXIT_STATUS_HELP, Error, Exit};
 
 /// Fencing tokens for Kubernetes: leases that grant strictly increasing tokens, and a validating
 /// webhook that rejects every write carrying a stale one.
 #[derive(Debug, Parser)]
-#[command(name = "kube-fence", version, about, long_about = None, propagate_version = true)]
+#[command(name = "kube-fence", version, about, long_about = None, propagate_version = true, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
+    /// On failure, print the whole chain of causes (the API server's answer included).
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -24,23 +35,101 @@ pub enum Command {
     /// Print the CustomResourceDefinitions generated from kube-fence's Rust types (what crds/ holds).
     Crd(crd::CrdArgs),
     /// Serve the fencing webhook (HTTPS): judges writes to objects labelled kubefence.io/lease.
+    #[command(after_help = EXIT_STATUS_HELP)]
     Webhook(webhook::WebhookArgs),
     /// Run the lease controller and the fencing webhook in one process (--local: on this
     /// machine, registered by URL on the cluster in KUBECONFIG).
+    #[command(after_help = EXIT_STATUS_HELP)]
     Run(run::RunArgs),
     /// Run the Lease controller: grants tokens, records renewals, expires and releases leases.
+    #[command(after_help = EXIT_STATUS_HELP)]
     Controller(controller::ControllerArgs),
     /// Acquire, renew, release or show a lease (acquire prints the fencing token).
+    #[command(after_help = EXIT_STATUS_HELP)]
     Lease(lease::LeaseArgs),
+    /// Patch an object with a lease's fencing token (a fenced write): rejected, exit status 8,
+    /// when the object records a token at least as new.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Patch(patch::PatchArgs),
 }
 
 /// Runs one parsed command line.
-pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+pub async fn run(cli: Cli) -> Result<(), Error> {
     match cli.command {
         Command::Crd(args) => crd::run(args),
         Command::Webhook(args) => webhook::run(args).await,
         Command::Run(args) => run::run(args).await,
         Command::Controller(args) => controller::run(args).await,
         Command::Lease(args) => lease::run(args).await,
+        Command::Patch(args) => patch::run(args).await,
+    }
+}
+
+/// clap's complaint about a command line, on one line: its own layout puts the cause, the
+/// offending arguments and a usage block on separate lines.
+pub fn usage_error(err: &clap::Error) -> Error {
+    let rendered = err.render().to_string();
+    let mut words: Vec<&str> = Vec::new();
+    for line in rendered.lines() {
+        let line = line.trim();
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if !line.is_empty() {
+            words.push(line);
+        }
+    }
+    let message = words.join(" ");
+    let message = message.strip_prefix("error: ").unwrap_or(&message);
+    Error::ParseArguments(format!("{message} (see --help)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("kube-fence").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn leader_election_has_one_spelling_and_the_old_one_still_parses() {
+        for args in [
+            &["run", "--leader-election"][..],
+            &["run", "--leader-elect"],
+            &["controller", "--leader-election"],
+            &["controller", "--leader-elect", "--leader-elect-namespace", "x"],
+        ] {
+            let elected = match parse(args).map(|cli| cli.command) {
+                Ok(Command::Run(run)) => run.leader_election,
+                Ok(Command::Controller(controller)) => controller.leader_election,
+                other => panic!("{args:?}: {other:?}"),
+            };
+            assert!(elected, "{args:?}");
+        }
+        for command in ["run", "controller"] {
+            let help = match parse(&[command, "--help"]) {
+                Err(help) => help.render().to_string(),
+                Ok(_) => panic!("--help"),
+            };
+            assert!(help.contains("--leader-election") && !help.contains("--leader-elect "), "{command} --help:\n{help}");
+        }
+    }
+
+    #[test]
+    fn usage_errors_are_one_line() {
+        let err = parse(&["lease", "acquire", "l"]).err().map(|e| usage_error(&e).to_string()).unwrap_or_default();
+        assert_eq!(err, "the following required arguments were not provided: --holder <HOLDER> (see --help)");
+        assert_eq!(usage_error(&parse(&["nonsense"]).err().unwrap_or_else(|| panic!("parses"))).exit(), Exit::Usage);
+    }
+
+    #[test]
+    fn run_local_takes_a_free_port_unless_told_and_a_ready_file_only_with_local() {
+        match parse(&["run", "--local"]).map(|cli| cli.command) {
+            Ok(Command::Run(run)) => assert_eq!(run.local_port, None),
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&["run", "--ready-file", "/tmp/r"]).is_err(), "--ready-file needs --local");
+        assert!(parse(&["run", "--local-port", "9443"]).is_err(), "--local-port needs --local");
     }
 }

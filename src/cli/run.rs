@@ -1,19 +1,21 @@
 //! `kube-fence run`: the lease controller and the fencing webhook in one process.
-//! `kube-fence run --local` serves the webhook on 127.0.0.1 with a CA made in-process and
-//! registers it by URL on the cluster in `KUBECONFIG` (removed again on a clean exit / Ctrl-C).
+//! `kube-fence run --local` serves the webhook on 127.0.0.1 (a free port unless `--local-port`
+//! names one) with a CA made in-process and registers it by URL on the cluster in `KUBECONFIG`
+//! (removed again on a clean exit / Ctrl-C). `--ready-file` tells a script when it is ready.
 
-use std::process::ExitCode;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::Context;
-use futures::future::BoxFuture;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use super::webhook::{WebhookArgs, shutdown_on_signal};
+use super::cluster::Cluster;
+use super::error::{Error, Object};
+use super::webhook::WebhookArgs;
 use crate::admission::decision::Exemptions;
 use crate::admission::local::{LocalOptions, LocalWebhook};
 use crate::admission::server::Metrics;
+use crate::lease::controller::ControllerOptions;
 use crate::telemetry::init_logging;
 
 /// Arguments of `kube-fence run`.
@@ -24,103 +26,148 @@ pub struct RunArgs {
     #[arg(long)]
     pub local: bool,
 
-    /// Port on 127.0.0.1 for --local (0: any free port).
-    #[arg(long, default_value_t = 9443)]
-    pub local_port: u16,
+    /// Port on 127.0.0.1 for --local (default: a free port; the address is logged and written
+    /// to --ready-file).
+    #[arg(long, requires = "local")]
+    pub local_port: Option<u16>,
 
-    /// Name of the ValidatingWebhookConfiguration --local registers.
+    /// Name of the ValidatingWebhookConfiguration --local registers (give each kube-fence on
+    /// one cluster its own).
     #[arg(long, default_value = "kube-fence-local")]
     pub local_configuration: String,
+
+    /// With --local: once the webhook serves and is registered and the controller runs, write
+    /// the webhook's address to this file (atomically: it appears complete or not at all).
+    /// Removed again on exit.
+    #[arg(long, requires = "local", value_name = "PATH")]
+    pub ready_file: Option<PathBuf>,
 
     /// Only fence (and run the controller) in this namespace; default: all.
     #[arg(long = "watch-namespace")]
     pub watch_namespace: Option<String>,
 
-    /// Identity of this controller replica (leader election, events).
-    #[arg(long, env = "POD_NAME")]
+    /// Identity of this controller replica in leader election and Events (default: POD_NAME,
+    /// else host name and process id).
+    #[arg(long)]
     pub identity: Option<String>,
 
     /// Use leader election among controller replicas (efficiency only; safety never needs it).
-    #[arg(long)]
+    #[arg(long, alias = "leader-elect")]
     pub leader_election: bool,
 
     #[command(flatten)]
     pub webhook: WebhookArgs,
 }
 
-/// What the lease controller needs, as `run` has it.
-#[derive(Clone, Debug)]
-pub struct ControllerSettings {
-    pub namespace: Option<String>,
-    /// kube-fence's own namespace (leader election).
-    pub own_namespace: String,
-    pub identity: String,
-    pub leader_election: bool,
-}
-
-/// The lease controller, as `run` starts it: its leader-election Lease lives in kube-fence's own
-/// namespace (where the chart's Role allows it), whatever namespaces it watches.
-fn lease_controller(
-    client: kube::Client,
-    settings: ControllerSettings,
-    registry: &mut Registry,
-    shutdown: CancellationToken,
-) -> BoxFuture<'static, anyhow::Result<()>> {
-    let mut options = crate::lease::controller::ControllerOptions::new(settings.identity).leader_election(settings.leader_election);
-    options.namespace = settings.namespace;
-    options.leader_election_namespace = Some(settings.own_namespace);
-    let controller = crate::lease::controller::run(client, options, registry, shutdown.cancelled_owned());
-    Box::pin(async move { controller.await.map_err(anyhow::Error::from) })
-}
-
-pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: RunArgs) -> Result<(), Error> {
     init_logging(args.webhook.log_format);
     if !args.local {
         args.webhook.check_tls()?;
     }
-    let client = kube::Client::try_default().await.context("connecting to Kubernetes (KUBECONFIG or in-cluster)")?;
-    let shutdown = shutdown_on_signal();
+    let cluster = Cluster::connect().await?;
+    let shutdown = crate::process::shutdown_on_signal();
     let mut registry = Registry::default();
-    let settings = ControllerSettings {
-        namespace: args.watch_namespace.clone(),
-        own_namespace: args.webhook.namespace.clone(),
-        identity: args.identity.clone().unwrap_or_else(|| format!("kube-fence-{}", std::process::id())),
-        leader_election: args.leader_election,
-    };
-    let controller = lease_controller(client.clone(), settings, &mut registry, shutdown.clone());
-    run_with_controller(client, args, registry, controller, shutdown).await
-}
-
-/// Runs `controller` and the webhook side by side; either ending (or failing) stops both.
-pub async fn run_with_controller(
-    client: kube::Client,
-    args: RunArgs,
-    mut registry: Registry,
-    controller: BoxFuture<'static, anyhow::Result<()>>,
-    shutdown: CancellationToken,
-) -> anyhow::Result<ExitCode> {
+    // The leader-election Lease lives in kube-fence's own namespace (where the chart's Role
+    // allows it), whatever namespaces the controller watches.
+    let mut options =
+        ControllerOptions::new(args.identity.clone().unwrap_or_else(crate::process::identity)).leader_election(args.leader_election);
+    options.namespace = args.watch_namespace.clone();
+    options.leader_election_namespace = Some(args.webhook.namespace.clone());
+    let controller = crate::lease::controller::run(cluster.client.clone(), options, &mut registry, shutdown.clone().cancelled_owned());
     let metrics = Metrics::register(&mut registry);
     let registry = Arc::new(registry);
     let controller = tokio::spawn(controller);
 
-    let webhook_result = if args.local {
-        let mut options = LocalOptions::new(args.local_configuration.clone());
-        options.port = args.local_port;
-        options.exempt = Exemptions::new(args.webhook.exempt.clone());
-        options.only_namespaces = args.watch_namespace.clone().map(|ns| vec![ns]);
-        let local = LocalWebhook::start(client.clone(), options, metrics, registry).await.context("starting the local webhook")?;
+    let webhook = if args.local {
+        local(&cluster, &args, metrics, registry, &shutdown, &controller).await
+    } else {
+        super::webhook::serve(&cluster, args.webhook.clone(), metrics, registry, shutdown.clone()).await
+    };
+    shutdown.cancel();
+    if webhook.is_err() {
+        // The webhook could not start (or stopped): its error is the one to report, now.
+        controller.abort();
+        // Dropped before the error is printed, so it logs nothing after it.
+        let _ = controller.await;
+        return webhook;
+    }
+    super::controller::stopped(controller, &cluster.server).await
+}
+
+/// `run --local`: serve and register, say so (log line and ready file), run until shutdown,
+/// then unregister.
+async fn local(
+    cluster: &Cluster,
+    args: &RunArgs,
+    metrics: Metrics,
+    registry: Arc<Registry>,
+    shutdown: &CancellationToken,
+    controller: &tokio::task::JoinHandle<Result<(), crate::lease::controller::Error>>,
+) -> Result<(), Error> {
+    let mut options = LocalOptions::new(args.local_configuration.clone());
+    options.port = args.local_port.unwrap_or(0);
+    options.exempt = Exemptions::new(args.webhook.exempt.clone());
+    options.only_namespaces = args.watch_namespace.clone().map(|ns| vec![ns]);
+    let local = LocalWebhook::start(cluster.client.clone(), options, metrics, registry)
+        .await
+        .map_err(|source| Error::StartLocalWebhook { server: cluster.server.clone(), source })?;
+    let ready = if controller.is_finished() {
+        // The controller stopped before we got here; its error is reported by the caller.
+        shutdown.cancel();
+        Ok(())
+    } else {
         eprintln!(
             "kube-fence: webhook on https://{} registered as ValidatingWebhookConfiguration {}; Ctrl-C to stop and unregister",
             local.addr, local.registration.name
         );
-        shutdown.cancelled().await;
-        local.stop(&client).await.context("removing the local webhook registration")
-    } else {
-        super::webhook::serve(client, args.webhook.clone(), metrics, registry, shutdown.clone()).await
+        match &args.ready_file {
+            Some(path) => write_ready_file(path, &format!("https://{}\n", local.addr)),
+            None => Ok(()),
+        }
     };
-    shutdown.cancel();
-    let controller_result = controller.await.context("the lease controller task panicked")?;
-    webhook_result?;
-    controller_result?;
-    Ok(ExitCode::SUCCESS)
+    if ready.is_ok() {
+        shutdown.cancelled().await;
+    }
+    if let Some(path) = &args.ready_file {
+        let _ = std::fs::remove_file(path);
+    }
+    let configuration = Object::cluster_scoped("ValidatingWebhookConfiguration", &local.registration.name);
+    let removed = local.stop(&cluster.client).await.map_err(|source| Error::UnregisterLocalWebhook {
+        configuration,
+        server: cluster.server.clone(),
+        source,
+    });
+    ready.and(removed)
+}
+
+/// Writes `contents` to `path` atomically: to a temporary file beside it, then renamed, so a
+/// script that sees the file sees all of it.
+fn write_ready_file(path: &Path, contents: &str) -> Result<(), Error> {
+    let failed = |source| Error::WriteReadyFile { path: path.to_path_buf(), source };
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(format!(".{}.tmp", std::process::id()));
+    let temporary = PathBuf::from(temporary);
+    std::fs::write(&temporary, contents).map_err(failed)?;
+    std::fs::rename(&temporary, path).map_err(|e| {
+        let _ = std::fs::remove_file(&temporary);
+        failed(e)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ready_file_appears_whole_and_leaves_no_temporary_behind() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let path = dir.path().join("ready");
+        write_ready_file(&path, "https://127.0.0.1:1234\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(std::fs::read_to_string(&path).ok().as_deref(), Some("https://127.0.0.1:1234\n"));
+        let names: Vec<_> = std::fs::read_dir(dir.path()).into_iter().flatten().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("ready")]);
+
+        let err = write_ready_file(&dir.path().join("no-such-dir/ready"), "x").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.starts_with("cannot write the ready file") && err.contains("no such file or directory"), "{err}");
+    }
 }

@@ -1,11 +1,9 @@
 //! `kube-fence webhook`: the fencing webhook alone (HTTPS only).
 
 use std::net::SocketAddr;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use axum_server::tls_rustls::RustlsConfig;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -14,8 +12,11 @@ use crate::admission::decision::{DEFAULT_EXEMPT, Exemptions};
 use crate::admission::leases::LeaseDirectory;
 use crate::admission::registration::CONFIGURATION_NAME;
 use crate::admission::server::{self, Metrics};
-use crate::admission::tls::{CertFiles, SelfManaged};
+use crate::admission::tls::{CertFiles, ClientAuth, SelfManaged};
 use crate::telemetry::{LogFormat, init_logging};
+
+use super::cluster::Cluster;
+use super::error::{Error, Object};
 
 /// Arguments of `kube-fence webhook` (also used by `kube-fence run`).
 #[derive(Clone, Debug, clap::Args)]
@@ -57,6 +58,12 @@ pub struct WebhookArgs {
     #[arg(long, default_value = CONFIGURATION_NAME)]
     pub webhook_configuration: String,
 
+    /// Accept connections only from clients presenting a certificate signed by a CA in this PEM
+    /// file: configure the API server to present one to webhooks (an AdmissionConfiguration
+    /// kubeconfig, README "Authenticating the API server"), and nobody else can reach the webhook.
+    #[arg(long, value_name = "PEM")]
+    pub client_ca_file: Option<std::path::PathBuf>,
+
     /// Users that may write guarded objects without a token (repeat the flag; replaces the
     /// defaults: the garbage collector and the namespace controller).
     #[arg(long = "exempt", value_name = "USER", default_values_t = DEFAULT_EXEMPT.map(String::from))]
@@ -68,37 +75,41 @@ pub struct WebhookArgs {
 
 impl WebhookArgs {
     /// HTTPS only: some source of certificates must be given.
-    pub fn check_tls(&self) -> anyhow::Result<()> {
+    pub fn check_tls(&self) -> Result<(), Error> {
         if self.tls_cert_file.is_none() && !self.self_managed_tls {
-            anyhow::bail!("the webhook serves HTTPS only: give --tls-cert-file and --tls-key-file, or --self-managed-tls");
+            return Err(Error::ChooseTls);
         }
         Ok(())
     }
 }
 
-pub async fn run(args: WebhookArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: WebhookArgs) -> Result<(), Error> {
     init_logging(args.log_format);
     args.check_tls()?;
-    let client = kube::Client::try_default().await.context("connecting to Kubernetes (KUBECONFIG or in-cluster)")?;
+    let cluster = Cluster::connect().await?;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
-    let shutdown = shutdown_on_signal();
-    serve(client, args, metrics, Arc::new(registry), shutdown).await?;
-    Ok(ExitCode::SUCCESS)
+    let shutdown = crate::process::shutdown_on_signal();
+    serve(&cluster, args, metrics, Arc::new(registry), shutdown).await
 }
 
 /// Serves the webhook as `args` say until `shutdown` is cancelled.
 pub async fn serve(
-    client: kube::Client,
+    cluster: &Cluster,
     args: WebhookArgs,
     metrics: Metrics,
     registry: Arc<Registry>,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
+    let client = cluster.client.clone();
+    let client_auth = match &args.client_ca_file {
+        Some(path) => ClientAuth::require_file(path).map_err(|source| Error::LoadTls { source })?,
+        None => ClientAuth::none(),
+    };
     let tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => {
-            let files = CertFiles { cert: cert.clone(), key: key.clone() };
-            let (tls, loaded) = files.load().await.context("loading the TLS files")?;
+            let files = CertFiles { cert: cert.clone(), key: key.clone(), client_auth: client_auth.clone() };
+            let (tls, loaded) = files.load().await.map_err(|source| Error::LoadTls { source })?;
             let watcher = files.watch(tls.clone(), loaded, args.tls_reload_interval, metrics.tls_reloads.clone());
             spawn_until(watcher, shutdown.clone());
             tls
@@ -112,25 +123,30 @@ pub async fn serve(
                     format!("{}.{}.svc.cluster.local", args.service_name, args.namespace),
                 ],
                 webhook_configuration: args.webhook_configuration.clone(),
+                client_auth: client_auth.clone(),
             };
-            let pair = managed.ensure_secret(&client).await.context("making or reading the self-managed TLS Secret")?;
-            let tls = RustlsConfig::from_config(pair.server_config()?);
+            let failed = |source| Error::ManageTls {
+                secret: Object::namespaced("Secret", &args.namespace, &args.tls_secret),
+                server: cluster.server.clone(),
+                source,
+            };
+            let pair = managed.ensure_secret(&client).await.map_err(failed)?;
+            let tls = RustlsConfig::from_config(pair.server_config_for(&client_auth).map_err(failed)?);
             spawn_until(
                 managed.maintain(client.clone(), tls.clone(), pair, Duration::from_secs(30), metrics.tls_reloads.clone()),
                 shutdown.clone(),
             );
             tls
         }
-        _ => anyhow::bail!("the webhook serves HTTPS only: give --tls-cert-file and --tls-key-file, or --self-managed-tls"),
+        _ => return Err(Error::ChooseTls),
     };
+    let listener = std::net::TcpListener::bind(args.addr).map_err(|source| Error::Listen { addr: args.addr, source })?;
     let (leases, cache) = LeaseDirectory::new(client);
     spawn_until(cache, shutdown.clone());
-    let listener = std::net::TcpListener::bind(args.addr).with_context(|| format!("binding {}", args.addr))?;
     tracing::info!(addr = %args.addr, exempt = ?args.exempt, "fencing webhook serving");
     server::run(leases, listener, tls, Exemptions::new(args.exempt), metrics, registry, shutdown.cancelled_owned())
         .await
-        .context("serving the webhook")?;
-    Ok(())
+        .map_err(|source| Error::ServeWebhook { source })
 }
 
 /// Runs `task` until it ends or `shutdown` is cancelled.
@@ -141,32 +157,4 @@ pub(crate) fn spawn_until(task: impl std::future::Future<Output = ()> + Send + '
             _ = shutdown.cancelled() => {}
         }
     });
-}
-
-/// A token cancelled on Ctrl-C or SIGTERM.
-pub(crate) fn shutdown_on_signal() -> CancellationToken {
-    let token = CancellationToken::new();
-    let cancel = token.clone();
-    tokio::spawn(async move {
-        #[cfg(unix)]
-        {
-            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                    cancel.cancel();
-                    return;
-                }
-            };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("shutting down");
-        cancel.cancel();
-    });
-    token
 }

@@ -13,40 +13,40 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Error, Grant};
-use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token};
+use crate::admission::decision::Reason;
+use crate::admission::denial::Denial;
+use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token, WRITE_ANNOTATION};
 
 /// Stamps `obj` with the grant's lease label and token annotation.
 pub fn stamp<K: Resource>(grant: &Grant, obj: &mut K) {
     obj.labels_mut().insert(LEASE_LABEL.to_string(), grant.lease.clone());
     obj.annotations_mut().insert(TOKEN_ANNOTATION.to_string(), grant.token.to_string());
+    obj.annotations_mut().insert(WRITE_ANNOTATION.to_string(), write_id());
 }
 
-/// Reads `presented token <t>` and `recorded token <r>` from a fencing rejection's message
-/// (`admission webhook "fence.kubefence.io" denied the request: ...`).
-pub fn parse_stale_token(message: &str) -> Option<(Token, Token)> {
-    fn number_after(message: &str, marker: &str) -> Option<Token> {
-        let rest = &message[message.find(marker)? + marker.len()..];
-        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        digits.parse().ok()
-    }
-    Some((number_after(message, "presented token ")?, number_after(message, "recorded token ")?))
+/// A value for the `kubefence.io/write` annotation no earlier write of this process (or, by
+/// the clock and process id, of another) used: it marks the token as restated by this write.
+pub fn write_id() -> String {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{nanos:x}-{:x}-{n:x}", std::process::id())
 }
 
-/// Maps an API error of a fenced write to the library's error: the webhook's 409 `StaleToken`
-/// to [`Error::StaleToken`], the API server's own 409 (a failed precondition) to
-/// [`Error::Conflict`].
+/// Maps an API error of a fenced write to the library's error, from the typed facts the
+/// webhook puts in `status.details` ([`Denial`]): a `StaleToken` denial to
+/// [`Error::StaleToken`], any other kube-fence denial to [`Error::Fenced`], the API server's own
+/// 409 (a failed precondition) to [`Error::Conflict`].
 fn classify(err: kube::Error) -> Error {
-    if let kube::Error::Api(status) = &err
-        && status.code == 409
-    {
-        if (status.reason == "StaleToken" || status.message.contains("presented token "))
-            && let Some((presented, recorded)) = parse_stale_token(&status.message)
-        {
-            return Error::StaleToken { presented, recorded };
+    let kube::Error::Api(status) = &err else { return Error::Kube(err) };
+    match Denial::from_status(status) {
+        Some(Denial { reason: Reason::StaleToken, presented: Some(presented), recorded: Some(recorded), .. }) => {
+            Error::StaleToken { presented, recorded }
         }
-        return Error::Conflict(status.message.clone());
+        Some(denial) => Error::Fenced(denial),
+        None if status.code == 409 => Error::Conflict(status.message.clone()),
+        None => Error::Kube(err),
     }
-    Error::Kube(err)
 }
 
 impl Grant {
@@ -157,8 +157,11 @@ impl Grant {
         let root = patch.as_object_mut().ok_or(Error::UnsupportedPatch("the patch is not a JSON object"))?;
         let metadata = root.entry("metadata").or_insert_with(|| serde_json::json!({}));
         let metadata = metadata.as_object_mut().ok_or(Error::UnsupportedPatch("metadata is not an object"))?;
-        for (field, key, value) in [("labels", LEASE_LABEL, self.lease.clone()), ("annotations", TOKEN_ANNOTATION, self.token.to_string())]
-        {
+        for (field, key, value) in [
+            ("labels", LEASE_LABEL, self.lease.clone()),
+            ("annotations", TOKEN_ANNOTATION, self.token.to_string()),
+            ("annotations", WRITE_ANNOTATION, write_id()),
+        ] {
             let map = metadata.entry(field).or_insert_with(|| serde_json::json!({}));
             let map = map.as_object_mut().ok_or(Error::UnsupportedPatch("metadata labels/annotations are not an object"))?;
             map.insert(key.to_string(), serde_json::Value::String(value));
@@ -170,23 +173,10 @@ impl Grant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rstest::rstest;
+    use crate::admission::denial;
 
     fn t(n: u64) -> Token {
         Token::new(n).unwrap_or(Token::MAX)
-    }
-
-    #[rstest]
-    #[case::webhook_message(
-        r#"admission webhook "fence.kubefence.io" denied the request: stale write to lease ns/l: presented token 41 is not greater than recorded token 57"#,
-        Some((t(41), t(57)))
-    )]
-    #[case::other_order("recorded token 9, presented token 3", Some((t(3), t(9))))]
-    #[case::missing_recorded("presented token 3", None)]
-    #[case::not_numbers("presented token x, recorded token y", None)]
-    #[case::overflow("presented token 99999999999999999999, recorded token 1", None)]
-    fn stale_token_messages(#[case] message: &str, #[case] expected: Option<(Token, Token)>) {
-        assert_eq!(parse_stale_token(message), expected);
     }
 
     fn status(code: u16, reason: &str, message: &str) -> kube::Error {
@@ -195,18 +185,19 @@ mod tests {
 
     #[test]
     fn a_webhook_rejection_is_a_typed_stale_token() {
-        let err = classify(status(
-            409,
-            "StaleToken",
-            "admission webhook \"fence.kubefence.io\" denied the request: presented token 4, recorded token 5",
-        ));
+        let facts = crate::admission::decision::Facts { lease: Some("ns/l".into()), presented: Some(t(4)), recorded: Some(t(5)) };
+        // The message says nothing the client reads: only the typed facts count.
+        let wire = denial::status(409, Reason::StaleToken, "denied", &facts);
+        let err = classify(kube::Error::Api(Box::new(wire)));
         assert!(matches!(err, Error::StaleToken { presented, recorded } if presented == t(4) && recorded == t(5)), "{err:?}");
+        let missing = denial::status(403, Reason::TokenMissing, "no token", &facts);
+        assert!(matches!(classify(kube::Error::Api(Box::new(missing))), Error::Fenced(Denial { reason: Reason::TokenMissing, .. })));
     }
 
     #[test]
     fn a_failed_precondition_is_a_conflict_and_others_stay_api_errors() {
         assert!(matches!(classify(status(409, "Conflict", "the object has been modified")), Error::Conflict(_)));
-        assert!(matches!(classify(status(403, "TokenMissing", "no token")), Error::Kube(_)));
+        assert!(matches!(classify(status(403, "Forbidden", "RBAC says no")), Error::Kube(_)));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Error;
 use crate::api::{Lease, LeaseSpec};
-use crate::lease::state::{HELD_CONDITION, held};
+use crate::lease::state::{HELD_CONDITION, REASON_EXPIRED, held};
 use crate::token::Token;
 
 /// How many times a heartbeat or release retries a lost compare-and-swap before giving up.
@@ -150,8 +150,9 @@ pub fn loss(lease: Option<&Lease>, grant: &Grant) -> Option<Loss> {
         _ => match status.and_then(|s| s.token) {
             Some(token) if token > grant.token => Some(Loss::Superseded { token }),
             _ => {
-                let expired =
-                    status.and_then(|s| s.conditions.iter().find(|c| c.type_ == HELD_CONDITION)).is_some_and(|c| c.reason == "Expired");
+                let expired = status
+                    .and_then(|s| s.conditions.iter().find(|c| c.type_ == HELD_CONDITION))
+                    .is_some_and(|c| c.reason == REASON_EXPIRED);
                 Some(if expired { Loss::Expired } else { Loss::Released })
             }
         },
@@ -269,25 +270,21 @@ impl Leases {
     /// controller records as a renewal on its own clock. Returns the grant with `valid_until`
     /// moved on, or [`Error::NotHeld`] if the grant was lost.
     pub async fn renew(&self, grant: &Grant) -> Result<Grant, Error> {
-        for _ in 0..CAS_ATTEMPTS {
-            let sent = Instant::now();
-            let lease = self.api.get_opt(&grant.lease).await?;
-            if let Some(loss) = loss(lease.as_ref(), grant) {
-                return Err(self.not_held(grant, loss));
-            }
-            let Some(mut lease) = lease else { return Err(self.not_held(grant, Loss::Deleted)) };
-            if lease.spec.holder.as_deref() != Some(grant.holder.as_str()) {
-                return Err(self.not_held(grant, Loss::Released));
-            }
-            lease.spec.heartbeat_time = Some(next_heartbeat(lease.spec.heartbeat_time.as_ref()));
-            lease.metadata.managed_fields = None;
-            match self.api.replace(&grant.lease, &PostParams::default(), &lease).await {
-                Ok(_) => return Ok(Grant { valid_until: sent + grant.duration, ..grant.clone() }),
-                Err(kube::Error::Api(s)) if s.is_conflict() => continue,
-                Err(err) => return Err(err.into()),
-            }
-        }
-        Err(Error::Conflict(format!("lease {} kept changing; heartbeat not written", self.qualified(&grant.lease))))
+        let sent = self
+            .edit_spec(&grant.lease, "heartbeat not written", |lease| {
+                let sent = Instant::now();
+                if let Some(loss) = loss(lease.as_deref(), grant) {
+                    return Err(self.not_held(grant, loss));
+                }
+                let Some(lease) = lease else { return Err(self.not_held(grant, Loss::Deleted)) };
+                if lease.spec.holder.as_deref() != Some(grant.holder.as_str()) {
+                    return Err(self.not_held(grant, Loss::Released));
+                }
+                lease.spec.heartbeat_time = Some(next_heartbeat(lease.spec.heartbeat_time.as_ref()));
+                Ok(Edit::Write(sent))
+            })
+            .await?;
+        Ok(Grant { valid_until: sent + grant.duration, ..grant.clone() })
     }
 
     /// Releases the grant: clears `spec.holder` (compare-and-swap); the controller then marks
@@ -295,26 +292,51 @@ impl Leases {
     /// was already lost is not an error; releasing when a *newer* grant to the same holder
     /// exists is refused, so an old incarnation cannot release its successor.
     pub async fn release(&self, grant: &Grant) -> Result<(), Error> {
+        let released = self
+            .edit_spec(&grant.lease, "not released", |lease| {
+                let Some(lease) = lease else { return Ok(Edit::Skip(())) };
+                if lease.spec.holder.as_deref() != Some(grant.holder.as_str()) {
+                    return Ok(Edit::Skip(()));
+                }
+                if let Some(Loss::Superseded { token }) = loss(Some(lease), grant)
+                    && held(lease.status.as_ref()).is_some_and(|(h, _)| h == grant.holder)
+                {
+                    return Err(self.not_held(grant, Loss::Superseded { token }));
+                }
+                lease.spec.holder = None;
+                Ok(Edit::Write(()))
+            })
+            .await;
+        match released {
+            Err(Error::Kube(kube::Error::Api(s))) if s.is_not_found() => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Edits the spec of Lease `name` with a compare-and-swap: reads it, lets `edit` change it in
+    /// place (or decide there is nothing to write), and writes it back with the resourceVersion
+    /// read; on a conflict, reads and edits again. The one place a client changes a Lease's spec.
+    async fn edit_spec<T>(
+        &self,
+        name: &str,
+        gave_up: &str,
+        mut edit: impl FnMut(Option<&mut Lease>) -> Result<Edit<T>, Error>,
+    ) -> Result<T, Error> {
         for _ in 0..CAS_ATTEMPTS {
-            let Some(mut lease) = self.api.get_opt(&grant.lease).await? else { return Ok(()) };
-            if lease.spec.holder.as_deref() != Some(grant.holder.as_str()) {
-                return Ok(());
-            }
-            if let Some(Loss::Superseded { token }) = loss(Some(&lease), grant)
-                && held(lease.status.as_ref()).is_some_and(|(h, _)| h == grant.holder)
-            {
-                return Err(self.not_held(grant, Loss::Superseded { token }));
-            }
-            lease.spec.holder = None;
+            let mut lease = self.api.get_opt(name).await?;
+            let value = match edit(lease.as_mut())? {
+                Edit::Skip(value) => return Ok(value),
+                Edit::Write(value) => value,
+            };
+            let Some(mut lease) = lease else { return Ok(value) };
             lease.metadata.managed_fields = None;
-            match self.api.replace(&grant.lease, &PostParams::default(), &lease).await {
-                Ok(_) => return Ok(()),
+            match self.api.replace(name, &PostParams::default(), &lease).await {
+                Ok(_) => return Ok(value),
                 Err(kube::Error::Api(s)) if s.is_conflict() => continue,
-                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
                 Err(err) => return Err(err.into()),
             }
         }
-        Err(Error::Conflict(format!("lease {} kept changing; not released", self.qualified(&grant.lease))))
+        Err(Error::Conflict(format!("lease {} kept changing; {gave_up}", self.qualified(name))))
     }
 
     /// Starts heartbeating every `duration / 3` in a background task, and watches the lease so a
@@ -360,21 +382,19 @@ impl Leases {
     /// Best effort, after a timeout or cancellation: take back a claim not yet granted, or
     /// release a grant that arrived too late to be used.
     async fn withdraw(&self, name: &str, holder: &str) {
-        for _ in 0..CAS_ATTEMPTS {
-            let Ok(Some(mut lease)) = self.api.get_opt(name).await else { return };
-            if lease.spec.holder.as_deref() != Some(holder) {
-                return;
-            }
-            let pending = matches!(next_step(Some(&lease), holder), Step::Wait { held_by: None } | Step::Granted(_));
-            if !pending {
-                return;
-            }
-            lease.spec.holder = None;
-            lease.metadata.managed_fields = None;
-            match self.api.replace(name, &PostParams::default(), &lease).await {
-                Err(kube::Error::Api(s)) if s.is_conflict() => continue,
-                _ => return,
-            }
+        let withdrawn = self
+            .edit_spec(name, "claim not withdrawn", |lease| {
+                let Some(lease) = lease else { return Ok(Edit::Skip(())) };
+                let pending = matches!(next_step(Some(lease), holder), Step::Wait { held_by: None } | Step::Granted(_));
+                if lease.spec.holder.as_deref() != Some(holder) || !pending {
+                    return Ok(Edit::Skip(()));
+                }
+                lease.spec.holder = None;
+                Ok(Edit::Write(()))
+            })
+            .await;
+        if let Err(err) = withdrawn {
+            tracing::debug!(%err, lease = name, "withdrawing a claim");
         }
     }
 
@@ -385,6 +405,14 @@ impl Leases {
     fn qualified(&self, name: &str) -> String {
         format!("{}/{}", self.namespace, name)
     }
+}
+
+/// What one compare-and-swap edit of a Lease's spec decided.
+enum Edit<T> {
+    /// The Lease was changed in place: write it back, then return the value.
+    Write(T),
+    /// Nothing to write: return the value.
+    Skip(T),
 }
 
 /// A heartbeat timestamp: the local time, nudged forward if it would equal the previous one

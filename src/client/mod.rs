@@ -41,7 +41,7 @@
 mod fenced;
 mod lease;
 
-pub use fenced::{parse_stale_token, stamp};
+pub use fenced::stamp;
 pub use lease::{AcquireOptions, Grant, Holding, KeepAlive, KeepAliveOptions, Leases, Loss, Step, loss, next_step};
 
 use std::time::Duration;
@@ -56,6 +56,10 @@ pub enum Error {
     /// new as the one presented.
     #[error("stale fencing token: presented token {presented}, recorded token {recorded}")]
     StaleToken { presented: Token, recorded: Token },
+    /// The fencing webhook rejected the write for another reason (no token, a token the lease
+    /// never issued, a lease that does not exist, ...); the denial's facts are typed.
+    #[error("kube-fence denied the write ({}): {}", .0.reason, .0.lease.as_deref().map(|l| format!("lease {l}")).unwrap_or_else(|| "no lease".into()))]
+    Fenced(crate::admission::denial::Denial),
     /// The object changed since it was read (resourceVersion precondition failed).
     #[error("the object changed since it was read: {0}")]
     Conflict(String),
@@ -87,6 +91,7 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Error::StaleToken { .. } => "StaleToken",
+            Error::Fenced(denial) => denial.reason.as_str(),
             Error::Conflict(_) => "Conflict",
             Error::Timeout { .. } => "Timeout",
             Error::Cancelled { .. } => "Cancelled",

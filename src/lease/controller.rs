@@ -1,7 +1,7 @@
 //! The Lease controller: thin glue around [`state::decide`].
 //!
 //! One place reads (the watch behind kube-runtime's `Controller`), one place writes
-//! ([`write_status`]: `replace_status` carrying the observed resourceVersion, i.e. a
+//! (`write_status`: `replace_status` carrying the observed resourceVersion, i.e. a
 //! compare-and-swap). A conflict means somebody wrote a newer version — a client, or another
 //! controller replica — so the lease is judged again on that version; the controller never
 //! overwrites what it did not see. Requeues happen exactly at expiry, never by polling.

@@ -43,6 +43,11 @@ use crate::token::{Token, TokenError};
 
 /// The condition type the controller maintains on every Lease it acted on.
 pub const HELD_CONDITION: &str = "Held";
+/// Reasons of the `Held` condition (and of the lease's Events).
+pub const REASON_GRANTED: &str = "Granted";
+pub const REASON_RENEWED: &str = "Renewed";
+pub const REASON_RELEASED: &str = "Released";
+pub const REASON_EXPIRED: &str = "Expired";
 
 /// A Lease as the controller observed it: the inputs of [`decide`].
 #[derive(Clone, Copy, Debug)]
@@ -88,10 +93,10 @@ impl Transition {
     /// Stable short name, used as event reason and in logs.
     pub fn reason(&self) -> &'static str {
         match self {
-            Transition::Grant { .. } => "Granted",
-            Transition::Renew { .. } => "Renewed",
-            Transition::Release { .. } => "Released",
-            Transition::Expire { .. } => "Expired",
+            Transition::Grant { .. } => REASON_GRANTED,
+            Transition::Renew { .. } => REASON_RENEWED,
+            Transition::Release { .. } => REASON_RELEASED,
+            Transition::Expire { .. } => REASON_EXPIRED,
             Transition::Refuse { .. } => "TokenUnavailable",
             Transition::Nothing => "Unchanged",
         }

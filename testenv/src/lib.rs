@@ -15,6 +15,7 @@
 
 pub mod node;
 mod pki;
+mod template;
 
 use std::fs;
 use std::io::Write;
@@ -28,8 +29,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-/// Where the control-plane binaries come from: `KUBE_FENCE_BIN_DIR`, else built (or found
-/// cached) by `hack/build-control-plane.sh` — once per process.
+/// Where the control-plane binaries come from: `KUBE_FENCE_BIN_DIR` when it holds them, else
+/// built (or found cached) by `hack/build-control-plane.sh` — once per process. This is the one
+/// caller of that script: scripts ask `kf-env build`.
 pub fn binaries() -> Result<PathBuf> {
     binaries_for(false)
 }
@@ -41,9 +43,18 @@ pub fn binaries_for(node: bool) -> Result<PathBuf> {
     DIRS[usize::from(node)].get_or_init(|| build_binaries(node).map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow::anyhow!(e))
 }
 
+/// What `hack/build-control-plane.sh` builds, and with `--node` also.
+const PLAIN_BINARIES: [&str; 5] = ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "helm"];
+const NODE_BINARIES: [&str; 3] = ["kubelet", "kube-scheduler", "kube-proxy"];
+
 fn build_binaries(node: bool) -> Result<PathBuf> {
-    if let Ok(dir) = std::env::var("KUBE_FENCE_BIN_DIR") {
-        return Ok(PathBuf::from(dir));
+    // Given (by `kf-env up`'s exports or a script that asked `kf-env build` once): used as is
+    // when it holds everything this mode needs.
+    if let Ok(dir) = std::env::var("KUBE_FENCE_BIN_DIR").map(PathBuf::from) {
+        let needed = PLAIN_BINARIES.iter().chain(if node { &NODE_BINARIES[..] } else { &[] });
+        if needed.into_iter().all(|b| dir.join(b).is_file()) {
+            return Ok(dir);
+        }
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-control-plane.sh");
     let out = Command::new("bash")
@@ -90,6 +101,17 @@ impl Default for Options {
     }
 }
 
+/// The kube-apiserver flags that differ between plain and node mode.
+pub(crate) struct ApiServerFlags<'a> {
+    pub etcd: &'a str,
+    pub bind: &'a str,
+    pub advertise: &'a str,
+    pub port: u16,
+    pub issuer: &'a str,
+    pub service_cidr: &'a str,
+    pub endpoint_reconciler: &'a str,
+}
+
 struct Component {
     name: &'static str,
     child: Child,
@@ -120,9 +142,9 @@ pub struct ControlPlane {
     node_mode: bool,
 }
 
-pub(crate) fn free_port() -> Result<u16> {
-    // The port is free now; the component binds it a moment later. A clash fails the start
-    // with the component's own message, never silently.
+/// A free TCP port on 127.0.0.1. It is free now; whoever binds it does so a moment later, and
+/// a clash then fails with that program's own message, never silently.
+pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -151,7 +173,7 @@ impl ControlPlane {
         };
         for b in ["etcd", "kube-apiserver", "kube-controller-manager"] {
             if !bin_dir.join(b).is_file() {
-                bail!("{} is missing: run hack/build-control-plane.sh", bin_dir.join(b).display());
+                bail!("{} is missing: run `kf-env build`", bin_dir.join(b).display());
             }
         }
         let (dir, remove_dir) = match &opts.state_dir {
@@ -253,6 +275,69 @@ impl ControlPlane {
         .collect()
     }
 
+    /// etcd's flags, the same in plain and node mode but for its URLs and `extra`.
+    pub(crate) fn etcd_args(&self, client_url: &str, peer_url: &str, extra: &[&str]) -> Vec<String> {
+        let data_dir = self.dir.join("etcd").display().to_string();
+        let cluster = format!("kube-fence={peer_url}");
+        let args = [
+            "--name",
+            "kube-fence",
+            "--data-dir",
+            &data_dir,
+            "--listen-client-urls",
+            client_url,
+            "--advertise-client-urls",
+            client_url,
+            "--listen-peer-urls",
+            peer_url,
+            "--initial-advertise-peer-urls",
+            peer_url,
+            "--initial-cluster",
+            &cluster,
+        ];
+        let tail = ["--unsafe-no-fsync", "--log-level", "warn"];
+        args.iter().chain(extra).chain(&tail).map(|a| a.to_string()).collect()
+    }
+
+    /// kube-apiserver's flags: what differs between plain and node mode is in `flags`, and node
+    /// mode adds `extra`. Credentials are the files [`ControlPlane::write_credentials`] wrote.
+    pub(crate) fn apiserver_args(&self, flags: &ApiServerFlags<'_>, extra: &[&str]) -> Vec<String> {
+        let p = |n: &str| self.dir.join(n).display().to_string();
+        let port = flags.port.to_string();
+        let args = [
+            "--etcd-servers",
+            flags.etcd,
+            "--bind-address",
+            flags.bind,
+            "--advertise-address",
+            flags.advertise,
+            "--secure-port",
+            &port,
+            "--tls-cert-file",
+            &p("apiserver.crt"),
+            "--tls-private-key-file",
+            &p("apiserver.key"),
+            "--client-ca-file",
+            &p("ca.crt"),
+            "--token-auth-file",
+            &p("tokens.csv"),
+            "--authorization-mode",
+            "RBAC",
+            "--service-account-issuer",
+            flags.issuer,
+            "--service-account-key-file",
+            &p("sa.pub"),
+            "--service-account-signing-key-file",
+            &p("sa.key"),
+            "--service-cluster-ip-range",
+            flags.service_cidr,
+            "--endpoint-reconciler-type",
+            flags.endpoint_reconciler,
+        ];
+        let tail = ["--allow-privileged=true", "--v", "0"];
+        args.iter().copied().chain(extra.iter().copied()).chain(tail).map(str::to_string).collect()
+    }
+
     fn start_components(&mut self, opts: &Options) -> Result<()> {
         let started = Instant::now();
         let dir = self.dir.clone();
@@ -270,67 +355,28 @@ impl ControlPlane {
         self.spawn(
             opts,
             "etcd",
-            Command::new(self.bin_dir.join("etcd")).args([
-                "--name",
-                "kube-fence",
-                "--data-dir",
-                &dir.join("etcd").to_string_lossy(),
-                "--listen-client-urls",
-                &etcd_url,
-                "--advertise-client-urls",
-                &etcd_url,
-                "--listen-peer-urls",
-                &format!("http://127.0.0.1:{peer_port}"),
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer_port}"),
-                "--initial-cluster",
-                &format!("kube-fence=http://127.0.0.1:{peer_port}"),
-                "--unsafe-no-fsync",
-                "--log-level",
-                "warn",
-            ]),
+            Command::new(self.bin_dir.join("etcd")).args(self.etcd_args(&etcd_url, &format!("http://127.0.0.1:{peer_port}"), &[])),
         )?;
         self.wait_until(opts, "etcd", Duration::from_secs(30), |cp| cp.curl_ok(&format!("{etcd_url}/health"), false))?;
 
         self.say(opts, &format!("starting kube-apiserver on {}", self.server));
-        let p = |n: &str| dir.join(n).to_string_lossy().into_owned();
         self.spawn(
             opts,
             "kube-apiserver",
-            Command::new(self.bin_dir.join("kube-apiserver")).args([
-                "--etcd-servers",
-                &etcd_url,
-                "--bind-address",
-                "127.0.0.1",
-                "--advertise-address",
-                "127.0.0.1",
-                "--secure-port",
-                &api_port.to_string(),
-                "--tls-cert-file",
-                &p("apiserver.crt"),
-                "--tls-private-key-file",
-                &p("apiserver.key"),
-                "--client-ca-file",
-                &p("ca.crt"),
-                "--token-auth-file",
-                &p("tokens.csv"),
-                "--authorization-mode",
-                "RBAC",
-                "--service-account-issuer",
-                &format!("{}/", self.server),
-                "--service-account-key-file",
-                &p("sa.pub"),
-                "--service-account-signing-key-file",
-                &p("sa.key"),
-                "--service-cluster-ip-range",
-                "10.0.0.0/24",
-                // Required on 1.37 with a loopback advertise address (see shared CONTROL-PLANE.md).
-                "--endpoint-reconciler-type",
-                "none",
-                "--allow-privileged=true",
-                "--v",
-                "0",
-            ]),
+            Command::new(self.bin_dir.join("kube-apiserver")).args(self.apiserver_args(
+                &ApiServerFlags {
+                    etcd: &etcd_url,
+                    bind: "127.0.0.1",
+                    advertise: "127.0.0.1",
+                    port: api_port,
+                    issuer: &format!("{}/", self.server),
+                    service_cidr: "10.0.0.0/24",
+                    // Required on 1.37 with a loopback advertise address: with the default
+                    // reconciler the API server refuses to start ("may not be in the loopback range").
+                    endpoint_reconciler: "none",
+                },
+                &[],
+            )),
         )?;
         let readyz = format!("{}/readyz", self.server);
         let default_ns = format!("{}/api/v1/namespaces/default", self.server);
@@ -353,19 +399,10 @@ impl ControlPlane {
 
     fn write_kubeconfig_to(&self, path: &Path, server: &str, user: &str, token: &str) -> Result<()> {
         use base64::Engine as _;
-        use std::fmt::Write as _;
-        let ca_b64 = base64::engine::general_purpose::STANDARD.encode(self.ca_pem.as_bytes());
-        let mut kc = String::new();
-        writeln!(
-            kc,
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-fence-local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_b64}"
-        )?;
-        writeln!(kc, "users:\n- name: {user}\n  user:\n    token: {token}")?;
-        writeln!(
-            kc,
-            "contexts:\n- name: kube-fence-local\n  context:\n    cluster: kube-fence-local\n    user: {user}\n    namespace: default\ncurrent-context: kube-fence-local"
-        )?;
-        write_private(path, &kc)
+        let ca_data = base64::engine::general_purpose::STANDARD.encode(self.ca_pem.as_bytes());
+        let kubeconfig =
+            template::render(template::KUBECONFIG, &[("server", server), ("ca_data", &ca_data), ("user", user), ("token", token)])?;
+        write_private(path, &kubeconfig)
     }
 
     fn spawn(&mut self, opts: &Options, name: &'static str, cmd: &mut Command) -> Result<()> {
@@ -561,9 +598,12 @@ pub fn shared_kubeconfig() -> PathBuf {
     }
 }
 
-/// Writes `export NAME=value` lines for a shell.
+/// Writes `export NAME=value` lines for a shell: `KUBECONFIG`, and the binaries' directory on
+/// `PATH` and as `KUBE_FENCE_BIN_DIR` (so tests and scripts run under these exports use these
+/// binaries instead of building again).
 pub fn write_env(out: &mut impl Write, kubeconfig: &Path, bin_dir: &Path) -> std::io::Result<()> {
     writeln!(out, "export KUBECONFIG={}", kubeconfig.display())?;
+    writeln!(out, "export KUBE_FENCE_BIN_DIR={}", bin_dir.display())?;
     writeln!(out, "export PATH={}:$PATH", bin_dir.display())
 }
 

@@ -1,13 +1,16 @@
 //! `kf-env`: the project's own local Kubernetes control plane, from the shell.
 //!
-//!     kf-env build                 build (or find cached) etcd, kube-apiserver, kube-controller-manager, kubectl, helm
-//!     kf-env up [--foreground]     start one on loopback and print `export KUBECONFIG=...`
-//!     kf-env up --node             a whole single-node cluster (kubelet, containerd, kube-proxy,
-//!                                  kube-scheduler too) in a network namespace of its own; also
-//!                                  prints CONTAINERD_ADDRESS/CONTAINERD_NAMESPACE for `ctr images import`
-//!     kf-env import IMAGE.tar      load an image tarball into the running node
-//!     kf-env env                   print the exports again
-//!     kf-env down                  stop it and remove its files
+//! ```text
+//! kf-env build [--node]        build (or find cached) etcd, kube-apiserver, kube-controller-manager, kubectl, helm
+//!                              (and the node's kubelet, kube-scheduler, kube-proxy) and print their directory
+//! kf-env up [--foreground]     start one on loopback and print `export KUBECONFIG=...`
+//! kf-env up --node             a whole single-node cluster (kubelet, containerd, kube-proxy,
+//!                              kube-scheduler too) in a network namespace of its own; also
+//!                              prints CONTAINERD_ADDRESS/CONTAINERD_NAMESPACE for `ctr images import`
+//! kf-env import IMAGE.tar      load an image tarball into the running node
+//! kf-env env                   print the exports again
+//! kf-env down                  stop it and remove its files
+//! ```
 
 use std::fs;
 use std::os::unix::process::CommandExt;
@@ -17,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use kube_fence_testenv::{ControlPlane, Options, binaries, binaries_for, write_env, write_node_env};
+use kube_fence_testenv::{ControlPlane, Options, binaries_for, write_env, write_node_env};
 
 /// A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) on loopback,
 /// built from pinned Go modules. For kube-fence's tests and for trying kube-fence without a cluster.
@@ -34,7 +37,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Build the control-plane binaries from pinned Go modules (cached by version) and print their directory.
-    Build,
+    Build {
+        /// Also the node's binaries (kubelet, kube-scheduler, kube-proxy), for `up --node`.
+        #[arg(long)]
+        node: bool,
+    },
     /// Start a control plane and print shell exports (eval "$(kf-env up)").
     Up {
         /// Stay in the foreground; Ctrl-C stops everything and removes the state directory.
@@ -75,8 +82,8 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     let dir = cli.state_dir;
     match cli.command {
-        Cmd::Build => {
-            println!("{}", binaries()?.display());
+        Cmd::Build { node } => {
+            println!("{}", binaries_for(node)?.display());
             Ok(())
         }
         Cmd::Up { foreground: true, no_controller_manager, node } => foreground(&dir, !no_controller_manager, node),
@@ -178,8 +185,8 @@ fn background(dir: &Path, controller_manager: bool, node: bool) -> Result<()> {
         eprintln!("[control plane] already running in {}", dir.display());
         return run(Cli { state_dir: dir.to_path_buf(), command: Cmd::Env });
     }
-    // Build (and for a node, install packages) first, in the foreground, so progress shows on
-    // this terminal.
+    // Check the machine and build first, in the foreground, so what is missing and the build's
+    // progress show on this terminal.
     if node {
         kube_fence_testenv::node::prerequisites()?;
     }

@@ -45,6 +45,35 @@ fn host_state() -> HostState {
     HostState { sysctls: node::host_sysctls(), entries, netns, mounts }
 }
 
+/// A node test's turn: one node per machine, so one test at a time; a scratch directory; the
+/// host as it was before the test.
+struct Turn {
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
+    work: tempfile::TempDir,
+    before: HostState,
+}
+
+fn turn() -> Turn {
+    let one_at_a_time = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    Turn { _one_at_a_time: one_at_a_time, work: tempfile::tempdir().expect("tempdir"), before: host_state() }
+}
+
+impl Turn {
+    /// After the node stopped: its state directory is gone, no node process is left, and the
+    /// host is as it was.
+    fn assert_left_nothing(&self, dir: &Path) {
+        assert!(!dir.exists(), "state directory {} removed", dir.display());
+        assert!(!Path::new("/run/netns").join(NETNS).exists(), "network namespace removed");
+        assert!(node::netns_pids().is_empty() && node::cgroup_pids().is_empty(), "no node process left");
+        assert_eq!(host_state(), self.before, "host as before");
+    }
+}
+
+/// Runs `kf-env --state-dir DIR ARGS..`.
+fn kf_env(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kf-env")).arg("--state-dir").arg(dir).args(args).output().expect("run kf-env")
+}
+
 fn alive(pid: u32) -> bool {
     // Not a zombie we have yet to reap: a zombie has no memory map.
     fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| !s.contains(") Z ")).unwrap_or(false)
@@ -55,32 +84,11 @@ fn kubectl(cp_kubeconfig: &Path, args: &[&str]) -> std::process::Output {
     Command::new(bin.join("kubectl")).arg("--kubeconfig").arg(cp_kubeconfig).args(args).output().expect("run kubectl")
 }
 
-/// The test workload (testenv/images/incluster) as an image tarball, built with Go and
-/// hack/make-image.sh.
+/// The test workload (testenv/images/incluster) as an image tarball.
 fn incluster_image(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("images/incluster");
-    let bin = dir.join("incluster");
-    let out = Command::new("go")
-        .args(["build", "-trimpath", "-ldflags", "-s -w", "-o"])
-        .arg(&bin)
-        .arg(".")
-        .current_dir(&src)
-        .env("CGO_ENABLED", "0")
-        .env("GOFLAGS", "-mod=mod")
-        .env("GOTOOLCHAIN", "local")
-        .output()
-        .expect("run go build");
-    assert!(out.status.success(), "go build: {}", String::from_utf8_lossy(&out.stderr));
     let tar = dir.join("incluster.tar");
-    let out = Command::new("bash")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/make-image.sh"))
-        .arg("--binary")
-        .arg(&bin)
-        .args(["--ref", "localhost/kf/incluster:test", "--out"])
-        .arg(&tar)
-        .output()
-        .expect("run make-image.sh");
-    assert!(out.status.success(), "make-image.sh: {}", String::from_utf8_lossy(&out.stderr));
+    node::go_image(&src, dir, "localhost/kf/incluster:test", &[], &tar).expect("build the incluster image");
     tar
 }
 
@@ -175,10 +183,9 @@ fn wait_for_log(kubeconfig: &Path, pod: &str, needle: &str, limit: Duration) -> 
 
 #[test]
 fn node_runs_pods_and_services_and_stop_leaves_nothing_behind() {
-    let _turn = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let work = tempfile::tempdir().expect("tempdir");
-    let image = incluster_image(work.path());
-    let before = host_state();
+    let turn = turn();
+    let image = incluster_image(turn.work.path());
+    let before = &turn.before;
 
     let started = Instant::now();
     let mut cp = ControlPlane::start(Options { node: true, ..Options::default() }).expect("the node starts");
@@ -193,7 +200,7 @@ fn node_runs_pods_and_services_and_stop_leaves_nothing_behind() {
 
     cp.import_image(&image).expect("image import");
     let applied_at = Instant::now();
-    let manifest = work.path().join("workload.yaml");
+    let manifest = turn.work.path().join("workload.yaml");
     fs::write(&manifest, WORKLOAD).expect("write manifest");
     let out = kubectl(&cp.kubeconfig, &["create", "-f", &manifest.to_string_lossy()]);
     assert!(out.status.success(), "kubectl create: {}", String::from_utf8_lossy(&out.stderr));
@@ -250,12 +257,9 @@ fn node_runs_pods_and_services_and_stop_leaves_nothing_behind() {
 
 #[test]
 fn kf_env_up_node_prints_exports_imports_images_and_down_cleans_up() {
-    let _turn = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let work = tempfile::tempdir().expect("tempdir");
-    let dir = work.path().join("env");
-    let before = host_state();
-    let kf_env = env!("CARGO_BIN_EXE_kf-env");
-    let up = Command::new(kf_env).arg("--state-dir").arg(&dir).args(["up", "--node"]).output().expect("run kf-env up --node");
+    let turn = turn();
+    let dir = turn.work.path().join("env");
+    let up = kf_env(&dir, &["up", "--node"]);
     assert!(up.status.success(), "kf-env up --node: {}", String::from_utf8_lossy(&up.stderr));
     let exports = String::from_utf8_lossy(&up.stdout).into_owned();
     let var = |name: &str| -> String {
@@ -277,7 +281,7 @@ fn kf_env_up_node_prints_exports_imports_images_and_down_cleans_up() {
     assert_eq!(String::from_utf8_lossy(&nodes.stdout), "True", "node Ready: {}", String::from_utf8_lossy(&nodes.stderr));
 
     // The documented way to load an image: `ctr images import` with the exported variables.
-    let image = incluster_image(work.path());
+    let image = incluster_image(turn.work.path());
     let import = Command::new("ctr")
         .args(["images", "import"])
         .arg(&image)
@@ -286,21 +290,17 @@ fn kf_env_up_node_prints_exports_imports_images_and_down_cleans_up() {
         .output()
         .expect("run ctr");
     assert!(import.status.success(), "ctr images import: {}", String::from_utf8_lossy(&import.stderr));
-    let import = Command::new(kf_env).arg("--state-dir").arg(&dir).arg("import").arg(&image).output().expect("run kf-env import");
+    let import = kf_env(&dir, &["import", &image.to_string_lossy()]);
     assert!(import.status.success(), "kf-env import: {}", String::from_utf8_lossy(&import.stderr));
     let list = Command::new("ctr").args(["--address", &containerd, "-n", "k8s.io", "images", "ls", "-q"]).output().expect("run ctr");
     assert!(String::from_utf8_lossy(&list.stdout).contains("localhost/kf/incluster:test"), "image listed");
 
-    let env = Command::new(kf_env).arg("--state-dir").arg(&dir).arg("env").output().expect("run kf-env env");
+    let env = kf_env(&dir, &["env"]);
     assert_eq!(String::from_utf8_lossy(&env.stdout), exports, "env prints the same exports");
 
-    let down = Command::new(kf_env).arg("--state-dir").arg(&dir).arg("down").output().expect("run kf-env down");
+    let down = kf_env(&dir, &["down"]);
     assert!(down.status.success(), "kf-env down: {}", String::from_utf8_lossy(&down.stderr));
-    assert!(!dir.exists(), "state directory removed");
-    assert!(!Path::new("/run/netns").join(NETNS).exists(), "network namespace removed");
-    assert!(node::netns_pids().is_empty() && node::cgroup_pids().is_empty(), "no node process left");
-    let after = host_state();
-    assert_eq!(after, before, "host as before");
+    turn.assert_left_nothing(&dir);
 }
 
 /// Waits for a child to exit, at most `limit`; kills it and fails if it does not.
@@ -338,10 +338,8 @@ fn send(pid: u32, sig: &str) {
 /// Ctrl-C on `kf-env up --node --foreground` tears the node down.
 #[test]
 fn ctrl_c_on_kf_env_foreground_tears_the_node_down() {
-    let _turn = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let work = tempfile::tempdir().expect("tempdir");
-    let dir = work.path().join("env");
-    let before = host_state();
+    let turn = turn();
+    let dir = turn.work.path().join("env");
     let mut child = Command::new(env!("CARGO_BIN_EXE_kf-env"))
         .arg("--state-dir")
         .arg(&dir)
@@ -353,8 +351,7 @@ fn ctrl_c_on_kf_env_foreground_tears_the_node_down() {
     send(child.id(), "INT");
     let status = wait_exit(&mut child, Duration::from_secs(60));
     assert!(status.success(), "kf-env exits cleanly after Ctrl-C: {status}");
-    assert!(!dir.exists(), "state directory removed");
-    assert_eq!(host_state(), before, "host as before");
+    turn.assert_left_nothing(&dir);
 }
 
 /// Not a test by itself: starts a node through the library and waits forever, for the test
@@ -373,10 +370,8 @@ fn helper_node_until_interrupted() {
 /// A test process that starts a node and is interrupted (Ctrl-C, SIGTERM) tears it down first.
 #[test]
 fn ctrl_c_on_a_test_process_tears_the_node_down() {
-    let _turn = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let work = tempfile::tempdir().expect("tempdir");
-    let dir = work.path().join("node");
-    let before = host_state();
+    let turn = turn();
+    let dir = turn.work.path().join("node");
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
         .args(["--ignored", "--exact", "helper_node_until_interrupted", "--nocapture", "--test-threads", "1"])
         .env("KF_NODE_HELPER_DIR", &dir)
@@ -391,20 +386,16 @@ fn ctrl_c_on_a_test_process_tears_the_node_down() {
     assert_eq!(status.code(), Some(128 + 2), "exits as interrupted");
     let survivors: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
     assert!(survivors.is_empty(), "no process survives: {survivors:?}");
-    assert!(!dir.exists(), "state directory removed");
-    assert_eq!(host_state(), before, "host as before");
+    turn.assert_left_nothing(&dir);
 }
 
 /// A supervisor killed outright (SIGKILL: no handler runs) leaves the node behind; `kf-env down`
 /// finds its record and undoes everything.
 #[test]
 fn down_cleans_up_after_a_killed_supervisor() {
-    let _turn = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let work = tempfile::tempdir().expect("tempdir");
-    let dir = work.path().join("env");
-    let before = host_state();
-    let kf_env = env!("CARGO_BIN_EXE_kf-env");
-    let up = Command::new(kf_env).arg("--state-dir").arg(&dir).args(["up", "--node"]).output().expect("run kf-env up --node");
+    let turn = turn();
+    let dir = turn.work.path().join("env");
+    let up = kf_env(&dir, &["up", "--node"]);
     assert!(up.status.success(), "kf-env up --node: {}", String::from_utf8_lossy(&up.stderr));
     let supervisor: u32 = fs::read_to_string(dir.join("supervisor.pid")).expect("pid file").trim().parse().expect("pid");
     send(supervisor, "KILL");
@@ -413,19 +404,17 @@ fn down_cleans_up_after_a_killed_supervisor() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(Path::new("/run/netns").join(NETNS).exists(), "the killed supervisor left its namespace (as expected)");
-    let down = Command::new(kf_env).arg("--state-dir").arg(&dir).arg("down").output().expect("run kf-env down");
+    let down = kf_env(&dir, &["down"]);
     assert!(down.status.success(), "kf-env down: {}", String::from_utf8_lossy(&down.stderr));
-    assert!(node::netns_pids().is_empty() && node::cgroup_pids().is_empty(), "no node process left");
-    assert!(!dir.exists(), "state directory removed");
-    assert_eq!(host_state(), before, "host as before");
+    turn.assert_left_nothing(&dir);
 }
 
 /// The kube-fence image hack/build-image.sh writes (no Docker) runs in the node as the
 /// Dockerfile says: non-root user 65532, entrypoint /kube-fence.
 #[test]
 fn kube_fence_image_runs_in_the_node() {
-    let _turn = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let work = tempfile::tempdir().expect("tempdir");
+    let turn = turn();
+    let work = &turn.work;
     let tar = work.path().join("kube-fence.tar");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let build = Command::new("bash")

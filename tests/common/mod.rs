@@ -1,38 +1,69 @@
-//! Shared support for the tests that run against a real API server.
+//! Shared support for the tests (and benchmarks) that run against a real API server.
 //!
 //! Every test binary shares one cluster (`kube_fence_testenv::shared_kubeconfig`: `KUBECONFIG`
 //! when set, else a local control plane started once for the whole test binary) and every test
 //! gets a namespace of its own, so tests never see each other's objects.
+//!
+//! Judging writes: [`wait_fenced`] waits until the API server sends a namespace's guarded writes
+//! to kube-fence; [`accepted`] and [`rejected`] say how the API server answered one write.
+//! They read the API server's typed Status (code and reason), never its message text.
 #![allow(dead_code)]
 
-use std::time::Duration;
+pub mod identity;
 
-use k8s_openapi::api::core::v1::Namespace;
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::Status;
 use kube::{Client, Config, CustomResourceExt};
+use kube_fence::admission::decision::Reason;
+use kube_fence::token::LEASE_LABEL;
 use tokio::sync::OnceCell;
 
 static CRDS: OnceCell<()> = OnceCell::const_new();
 
+/// The shared test cluster's kubeconfig (`kube_fence_testenv::shared_kubeconfig`, off the
+/// async runtime: the first call may start a control plane).
+pub async fn kubeconfig() -> PathBuf {
+    tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("control plane thread")
+}
+
 /// A client for the shared test cluster, with kube-fence's CRDs installed and established.
 pub async fn client() -> Client {
-    let path = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("control plane thread");
-    let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
-    let client = Client::try_from(config).expect("client from kubeconfig");
+    let client = client_for(&kubeconfig().await).await;
     CRDS.get_or_init(|| install_crds(client.clone())).await;
     client
 }
 
-async fn install_crds(client: Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client);
+/// A client for the cluster of the kubeconfig at `path`.
+pub async fn client_for(path: &Path) -> Client {
+    let kubeconfig = Kubeconfig::read_from(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
+    Client::try_from(config).expect("client from kubeconfig")
+}
+
+/// Applies kube-fence's CRDs (from the Rust types) and waits until they are established.
+pub async fn install_crds(client: Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [kube_fence::api::Lease::crd()] {
         let name = crd.metadata.name.clone().expect("CRD has a name");
         crds.patch(&name, &PatchParams::apply("kube-fence-tests").force(), &Patch::Apply(&crd)).await.expect("apply CRD");
         let established = kube::runtime::wait::await_condition(crds.clone(), &name, kube::runtime::wait::conditions::is_crd_established());
         tokio::time::timeout(Duration::from_secs(30), established).await.expect("CRD established in 30s").expect("watch CRD");
+    }
+    // Established is not yet served: for a moment after it, requests for the new resource can
+    // still get 404. Tests with short timeouts must not spend them on that.
+    let leases: Api<kube_fence::api::Lease> = Api::all(client);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = leases.list(&ListParams::default().limit(1)).await {
+        assert!(Instant::now() < deadline, "the Lease resource is not served 30 s after its CRD was established: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -46,4 +77,89 @@ pub async fn namespace(client: &Client, test: &str) -> String {
     let ns = Namespace { metadata: kube::api::ObjectMeta { name: Some(name.clone()), ..Default::default() }, ..Default::default() };
     Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.expect("create test namespace");
     name
+}
+
+/// A ConfigMap guarded by `lease` (bound by its label), without a token.
+pub fn guarded_configmap(name: &str, lease: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([(LEASE_LABEL.to_string(), lease.to_string())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// What the API server answered a write: the write must have been refused (panics if it was
+/// admitted or failed some other way, e.g. a transport error).
+pub fn rejected<T: Debug>(result: Result<T, kube::Error>) -> Status {
+    match result {
+        Err(kube::Error::Api(e)) => *e,
+        Ok(obj) => panic!("the write was admitted: {obj:?}"),
+        Err(e) => panic!("the write failed without an answer from the API server: {e}"),
+    }
+}
+
+/// What the API server stored: the write must have been admitted.
+pub fn accepted<T>(result: Result<T, kube::Error>) -> T {
+    result.unwrap_or_else(|e| panic!("the write was refused: {e}"))
+}
+
+/// Whether the API server refused a write because kube-fence judged and denied it: the Status
+/// the webhook answered with travels to the writer unchanged, with kube-fence's `reason`.
+pub fn denied_by_kube_fence(e: &Status, reason: Reason) -> bool {
+    e.reason == reason.as_str()
+}
+
+/// Whether the API server refused a guarded write because it could not call the webhook
+/// (`failurePolicy: Fail`): an internal error, 500, instead of the write.
+pub fn failed_closed(e: &Status) -> bool {
+    e.code == 500 && e.reason == "InternalError"
+}
+
+/// What [`wait_fenced`] waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fencing {
+    /// kube-fence judges the writes (a guarded write naming no existing lease is denied).
+    Judged,
+    /// The webhook is registered but cannot be called: guarded writes fail closed.
+    FailsClosed,
+}
+
+/// Waits until the API server sends guarded writes in `ns` — to objects that also carry
+/// `labels`, for a registration scoped by object labels — to kube-fence, as `fencing` says.
+/// The probe creates a guarded ConfigMap bound to a lease that does not exist, without a token
+/// (removing it again when it was admitted, i.e. the webhook was not called yet). Panics after
+/// `limit` with the last answer.
+pub async fn wait_fenced(client: &Client, ns: &str, labels: &BTreeMap<String, String>, fencing: Fencing, limit: Duration) {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let mut probe = guarded_configmap("kube-fence-probe", "kube-fence-probe");
+    probe.metadata.labels.get_or_insert_default().extend(labels.clone());
+    let deadline = Instant::now() + limit;
+    loop {
+        let last = match cms.create(&PostParams::default(), &probe).await {
+            Err(kube::Error::Api(e))
+                if match fencing {
+                    Fencing::Judged => denied_by_kube_fence(&e, Reason::LeaseNotFound),
+                    Fencing::FailsClosed => failed_closed(&e),
+                } =>
+            {
+                return;
+            }
+            Ok(created) => {
+                let rv = created.metadata.resource_version.clone();
+                let precondition = Preconditions { resource_version: rv, uid: None };
+                let _ = cms.delete("kube-fence-probe", &DeleteParams { preconditions: Some(precondition), ..Default::default() }).await;
+                "admitted (the webhook was not called)".to_string()
+            }
+            // Not yet, or a component is restarting: ask again until the deadline.
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            Instant::now() < deadline,
+            "guarded writes in {ns} were not {fencing:?} by kube-fence within {limit:?}; last answer: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

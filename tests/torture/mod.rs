@@ -28,14 +28,12 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use kube::{Client, CustomResourceExt, ResourceExt};
+use kube::{Client, ResourceExt};
 use kube_fence::admission::local::{LocalOptions, LocalWebhook};
 use kube_fence::admission::server::Metrics as WebhookMetrics;
 use kube_fence::api::{Comparison, FencingPolicy, Lease, LeaseSpec, Phase};
@@ -47,6 +45,8 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+use crate::common;
 
 /// How big a run is. Every loop is bounded by count and by `max_duration`.
 #[derive(Clone, Debug)]
@@ -369,22 +369,6 @@ impl Drop for Plane {
     }
 }
 
-async fn client_for(path: &PathBuf) -> Client {
-    let kubeconfig = Kubeconfig::read_from(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
-    Client::try_from(config).expect("client from kubeconfig")
-}
-
-async fn install_crds(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = Lease::crd();
-    let name = crd.metadata.name.clone().expect("CRD has a name");
-    crds.patch(&name, &PatchParams::apply("kube-fence-faults").force(), &Patch::Apply(&crd)).await.expect("apply CRD");
-    let established = kube::runtime::wait::await_condition(crds, &name, kube::runtime::wait::conditions::is_crd_established());
-    tokio::time::timeout(Duration::from_secs(30), established).await.expect("CRD established in 30 s").expect("watch CRD");
-}
-
-/// Waits until the API server answers a quorum read again (after a restart).
 async fn wait_api(client: &Client, ns: &str) {
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -471,37 +455,6 @@ impl Hook {
         if let Some(w) = self.webhook.take() {
             let _ = w.stop(client).await;
         }
-    }
-}
-
-/// Waits until the API server calls the webhook: a guarded create without a token is denied.
-async fn wait_enforced(client: &Client, ns: &str) {
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let probe = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some("probe".into()),
-                labels: Some([(LEASE_LABEL.to_string(), "probe".to_string())].into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        match cms.create(&PostParams::default(), &probe).await {
-            Err(kube::Error::Api(e)) if e.message.contains("fence.kubefence.io") => return,
-            Ok(created) => {
-                let rv = created.metadata.resource_version.clone();
-                let _ = cms
-                    .delete(
-                        "probe",
-                        &DeleteParams { preconditions: Some(Preconditions { resource_version: rv, uid: None }), ..Default::default() },
-                    )
-                    .await;
-            }
-            Err(_) => {}
-        }
-        assert!(Instant::now() < deadline, "the API server did not start calling the webhook within 60 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -779,8 +732,8 @@ pub async fn run(config: Config) -> Report {
     let started = Instant::now();
     eprintln!("[faults] starting a control plane of its own (seed {})", config.seed);
     let plane = tokio::task::spawn_blocking(Plane::start).await.expect("control plane thread").expect("start the control plane");
-    let client = client_for(&plane.kubeconfig).await;
-    install_crds(&client).await;
+    let client = common::client_for(&plane.kubeconfig).await;
+    common::install_crds(client.clone()).await;
     let ns = "faults".to_string();
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let namespace = k8s_openapi::api::core::v1::Namespace {
@@ -802,7 +755,7 @@ pub async fn run(config: Config) -> Report {
 
     let mut faults = Faults { plane, controllers: vec![], hook: Hook::start(&client, &ns).await, generation: 0 };
     faults.new_controller(&world);
-    wait_enforced(&client, &ns).await;
+    common::wait_fenced(&client, &ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(60)).await;
 
     // The leases, and the guarded objects each one binds, created with a first grant.
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);

@@ -1,4 +1,5 @@
-//! The decision table of DESIGN.md section 4, row by row, plus every malformed-token form.
+//! The decision table (docs/design.md §5), row by row, plus every
+//! malformed-token form, subresources, finalizer removal and the reads each row needs.
 
 use rstest::rstest;
 
@@ -22,40 +23,53 @@ fn u(token: Option<&str>) -> Option<ObjectFacts> {
 }
 
 fn request(operation: Operation, old: Option<ObjectFacts>, new: Option<ObjectFacts>) -> Request {
-    Request { operation, namespace: NS.into(), old, new, user: ALICE.into(), delete_precondition: false }
+    Request::new(operation, NS, old, new, ALICE)
 }
 
-fn facts(issued: Option<u64>, comparison: Comparison, enforcement: Enforcement) -> LeaseFacts {
-    LeaseFacts { issued: issued.map(tok), comparison, enforcement }
+fn facts(issued: Option<u64>, enforcement: Enforcement) -> LeaseFacts {
+    LeaseFacts { issued: issued.map(tok), comparison: Comparison::Strict, enforcement }
+}
+
+fn allow_equal(issued: u64) -> LeaseFacts {
+    LeaseFacts { comparison: Comparison::AllowEqual, ..strict(issued) }
+}
+
+/// A guarded side that carries a `kubefence.io/write` value.
+fn gw(lease: &str, token: &str, write: Option<&str>) -> Option<ObjectFacts> {
+    Some(ObjectFacts { write: write.map(str::to_string), ..ObjectFacts::guarded(lease, Some(token)) })
 }
 
 fn strict(issued: u64) -> LeaseFacts {
-    facts(Some(issued), Comparison::Strict, Enforcement::Enforce)
+    facts(Some(issued), Enforcement::Enforce)
 }
 
-fn quorum(f: LeaseFacts) -> LeaseLookup {
-    LeaseLookup { lease: Some(f), linearizable: true }
-}
-
-fn cache(f: LeaseFacts) -> LeaseLookup {
-    LeaseLookup { lease: Some(f), linearizable: false }
-}
-
-/// Judges as the server does: read what lease_read asks for, from a cache that holds `cached`
-/// and a quorum that holds `current`.
-fn judge(req: &Request, cached: Option<LeaseFacts>, current: Option<LeaseFacts>) -> Verdict {
-    let exempt = Exemptions::default();
-    let cache_view = LeaseLookup { lease: cached, linearizable: false };
-    let quorum_view = LeaseLookup { lease: current, linearizable: true };
-    let lookup = match lease_read(req, &exempt, None) {
-        LeaseRead::None => None,
-        LeaseRead::Linearizable => Some(quorum_view),
-        LeaseRead::Cache => match lease_read(req, &exempt, Some(&cache_view)) {
-            LeaseRead::Linearizable => Some(quorum_view),
-            _ => Some(cache_view),
+/// Which read a request needs, given what the cache holds: "none", "cache" or "quorum".
+fn read_needed(req: &Request, exempt: &Exemptions, cached: Option<LeaseFacts>) -> &'static str {
+    match plan(req, exempt) {
+        Plan::Done(_) => "none",
+        Plan::Quorum(_) => "quorum",
+        Plan::Cache(read) => match read.judge(Cached(cached)) {
+            Judged::Done(_) => "cache",
+            Judged::Quorum(_) => "quorum",
         },
-    };
-    decide(req, &exempt, lookup.as_ref())
+    }
+}
+
+/// Judges as the server does: the plan, then the read it asks for, from a cache that holds
+/// `cached` and a quorum that holds `current`.
+fn judge_with(req: &Request, exempt: &Exemptions, cached: Option<LeaseFacts>, current: Option<LeaseFacts>) -> Verdict {
+    match plan(req, exempt) {
+        Plan::Done(verdict) => verdict,
+        Plan::Cache(read) => match read.judge(Cached(cached)) {
+            Judged::Done(verdict) => verdict,
+            Judged::Quorum(read) => read.judge(Quorum(current)),
+        },
+        Plan::Quorum(read) => read.judge(Quorum(current)),
+    }
+}
+
+fn judge(req: &Request, cached: Option<LeaseFacts>, current: Option<LeaseFacts>) -> Verdict {
+    judge_with(req, &Exemptions::default(), cached, current)
 }
 
 fn judge_now(req: &Request, f: LeaseFacts) -> Verdict {
@@ -90,64 +104,72 @@ fn update_of_recorded_object(#[case] recorded: u64, #[case] presented: &str, #[c
 }
 
 #[test]
-fn stale_message_names_lease_and_both_tokens_for_the_client_library() {
+fn a_stale_denial_carries_lease_and_both_tokens_as_facts() {
     let req = request(Operation::Update, g("orders", Some("17")), g("orders", Some("12")));
-    let Verdict::Deny { code: 409, reason: Reason::StaleToken, message } = judge_now(&req, strict(20)) else { panic!() };
-    assert!(message.contains("team/orders"), "{message}");
-    assert!(message.contains("presented token 12"), "{message}");
-    assert!(message.contains("recorded token 17"), "{message}");
+    let Verdict::Deny { code: 409, reason: Reason::StaleToken, message, facts } = judge_now(&req, strict(20)) else { panic!() };
+    assert_eq!(facts, Facts { lease: Some("team/orders".into()), presented: Some(tok(12)), recorded: Some(tok(17)) });
+    assert!(message.contains("team/orders") && message.contains("presented token 12"), "{message}");
 }
 
 #[test]
 fn update_reads_the_cache_and_a_lagging_cache_forces_a_quorum_read() {
     let exempt = Exemptions::default();
     let req = request(Operation::Update, g("l", Some("5")), g("l", Some("8")));
-    assert_eq!(lease_read(&req, &exempt, None), LeaseRead::Cache);
     // The cache has seen token 8: enough (tokens only grow, so the quorum has too).
-    assert_eq!(lease_read(&req, &exempt, Some(&cache(strict(8)))), LeaseRead::Cache);
-    assert_eq!(decide(&req, &exempt, Some(&cache(strict(8)))), Verdict::Allow { reason: Reason::Fenced });
+    assert_eq!(read_needed(&req, &exempt, Some(strict(8))), "cache");
+    assert_eq!(judge(&req, Some(strict(8)), None), Verdict::Allow { reason: Reason::Fenced });
     // The cache has seen only 7, the lease granted 8 a moment ago: read the quorum.
-    assert_eq!(lease_read(&req, &exempt, Some(&cache(strict(7)))), LeaseRead::Linearizable);
+    assert_eq!(read_needed(&req, &exempt, Some(strict(7))), "quorum");
     assert_eq!(judge(&req, Some(strict(7)), Some(strict(8))), Verdict::Allow { reason: Reason::Fenced });
-    // Handing the decision the lagging cache anyway fails closed.
-    assert_eq!(denied(&decide(&req, &exempt, Some(&cache(strict(7))))), (500, Reason::LeaseReadRequired));
     // Not in the cache at all: maybe just created; read the quorum.
-    let absent = LeaseLookup { lease: None, linearizable: false };
-    assert_eq!(lease_read(&req, &exempt, Some(&absent)), LeaseRead::Linearizable);
-    // And without any read, the decision fails closed.
-    assert_eq!(denied(&decide(&req, &exempt, None)), (500, Reason::LeaseReadRequired));
+    assert_eq!(read_needed(&req, &exempt, None), "quorum");
+    assert_eq!(judge(&req, None, Some(strict(8))), Verdict::Allow { reason: Reason::Fenced });
 }
 
 #[test]
 fn stale_tokens_are_judged_from_the_cache() {
     let req = request(Operation::Update, g("l", Some("5")), g("l", Some("4")));
-    assert_eq!(lease_read(&req, &Exemptions::default(), Some(&cache(strict(5)))), LeaseRead::Cache);
-    assert_eq!(denied(&judge(&req, Some(strict(5)), Some(strict(5)))), (409, Reason::StaleToken));
+    assert_eq!(read_needed(&req, &Exemptions::default(), Some(strict(5))), "cache");
+    assert_eq!(denied(&judge(&req, Some(strict(5)), None)), (409, Reason::StaleToken));
 }
 
-// --- Per-lease opt-in: t >= r.
+// --- Per-lease opt-in AllowEqual: t >= r, where t == r counts only when this write restated the
+//     token (a new kubefence.io/write value): a write that leaves the annotations alone — a stale
+//     holder's data-only patch over a newer holder's write — is not taken for one.
 
 #[rstest]
-#[case::equal_allowed("5", None)]
-#[case::greater_allowed("6", None)]
-#[case::less_is_stale("4", Some((409, Reason::StaleToken)))]
-fn allow_equal(#[case] presented: &str, #[case] expect: Option<(u16, Reason)>) {
-    let req = request(Operation::Update, g("l", Some("5")), g("l", Some(presented)));
-    let v = judge_now(&req, facts(Some(6), Comparison::AllowEqual, Enforcement::Enforce));
+#[case::restated(gw("l", "5", Some("w1")), gw("l", "5", Some("w2")), None)]
+#[case::first_restatement(gw("l", "5", None), gw("l", "5", Some("w1")), None)]
+#[case::greater(gw("l", "5", Some("w1")), gw("l", "6", Some("w1")), None)]
+#[case::annotations_left_alone(gw("l", "5", Some("w1")), gw("l", "5", Some("w1")), Some((409, Reason::StaleToken)))]
+#[case::no_write_annotation(gw("l", "5", None), gw("l", "5", None), Some((409, Reason::StaleToken)))]
+#[case::write_annotation_removed(gw("l", "5", Some("w1")), gw("l", "5", None), Some((409, Reason::StaleToken)))]
+#[case::less(gw("l", "5", Some("w1")), gw("l", "4", Some("w2")), Some((409, Reason::StaleToken)))]
+fn allow_equal_admits_a_restated_token(
+    #[case] old: Option<ObjectFacts>,
+    #[case] new: Option<ObjectFacts>,
+    #[case] expect: Option<(u16, Reason)>,
+) {
+    let req = request(Operation::Update, old, new);
+    let v = judge_now(&req, allow_equal(6));
     match expect {
         None => assert_eq!(v, Verdict::Allow { reason: Reason::Fenced }),
-        Some(e) => assert_eq!(denied(&v), e),
+        Some(e) => assert_eq!(denied(&v), e, "{v:?}"),
     }
 }
 
 #[test]
+fn an_equal_token_is_stale_under_strict_even_restated() {
+    let req = request(Operation::Update, gw("l", "5", Some("w1")), gw("l", "5", Some("w2")));
+    assert_eq!(denied(&judge_now(&req, strict(6))), (409, Reason::StaleToken));
+}
+
+#[test]
 fn allow_equal_deciding_a_write_is_confirmed_by_a_quorum_read() {
-    let exempt = Exemptions::default();
-    let req = request(Operation::Update, g("l", Some("5")), g("l", Some("5")));
-    let relaxed = facts(Some(6), Comparison::AllowEqual, Enforcement::Enforce);
-    assert_eq!(lease_read(&req, &exempt, Some(&cache(relaxed.clone()))), LeaseRead::Linearizable);
-    // The lease was switched back to Strict a moment ago; the cache still says AllowEqual.
-    assert_eq!(denied(&judge(&req, Some(relaxed), Some(strict(6)))), (409, Reason::StaleToken));
+    let req = request(Operation::Update, gw("l", "5", Some("w1")), gw("l", "5", Some("w2")));
+    assert_eq!(read_needed(&req, &Exemptions::default(), Some(allow_equal(6))), "quorum");
+    // The lease was switched to Strict a moment ago; the cache still says AllowEqual.
+    assert_eq!(denied(&judge(&req, Some(allow_equal(6)), Some(strict(6)))), (409, Reason::StaleToken));
 }
 
 // --- Row: CREATE, or UPDATE that makes an unguarded object guarded: t == newest issued,
@@ -171,11 +193,9 @@ fn create_and_newly_guarded(
     #[case] expect: Option<(u16, Reason)>,
 ) {
     let req = request(op, old, g("l", Some(presented)));
-    let exempt = Exemptions::default();
-    assert_eq!(lease_read(&req, &exempt, None), LeaseRead::Linearizable);
-    // The cache alone is never enough, even when it agrees.
-    assert_eq!(denied(&decide(&req, &exempt, Some(&cache(strict(9))))), (500, Reason::LeaseReadRequired));
-    let v = decide(&req, &exempt, Some(&quorum(strict(9))));
+    // The cache alone is never enough, even when it agrees: the plan asks for the quorum.
+    assert!(matches!(plan(&req, &Exemptions::default()), Plan::Quorum(_)));
+    let v = judge(&req, Some(strict(1)), Some(strict(9)));
     match expect {
         None => assert_eq!(v, Verdict::Allow { reason: Reason::Fenced }),
         Some(e) => assert_eq!(denied(&v), e, "{v:?}"),
@@ -197,7 +217,7 @@ fn lease_missing_or_never_granted(#[case] op: Operation, #[case] old: Option<Obj
     let missing = judge(&req, None, None);
     let (code, reason) = denied(&missing);
     assert_eq!((code, reason), (403, Reason::LeaseNotFound));
-    let never = judge_now(&req, facts(None, Comparison::Strict, Enforcement::Enforce));
+    let never = judge_now(&req, facts(None, Enforcement::Enforce));
     assert_eq!(denied(&never), (403, Reason::TokenNotIssued));
 }
 
@@ -208,11 +228,10 @@ fn lease_missing_or_never_granted(#[case] op: Operation, #[case] old: Option<Obj
 #[case::stale_token("1")]
 fn rebinding_is_never_allowed(#[case] presented: &str) {
     let req = request(Operation::Update, g("a", Some("5")), g("b", Some(presented)));
-    assert_eq!(lease_read(&req, &Exemptions::default(), None), LeaseRead::None);
-    let v = decide(&req, &Exemptions::default(), None);
+    let Plan::Done(v) = plan(&req, &Exemptions::default()) else { panic!("rebinding needs no lease read") };
     assert_eq!(denied(&v), (403, Reason::LeaseRebound));
     // Not even a Warn lease relaxes it.
-    let warn = facts(Some(9), Comparison::Strict, Enforcement::Warn);
+    let warn = facts(Some(9), Enforcement::Warn);
     assert_eq!(denied(&judge_now(&req, warn)), (403, Reason::LeaseRebound));
 }
 
@@ -260,13 +279,13 @@ fn delete(#[case] user: &str, #[case] precondition: bool, #[case] expect: Option
 fn exempt_identities(#[case] op: Operation, #[case] old: Option<ObjectFacts>, #[case] new: Option<ObjectFacts>) {
     let mut req = request(op, old, new);
     req.user = GC.into();
-    assert_eq!(lease_read(&req, &Exemptions::default(), None), LeaseRead::None);
-    assert_eq!(decide(&req, &Exemptions::default(), None), Verdict::Allow { reason: Reason::Exempt });
+    assert_eq!(read_needed(&req, &Exemptions::default(), None), "none");
+    assert_eq!(judge(&req, None, None), Verdict::Allow { reason: Reason::Exempt });
     // With a configured list that leaves the garbage collector out, it is judged like anyone.
     let only_ops = Exemptions::new(["ops"]);
-    assert_ne!(lease_read(&req, &only_ops, None), LeaseRead::None);
+    assert_ne!(read_needed(&req, &only_ops, Some(strict(9))), "none");
     req.user = "ops".into();
-    assert_eq!(decide(&req, &only_ops, None), Verdict::Allow { reason: Reason::Exempt });
+    assert_eq!(judge_with(&req, &only_ops, None, None), Verdict::Allow { reason: Reason::Exempt });
 }
 
 // --- Row: missing, non-numeric, signed, padded, fractional, overflowing token: deny, naming it.
@@ -302,7 +321,7 @@ fn malformed_tokens_are_denied_naming_the_problem(
     };
     let req = request(op, old, g("l", Some(raw)));
     let v = judge_now(&req, strict(9));
-    let Verdict::Deny { code: 400, reason: Reason::TokenMalformed, message } = &v else { panic!("{raw:?}: {v:?}") };
+    let Verdict::Deny { code: 400, reason: Reason::TokenMalformed, message, .. } = &v else { panic!("{raw:?}: {v:?}") };
     assert!(message.contains(names), "{raw:?}: {message}");
     assert!(message.contains(crate::token::TOKEN_ANNOTATION), "{message}");
 }
@@ -312,7 +331,7 @@ fn malformed_tokens_are_denied_naming_the_problem(
 #[case::update(Operation::Update, g("l", Some("5")))]
 fn missing_token_is_denied(#[case] op: Operation, #[case] old: Option<ObjectFacts>) {
     let req = request(op, old, g("l", None));
-    let Verdict::Deny { code: 403, reason: Reason::TokenMissing, message } = judge_now(&req, strict(9)) else { panic!() };
+    let Verdict::Deny { code: 403, reason: Reason::TokenMissing, message, .. } = judge_now(&req, strict(9)) else { panic!() };
     assert!(message.contains("kubefence.io/token") && message.contains("team/l"), "{message}");
 }
 
@@ -339,7 +358,7 @@ fn warn_mode_admits_with_a_warning(
     #[case] reason: Reason,
 ) {
     let req = request(op, old, new);
-    let warn = facts(Some(9), Comparison::Strict, Enforcement::Warn);
+    let warn = facts(Some(9), Enforcement::Warn);
     // Warn relaxes fencing, so it is confirmed by a quorum read.
     let v = judge(&req, Some(warn.clone()), Some(warn.clone()));
     let Verdict::AllowWithWarning { reason: got, message } = &v else { panic!("{v:?}") };
@@ -352,7 +371,7 @@ fn warn_mode_admits_with_a_warning(
 #[test]
 fn warn_mode_still_admits_good_writes_plainly() {
     let req = request(Operation::Update, g("l", Some("5")), g("l", Some("6")));
-    let warn = facts(Some(9), Comparison::Strict, Enforcement::Warn);
+    let warn = facts(Some(9), Enforcement::Warn);
     assert_eq!(judge_now(&req, warn), Verdict::Allow { reason: Reason::Fenced });
 }
 
@@ -364,8 +383,8 @@ fn warn_mode_still_admits_good_writes_plainly() {
 #[case::delete(Operation::Delete, u(None), None)]
 fn unguarded_objects_pass_without_a_lease_read(#[case] op: Operation, #[case] old: Option<ObjectFacts>, #[case] new: Option<ObjectFacts>) {
     let req = request(op, old, new);
-    assert_eq!(lease_read(&req, &Exemptions::default(), None), LeaseRead::None);
-    assert_eq!(decide(&req, &Exemptions::default(), None), Verdict::Allow { reason: Reason::Unguarded });
+    assert_eq!(read_needed(&req, &Exemptions::default(), None), "none");
+    assert_eq!(judge(&req, None, None), Verdict::Allow { reason: Reason::Unguarded });
 }
 
 #[rstest]
@@ -377,8 +396,7 @@ fn malformed_requests_are_denied(#[case] op: Operation, #[case] old: Option<Obje
     // Even an exempt identity: without the objects nobody can tell whether they are guarded.
     let mut req = request(op, old, new);
     req.user = GC.into();
-    let v = decide(&req, &Exemptions::default(), None);
-    assert_eq!(denied(&v), (400, Reason::MalformedRequest));
+    assert_eq!(denied(&judge(&req, None, None)), (400, Reason::MalformedRequest));
 }
 
 #[rstest]
@@ -388,5 +406,88 @@ fn malformed_requests_are_denied(#[case] op: Operation, #[case] old: Option<Obje
 #[case::too_long(&"a".repeat(254))]
 fn invalid_lease_label(#[case] name: &str) {
     let req = request(Operation::Create, None, g(name, Some("1")));
-    assert_eq!(denied(&decide(&req, &Exemptions::default(), None)), (400, Reason::LeaseLabelInvalid));
+    assert_eq!(read_needed(&req, &Exemptions::default(), None), "none");
+    assert_eq!(denied(&judge(&req, None, None)), (400, Reason::LeaseLabelInvalid));
+}
+
+// --- Subresources: a write to /status (or any subresource that carries the whole object) is
+//     judged exactly like a write to the object when it moves the guard, and passes otherwise.
+
+fn on(subresource: &str, mut req: Request) -> Request {
+    req.subresource = Some(subresource.into());
+    req
+}
+
+#[rstest]
+#[case::status_keeps_guard(g("l", Some("5")), g("l", Some("5")), Ok(Reason::GuardUnchanged))]
+#[case::status_rewinds_token(g("l", Some("5")), g("l", Some("1")), Err((409, Reason::StaleToken)))]
+#[case::status_drops_token(g("l", Some("5")), g("l", None), Err((403, Reason::TokenMissing)))]
+#[case::status_unguards(g("l", Some("5")), u(Some("5")), Err((409, Reason::StaleToken)))]
+#[case::status_unguards_without_token(g("l", Some("5")), u(None), Err((403, Reason::TokenMissing)))]
+#[case::status_rebinds(g("l", Some("5")), g("other", Some("9")), Err((403, Reason::LeaseRebound)))]
+#[case::status_with_a_fresh_token(g("l", Some("5")), g("l", Some("6")), Ok(Reason::Fenced))]
+#[case::status_guards_with_a_stale_token(u(None), g("l", Some("4")), Err((409, Reason::StaleToken)))]
+fn subresource_updates_are_judged_when_they_move_the_guard(
+    #[case] old: Option<ObjectFacts>,
+    #[case] new: Option<ObjectFacts>,
+    #[case] expect: Result<Reason, (u16, Reason)>,
+) {
+    let req = on("status", request(Operation::Update, old, new));
+    let v = judge_now(&req, strict(6));
+    match expect {
+        Ok(reason) => assert_eq!(v, Verdict::Allow { reason }),
+        Err(e) => assert_eq!(denied(&v), e, "{v:?}"),
+    }
+}
+
+#[test]
+fn subresource_creates_make_no_guarded_object() {
+    // pods/eviction, pods/binding: the object under admission is not the guarded one.
+    let req = on("eviction", request(Operation::Create, None, g("l", None)));
+    assert_eq!(judge(&req, None, None), Verdict::Allow { reason: Reason::Unguarded });
+}
+
+// --- Finalizer removal from an object being deleted: admitted without a token, and only that.
+
+fn deleting(token: Option<&str>, finalizers: &[&str], content: u64) -> Option<ObjectFacts> {
+    Some(ObjectFacts {
+        deleting: true,
+        finalizers: finalizers.iter().map(|f| f.to_string()).collect(),
+        content: Some(content),
+        ..ObjectFacts::guarded("l", token)
+    })
+}
+
+#[rstest]
+#[case::one_of_two(deleting(Some("5"), &["a", "b"], 1), deleting(Some("5"), &["b"], 1), Ok(Reason::FinalizersRemoved))]
+#[case::the_last(deleting(Some("5"), &["kubernetes.io/pvc-protection"], 1), deleting(Some("5"), &[], 1), Ok(Reason::FinalizersRemoved))]
+#[case::and_content_changed(deleting(Some("5"), &["a"], 1), deleting(Some("5"), &[], 2), Err((409, Reason::StaleToken)))]
+#[case::and_token_rewound(deleting(Some("5"), &["a"], 1), deleting(Some("1"), &[], 1), Err((409, Reason::StaleToken)))]
+#[case::and_unguarded(deleting(Some("5"), &["a"], 1), Some(ObjectFacts { lease: None, ..deleting(Some("5"), &[], 1).unwrap_or_default() }), Err((409, Reason::StaleToken)))]
+#[case::none_removed(deleting(Some("5"), &["a"], 1), deleting(Some("5"), &["a"], 1), Err((409, Reason::StaleToken)))]
+#[case::swapped(deleting(Some("5"), &["a", "b"], 1), deleting(Some("5"), &["c"], 1), Err((409, Reason::StaleToken)))]
+#[case::not_being_deleted(Some(ObjectFacts { deleting: false, ..deleting(Some("5"), &["a"], 1).unwrap_or_default() }), Some(ObjectFacts { deleting: false, ..deleting(Some("5"), &[], 1).unwrap_or_default() }), Err((409, Reason::StaleToken)))]
+#[case::content_unknown(Some(ObjectFacts { content: None, ..deleting(Some("5"), &["a"], 1).unwrap_or_default() }), Some(ObjectFacts { content: None, ..deleting(Some("5"), &[], 1).unwrap_or_default() }), Err((409, Reason::StaleToken)))]
+fn finalizer_removal_from_an_object_being_deleted(
+    #[case] old: Option<ObjectFacts>,
+    #[case] new: Option<ObjectFacts>,
+    #[case] expect: Result<Reason, (u16, Reason)>,
+) {
+    let req = request(Operation::Update, old, new);
+    let v = judge_now(&req, strict(6));
+    match expect {
+        Ok(reason) => {
+            assert_eq!(v, Verdict::Allow { reason });
+            assert_eq!(read_needed(&req, &Exemptions::default(), None), "none");
+        }
+        Err(e) => assert_eq!(denied(&v), e, "{v:?}"),
+    }
+}
+
+#[test]
+fn every_reason_round_trips_through_its_name() {
+    for reason in Reason::ALL {
+        assert_eq!(Reason::parse(reason.as_str()), Some(reason));
+    }
+    assert_eq!(Reason::parse("Conflict"), None);
 }

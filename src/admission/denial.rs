@@ -1,0 +1,114 @@
+//! The denial contract between the webhook and the writers: a rejected write's facts travel in
+//! the response's `status.details.causes`, typed, so no client ever parses a message.
+//!
+//! The API server hands the webhook's whole `Status` to the writer (prefixing only the
+//! message), so a writer reads `reason` (a [`Reason`]) and the causes below from the error it
+//! gets back. The webhook writes them with [`status`] and the client library reads them with
+//! [`Denial::from_status`]: both sides use this one file, so they cannot disagree.
+
+use kube::core::Status;
+use kube::core::response::{StatusCause, StatusDetails};
+
+use super::decision::{Facts, Reason};
+use crate::token::{TOKEN_ANNOTATION, Token};
+
+/// Cause type: `namespace/name` of the lease that judged the write.
+pub const CAUSE_LEASE: &str = "kubefence.io/lease";
+/// Cause type: the token the write presented.
+pub const CAUSE_PRESENTED: &str = "kubefence.io/presented-token";
+/// Cause type: the token the write had to beat (the object's recorded token, or for a create
+/// the lease's newest token).
+pub const CAUSE_RECORDED: &str = "kubefence.io/recorded-token";
+
+/// The `Status` of a denial: `code`, `reason`, `message`, and the facts as causes.
+pub fn status(code: u16, reason: Reason, message: &str, facts: &Facts) -> Status {
+    let field = format!("metadata.annotations[{TOKEN_ANNOTATION}]");
+    let mut causes = Vec::new();
+    if let Some(lease) = &facts.lease {
+        causes.push(StatusCause { reason: CAUSE_LEASE.into(), message: lease.clone(), field: String::new() });
+    }
+    if let Some(presented) = facts.presented {
+        causes.push(StatusCause { reason: CAUSE_PRESENTED.into(), message: presented.to_string(), field: field.clone() });
+    }
+    if let Some(recorded) = facts.recorded {
+        causes.push(StatusCause { reason: CAUSE_RECORDED.into(), message: recorded.to_string(), field });
+    }
+    let status = Status::failure(message, reason.as_str()).with_code(code);
+    if causes.is_empty() {
+        status
+    } else {
+        status.with_details(StatusDetails {
+            name: String::new(),
+            group: String::new(),
+            kind: String::new(),
+            uid: String::new(),
+            causes,
+            retry_after_seconds: 0,
+        })
+    }
+}
+
+/// A kube-fence denial as a writer reads it back from the API server's error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Denial {
+    pub code: u16,
+    pub reason: Reason,
+    /// The lease that judged the write (`namespace/name`).
+    pub lease: Option<String>,
+    pub presented: Option<Token>,
+    pub recorded: Option<Token>,
+}
+
+impl Denial {
+    /// The kube-fence denial carried by `status`, or `None` when the status is not one (another
+    /// webhook's denial, a failed precondition, any other API error).
+    pub fn from_status(status: &Status) -> Option<Denial> {
+        let reason = Reason::parse(&status.reason)?;
+        if status.code < 400 {
+            return None;
+        }
+        let causes = status.details.as_ref().map(|d| d.causes.as_slice()).unwrap_or_default();
+        let cause = |kind: &str| causes.iter().find(|c| c.reason == kind).map(|c| c.message.as_str());
+        Some(Denial {
+            code: status.code,
+            reason,
+            lease: cause(CAUSE_LEASE).map(str::to_string),
+            presented: cause(CAUSE_PRESENTED).and_then(|t| t.parse().ok()),
+            recorded: cause(CAUSE_RECORDED).and_then(|t| t.parse().ok()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_denial_round_trips_through_the_api_servers_status() {
+        let facts = Facts { lease: Some("team/orders".into()), presented: Token::new(41), recorded: Token::new(57) };
+        let mut wire = status(409, Reason::StaleToken, "stale write", &facts);
+        // The API server prefixes the message; the rest arrives as sent.
+        wire.message = format!("admission webhook \"fence.kubefence.io\" denied the request: {}", wire.message);
+        let json = serde_json::to_string(&wire).unwrap_or_default();
+        let back: Status = serde_json::from_str(&json).unwrap_or_default();
+        let denial = Denial::from_status(&back);
+        assert_eq!(
+            denial,
+            Some(Denial {
+                code: 409,
+                reason: Reason::StaleToken,
+                lease: Some("team/orders".into()),
+                presented: Token::new(41),
+                recorded: Token::new(57)
+            })
+        );
+    }
+
+    #[test]
+    fn other_statuses_are_not_denials() {
+        assert_eq!(Denial::from_status(&Status::failure("the object has been modified", "Conflict").with_code(409)), None);
+        assert_eq!(Denial::from_status(&Status::failure("x", "Forbidden").with_code(403)), None);
+        let without_facts = Denial::from_status(&status(403, Reason::TokenMissing, "no token", &Facts::default()));
+        assert_eq!(without_facts.map(|d| (d.reason, d.presented)), Some((Reason::TokenMissing, None)));
+    }
+}

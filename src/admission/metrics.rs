@@ -1,0 +1,109 @@
+//! The webhook's metrics (Prometheus text on `/metrics`). No label is per lease or per object:
+//! their number is unbounded.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::decision::Verdict;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    verdict: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReadLabels {
+    read: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    cause: &'static str,
+}
+
+/// Which read of a lease judged a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseReadKind {
+    Cache,
+    Linearizable,
+}
+
+/// Why a connection's request was refused before it was judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The declared body exceeds the largest review.
+    TooLarge,
+    /// The in-flight body budget is used up.
+    Busy,
+    /// The body did not arrive within the deadline.
+    SlowBody,
+}
+
+impl Refusal {
+    fn label(self) -> &'static str {
+        match self {
+            Refusal::TooLarge => "too_large",
+            Refusal::Busy => "busy",
+            Refusal::SlowBody => "slow_body",
+        }
+    }
+}
+
+/// The webhook's metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    decisions: Family<DecisionLabels, Counter>,
+    lease_reads: Family<ReadLabels, Counter>,
+    refusals: Family<RefusalLabels, Counter>,
+    latency: Histogram,
+    /// Rejection Events not published because the requester's source used up its budget.
+    pub events_suppressed: Counter,
+    /// Certificate reloads (files changed, or the shared Secret changed).
+    pub tls_reloads: Counter,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Metrics {
+        let m = Metrics {
+            decisions: Family::default(),
+            lease_reads: Family::default(),
+            refusals: Family::default(),
+            latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            events_suppressed: Counter::default(),
+            tls_reloads: Counter::default(),
+        };
+        let r = registry.sub_registry_with_prefix("kube_fence_webhook");
+        r.register("decisions", "Admission decisions by verdict (allowed, warned, denied) and reason", m.decisions.clone());
+        r.register("lease_reads", "Lease reads by kind (cache, linearizable)", m.lease_reads.clone());
+        r.register("refused_requests", "Requests refused before judging, by cause (too_large, busy, slow_body)", m.refusals.clone());
+        r.register("decision_duration_seconds", "Time to judge one AdmissionReview, from body received to response", m.latency.clone());
+        r.register(
+            "events_suppressed",
+            "Rejection Events not published: the source's Event budget was used up",
+            m.events_suppressed.clone(),
+        );
+        r.register("tls_reloads", "Serving certificate reloads", m.tls_reloads.clone());
+        m
+    }
+
+    pub fn decided(&self, verdict: &Verdict, seconds: f64) {
+        self.decisions.get_or_create(&DecisionLabels { verdict: verdict.kind(), reason: verdict.reason().as_str() }).inc();
+        self.latency.observe(seconds);
+    }
+
+    pub fn lease_read(&self, kind: LeaseReadKind) {
+        let read = match kind {
+            LeaseReadKind::Cache => "cache",
+            LeaseReadKind::Linearizable => "linearizable",
+        };
+        self.lease_reads.get_or_create(&ReadLabels { read }).inc();
+    }
+
+    pub fn refused(&self, refusal: Refusal) {
+        self.refusals.get_or_create(&RefusalLabels { cause: refusal.label() }).inc();
+    }
+}

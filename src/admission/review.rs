@@ -1,0 +1,301 @@
+//! The wire: an AdmissionReview body in, the decision's [`Request`] out, and a [`Verdict`] back
+//! into an AdmissionResponse. Pure and total on any bytes: the property tests
+//! (`tests/admission_props.rs`) feed [`decode`] arbitrary and mutated bodies.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation as KubeOperation};
+use kube::core::{DynamicResourceScope, ObjectMeta, Resource};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+
+use super::decision::{ObjectFacts, Operation, Reason, Request, Verdict};
+use super::denial;
+use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, WRITE_ANNOTATION};
+
+/// Why a body is not a review the webhook can judge.
+#[derive(Debug)]
+pub enum Unreadable {
+    /// Not JSON, or no `request.uid`: answered with HTTP 400 (there is no uid to answer to).
+    NotAReview(String),
+    /// A review (its uid is known) whose request cannot be read: denied, code 400.
+    Malformed { uid: String, message: String },
+}
+
+/// Reads an AdmissionReview body in one pass. Only when that fails is the body read again,
+/// loosely, to find the uid a denial must carry — the common path builds no intermediate
+/// `serde_json::Value` (for a 1 MiB object that copy was a large part of the decision's cost).
+pub fn decode(body: &[u8]) -> Result<AdmissionRequest<Guardable>, Unreadable> {
+    let error = match serde_json::from_slice::<AdmissionReview<Guardable>>(body) {
+        Ok(review) => match TryInto::<AdmissionRequest<Guardable>>::try_into(review) {
+            Ok(request) => return Ok(request),
+            Err(err) => err.to_string(),
+        },
+        Err(err) => err.to_string(),
+    };
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|err| Unreadable::NotAReview(format!("the body is not JSON: {err}")))?;
+    match value.pointer("/request/uid").and_then(|u| u.as_str()) {
+        Some(uid) => {
+            Err(Unreadable::Malformed { uid: uid.to_string(), message: format!("kube-fence cannot read this AdmissionReview: {error}") })
+        }
+        None => Err(Unreadable::NotAReview("not an AdmissionReview: request.uid is missing".into())),
+    }
+}
+
+/// The AdmissionResponse that carries `verdict`; a denial's facts go to `status.details`
+/// ([`denial::status`]).
+pub fn response<K: Resource>(request: &AdmissionRequest<K>, verdict: &Verdict) -> AdmissionResponse {
+    let mut response = AdmissionResponse::from(request);
+    match verdict {
+        Verdict::Allow { .. } => {}
+        Verdict::AllowWithWarning { message, .. } => response.warnings = Some(vec![message.clone()]),
+        Verdict::Deny { code, reason, message, facts } => {
+            response.allowed = false;
+            response.result = denial::status(*code, *reason, message, facts);
+        }
+    }
+    response
+}
+
+/// The response to a review whose request could not be read: denied (fail closed), code 400.
+pub fn malformed(uid: String, message: String) -> AdmissionResponse {
+    let mut response = AdmissionResponse::invalid(message);
+    response.uid = uid;
+    response.result = response.result.with_code(400);
+    response.result.reason = Reason::MalformedRequest.as_str().into();
+    response
+}
+
+/// An object under admission as fencing reads it: its metadata (name, namespace, uid, labels,
+/// annotations, finalizers, deletion timestamp) and a digest of the rest.
+///
+/// Every other field (a ConfigMap's data, a Deployment's spec, managedFields) is skipped while
+/// the review is parsed, never copied: the decision does not depend on it — except for an
+/// object being deleted, whose other fields are hashed so that a write that only removes
+/// finalizers can be told apart (see `decision`).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Guardable {
+    pub metadata: ObjectMeta,
+    /// Digest of every field outside `metadata`; computed only for an object being deleted.
+    #[serde(skip)]
+    pub content: Option<u64>,
+}
+
+/// The metadata fields fencing and logging read; the rest is skipped unread.
+#[derive(Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetadataWire {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+    finalizers: Option<Vec<String>>,
+    deletion_timestamp: Option<Time>,
+}
+
+impl<'de> serde::Deserialize<'de> for Guardable {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Guardable, D::Error> {
+        deserializer.deserialize_map(GuardableVisitor)
+    }
+}
+
+struct GuardableVisitor;
+
+impl<'de> Visitor<'de> for GuardableVisitor {
+    type Value = Guardable;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a Kubernetes object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Guardable, A::Error> {
+        let mut metadata: Option<MetadataWire> = None;
+        let mut hasher = DefaultHasher::new();
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if key == "metadata" {
+                metadata = Some(map.next_value()?);
+                continue;
+            }
+            // Fields before metadata are hashed (whether the object is being deleted is not
+            // known yet; they are apiVersion and kind in practice); after it, only when it is.
+            let deleting = metadata.as_ref().is_none_or(|m| m.deletion_timestamp.is_some());
+            if deleting {
+                let raw: Box<serde_json::value::RawValue> = map.next_value()?;
+                key.hash(&mut hasher);
+                raw.get().hash(&mut hasher);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        let MetadataWire { name, namespace, uid, labels, annotations, finalizers, deletion_timestamp } = metadata.unwrap_or_default();
+        let content = deletion_timestamp.is_some().then(|| hasher.finish());
+        let metadata = ObjectMeta { name, namespace, uid, labels, annotations, finalizers, deletion_timestamp, ..ObjectMeta::default() };
+        Ok(Guardable { metadata, content })
+    }
+}
+
+/// Any kind: the webhook is registered for every resource, and judges them alike.
+impl Resource for Guardable {
+    type DynamicType = ();
+    type Scope = DynamicResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// What fencing reads of one object.
+pub fn object_facts(obj: &Guardable) -> ObjectFacts {
+    let meta = &obj.metadata;
+    // Labels and annotations belong to what a finalizer removal must leave alone.
+    let content = obj.content.map(|rest| {
+        let mut hasher = DefaultHasher::new();
+        rest.hash(&mut hasher);
+        meta.labels.hash(&mut hasher);
+        meta.annotations.hash(&mut hasher);
+        hasher.finish()
+    });
+    ObjectFacts {
+        lease: meta.labels.as_ref().and_then(|l| l.get(LEASE_LABEL)).cloned(),
+        token: meta.annotations.as_ref().and_then(|a| a.get(TOKEN_ANNOTATION)).cloned(),
+        write: meta.annotations.as_ref().and_then(|a| a.get(WRITE_ANNOTATION)).cloned(),
+        deleting: meta.deletion_timestamp.is_some(),
+        finalizers: meta.finalizers.clone().unwrap_or_default(),
+        content,
+    }
+}
+
+/// Reduces a review to the facts the decision needs.
+pub fn request_facts(request: &AdmissionRequest<Guardable>) -> Request {
+    let delete_precondition = request
+        .options
+        .as_ref()
+        .and_then(|o| o.0.pointer("/preconditions/resourceVersion"))
+        .and_then(|rv| rv.as_str())
+        .is_some_and(|rv| !rv.is_empty());
+    Request {
+        operation: match request.operation {
+            KubeOperation::Create => Operation::Create,
+            KubeOperation::Update => Operation::Update,
+            KubeOperation::Delete => Operation::Delete,
+            KubeOperation::Connect => Operation::Connect,
+        },
+        namespace: request.namespace.clone().unwrap_or_default(),
+        subresource: request.sub_resource.clone().filter(|s| !s.is_empty()),
+        old: request.old_object.as_ref().map(object_facts),
+        new: request.object.as_ref().map(object_facts),
+        user: request.user_info.username.clone().unwrap_or_default(),
+        delete_precondition,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn review(operation: &str, object: serde_json::Value, old: serde_json::Value) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+                        "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+                        "name": "x", "namespace": "ns", "operation": operation, "userInfo": {"username": "alice"},
+                        "object": object, "oldObject": old}
+        }))
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn decode_reads_a_review_in_one_pass() {
+        let body = review(
+            "CREATE",
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "labels": {LEASE_LABEL: "work"}, "annotations": {TOKEN_ANNOTATION: "7"}}}),
+            serde_json::Value::Null,
+        );
+        let request = decode(&body).map_err(|e| format!("{e:?}")).unwrap();
+        assert_eq!(request.uid, "u-1");
+        let facts = request_facts(&request);
+        assert_eq!(facts.new, Some(ObjectFacts::guarded("work", Some("7"))));
+        assert_eq!(facts.subresource, None);
+        let response = response(&request, &Verdict::Allow { reason: Reason::Fenced });
+        assert!(response.allowed);
+        assert_eq!(response.uid, "u-1");
+    }
+
+    #[test]
+    fn decode_tells_unreadable_requests_from_non_reviews() {
+        assert!(matches!(decode(b"not json"), Err(Unreadable::NotAReview(m)) if m.contains("not JSON")));
+        assert!(
+            matches!(decode(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#), Err(Unreadable::NotAReview(m)) if m.contains("uid"))
+        );
+        // Annotations that are not strings: the review is known (uid), its object unreadable.
+        let bad = review(
+            "CREATE",
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "annotations": {TOKEN_ANNOTATION: 5}}}),
+            serde_json::Value::Null,
+        );
+        assert!(matches!(decode(&bad), Err(Unreadable::Malformed { uid, .. }) if uid == "u-1"));
+    }
+
+    fn deleting(data: &str, finalizers: &[&str], extra_label: Option<&str>) -> serde_json::Value {
+        let mut labels = serde_json::json!({LEASE_LABEL: "work"});
+        if let Some(v) = extra_label {
+            labels["extra"] = v.into();
+        }
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "x", "labels": labels, "annotations": {TOKEN_ANNOTATION: "7"},
+                         "deletionTimestamp": "2026-12-03T08:00:00Z", "finalizers": finalizers, "resourceVersion": "12"},
+            "data": {"k": data}})
+    }
+
+    #[test]
+    fn an_object_being_deleted_carries_a_digest_of_what_a_finalizer_removal_leaves_alone() {
+        let facts = |new: serde_json::Value| {
+            let body = review("UPDATE", new, deleting("v", &["a", "b"], None));
+            let request = decode(&body).map_err(|e| format!("{e:?}")).unwrap();
+            request_facts(&request)
+        };
+        let same = facts(deleting("v", &["a"], None));
+        let (old, new) = (same.old.unwrap_or_default(), same.new.unwrap_or_default());
+        assert!(old.deleting && new.deleting);
+        assert_eq!(old.finalizers, ["a", "b"]);
+        assert!(old.content.is_some());
+        assert_eq!(old.content, new.content, "resourceVersion and finalizers are not content");
+        let data = facts(deleting("changed", &["a"], None)).new.unwrap_or_default();
+        assert_ne!(old.content, data.content, "data is content");
+        let label = facts(deleting("v", &["a"], Some("x"))).new.unwrap_or_default();
+        assert_ne!(old.content, label.content, "labels are content");
+        // Not being deleted: no digest is computed.
+        let body = review("CREATE", serde_json::json!({"metadata": {"name": "x"}, "data": {"k": "v"}}), serde_json::Value::Null);
+        let request = decode(&body).map_err(|e| format!("{e:?}")).unwrap();
+        assert_eq!(request_facts(&request).new.and_then(|n| n.content), None);
+    }
+
+    #[test]
+    fn a_subresource_is_named() {
+        let mut value: serde_json::Value =
+            serde_json::from_slice(&review("UPDATE", serde_json::json!({"metadata": {}}), serde_json::json!({"metadata": {}})))
+                .unwrap_or_default();
+        value["request"]["subResource"] = "status".into();
+        let request = decode(&serde_json::to_vec(&value).unwrap_or_default()).map_err(|e| format!("{e:?}")).unwrap();
+        assert_eq!(request_facts(&request).subresource.as_deref(), Some("status"));
+    }
+}

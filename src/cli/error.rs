@@ -1,0 +1,705 @@
+//! Every way the `kube-fence` binary fails, in one place: one variant per action that failed,
+//! each mapped here to an exit code ([`Error::exit`]) and a one-line message ([`Display`]) that
+//! states the cause once, names the object and namespace it concerns and, where there is one,
+//! the next step. Kubernetes types never reach the message through `Debug`; `-v` prints the whole
+//! chain of causes.
+//!
+//! [`Display`]: std::fmt::Display
+
+use std::error::Error as _;
+use std::fmt::{self, Write as _};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kube::config::{InferConfigError, KubeconfigError, LoadDataError};
+
+use crate::admission::local::LocalError;
+use crate::admission::tls::TlsError;
+use crate::client::{self, Loss};
+
+/// The exit status of `kube-fence`, one per kind of cause a script may act on. The table
+/// [`EXIT_STATUS_HELP`] (shown by `--help`) documents them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    /// Anything not listed below; the message says what.
+    Failed = 1,
+    /// The command line is wrong (unknown option, bad duration, missing argument).
+    Usage = 2,
+    /// No cluster configured, or its API server cannot be reached.
+    NoCluster = 3,
+    /// Not allowed: RBAC forbids it, or the API server rejected the credentials.
+    Forbidden = 4,
+    /// The namespace, lease, object or resource type does not exist.
+    NotFound = 5,
+    /// `lease acquire` gave up after `--wait`.
+    TimedOut = 6,
+    /// The lease is not held by `--holder`: another holds it, or the grant expired or was released.
+    NotHeld = 7,
+    /// A fenced write was rejected: the object records a token at least as new as the one presented.
+    StaleToken = 8,
+}
+
+impl Exit {
+    pub const ALL: [Exit; 8] =
+        [Exit::Failed, Exit::Usage, Exit::NoCluster, Exit::Forbidden, Exit::NotFound, Exit::TimedOut, Exit::NotHeld, Exit::StaleToken];
+
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+impl From<Exit> for std::process::ExitCode {
+    fn from(exit: Exit) -> Self {
+        std::process::ExitCode::from(exit.code())
+    }
+}
+
+/// The exit statuses, as `kube-fence --help` prints them (a test checks it against [`Exit`]).
+pub const EXIT_STATUS_HELP: &str = "\
+Exit status:
+  0  success
+  1  any other failure (the message says what)
+  2  bad command line: unknown option, bad duration, missing argument
+  3  no cluster: none configured (KUBECONFIG, in-cluster), or its API server cannot be reached
+  4  not allowed: RBAC forbids the request, or the API server rejected the credentials
+  5  not found: the namespace, lease, object or resource type does not exist
+  6  timed out waiting for the lease (lease acquire --wait)
+  7  the lease is not held by --holder: another holds it, or the grant expired or was released
+  8  stale token: the fenced write was rejected, the object records a newer token
+
+Errors are one line on stderr; -v adds the chain of causes.";
+
+/// A Kubernetes object a failure concerns, as the message names it: `lease "jobs" in namespace "work"`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Object {
+    /// What a user calls it: `lease`, `configmap`, `ValidatingWebhookConfiguration`.
+    pub kind: String,
+    pub name: String,
+    /// `None` for cluster-scoped objects.
+    pub namespace: Option<String>,
+}
+
+impl Object {
+    pub fn namespaced(kind: impl Into<String>, namespace: impl Into<String>, name: impl Into<String>) -> Object {
+        Object { kind: kind.into(), name: name.into(), namespace: Some(namespace.into()) }
+    }
+
+    pub fn cluster_scoped(kind: impl Into<String>, name: impl Into<String>) -> Object {
+        Object { kind: kind.into(), name: name.into(), namespace: None }
+    }
+}
+
+impl fmt::Display for Object {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {:?}", self.kind, self.name)?;
+        if let Some(ns) = &self.namespace {
+            write!(f, " in namespace {ns:?}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What failed. Each variant is the action; its fields are what the message needs.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The command line did not parse (clap's message, on one line).
+    #[error("{0}")]
+    ParseArguments(String),
+    /// Finding the cluster: KUBECONFIG, `~/.kube/config`, or the Pod's service account.
+    #[error("{}", find_cluster(.source))]
+    FindCluster {
+        #[source]
+        source: InferConfigError,
+    },
+    /// Making a client for the cluster found (its TLS settings).
+    #[error("{}", explain_api(.server, .source).1)]
+    ConnectCluster {
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{}", explain_lease(.server, .lease, Some(.holder), Some(*.wait), .source).1)]
+    AcquireLease {
+        lease: Object,
+        holder: String,
+        wait: Duration,
+        server: String,
+        #[source]
+        source: client::Error,
+    },
+    #[error("{}", explain_lease(.server, .lease, Some(.holder), None, .source).1)]
+    RenewLease {
+        lease: Object,
+        holder: String,
+        server: String,
+        #[source]
+        source: client::Error,
+    },
+    #[error("{}", explain_lease(.server, .lease, Some(.holder), None, .source).1)]
+    ReleaseLease {
+        lease: Object,
+        holder: String,
+        server: String,
+        #[source]
+        source: client::Error,
+    },
+    #[error("{}", explain_lease(.server, .lease, None, None, .source).1)]
+    GetLease {
+        lease: Object,
+        server: String,
+        #[source]
+        source: client::Error,
+    },
+    /// `lease get --holder H`: the lease is held by someone else, or by no one.
+    #[error("{lease} is {}, not by {holder:?}", .held_by.as_ref().map(|h| format!("held by {h:?}")).unwrap_or_else(|| "not held".into()))]
+    CheckHolder { lease: Object, holder: String, held_by: Option<String> },
+    /// `lease get -o token` on a lease that never granted.
+    #[error("{lease} has issued no token yet; `kube-fence lease acquire` grants one")]
+    ReadToken { lease: Object },
+    /// `patch TYPE/NAME`: TYPE is not a resource type the API server serves.
+    #[error(
+        "the API server at {server} serves no resource type {resource:?}; use a name `kubectl api-resources` lists, e.g. configmaps or deployments.apps"
+    )]
+    ResolveResourceType { resource: String, server: String },
+    #[error("{}", explain_api(.server, .source).1)]
+    DiscoverResourceTypes {
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{}", explain_write(.server, .object, .lease, .source).1)]
+    WriteFenced {
+        object: Object,
+        lease: String,
+        server: String,
+        #[source]
+        source: client::Error,
+    },
+    /// `webhook`/`run` without `--local`: some source of certificates must be given.
+    #[error("the webhook serves HTTPS only: give --tls-cert-file and --tls-key-file, or --self-managed-tls")]
+    ChooseTls,
+    #[error("{}", tls(.source))]
+    LoadTls {
+        #[source]
+        source: TlsError,
+    },
+    #[error("{}", manage_tls(.secret, .server, .source).1)]
+    ManageTls {
+        secret: Object,
+        server: String,
+        #[source]
+        source: TlsError,
+    },
+    #[error("{}", listen(*.addr, "--addr", .source))]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the webhook server stopped: {}", io(.source))]
+    ServeWebhook {
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}", start_local(.server, .source).1)]
+    StartLocalWebhook {
+        server: String,
+        #[source]
+        source: LocalError,
+    },
+    #[error("{}", unregister(.configuration, .server, .source).1)]
+    UnregisterLocalWebhook {
+        configuration: Object,
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{}", run_controller(.server, .source).1)]
+    RunController {
+        server: String,
+        #[source]
+        source: crate::lease::controller::Error,
+    },
+    #[error("the lease controller stopped unexpectedly (it panicked); run with RUST_LOG=debug to see why")]
+    ControllerPanicked,
+    #[error("{}", listen(*.addr, "--metrics-addr", .source))]
+    ServeMetrics {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write the ready file {}: {}", .path.display(), io(.source))]
+    WriteReadyFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot encode the output: {source}")]
+    EncodeOutput {
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("cannot write to stdout: {}", io(.source))]
+    WriteOutput {
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// The exit status for this failure.
+    pub fn exit(&self) -> Exit {
+        match self {
+            Error::ParseArguments(_) | Error::ChooseTls => Exit::Usage,
+            Error::FindCluster { .. } => Exit::NoCluster,
+            Error::AcquireLease { lease, holder, wait, source, server } => {
+                explain_lease(server, lease, Some(holder), Some(*wait), source).0
+            }
+            Error::RenewLease { lease, holder, source, server } | Error::ReleaseLease { lease, holder, source, server } => {
+                explain_lease(server, lease, Some(holder), None, source).0
+            }
+            Error::GetLease { lease, source, server } => explain_lease(server, lease, None, None, source).0,
+            Error::CheckHolder { .. } => Exit::NotHeld,
+            Error::ReadToken { .. } => Exit::Failed,
+            Error::ResolveResourceType { .. } => Exit::NotFound,
+            Error::ConnectCluster { server, source } | Error::DiscoverResourceTypes { server, source } => explain_api(server, source).0,
+            Error::UnregisterLocalWebhook { configuration, server, source } => unregister(configuration, server, source).0,
+            Error::WriteFenced { object, lease, source, server } => explain_write(server, object, lease, source).0,
+            Error::ManageTls { secret, server, source } => manage_tls(secret, server, source).0,
+            Error::StartLocalWebhook { server, source } => start_local(server, source).0,
+            Error::RunController { server, source } => run_controller(server, source).0,
+            Error::LoadTls { .. }
+            | Error::Listen { .. }
+            | Error::ServeWebhook { .. }
+            | Error::ControllerPanicked
+            | Error::ServeMetrics { .. }
+            | Error::WriteReadyFile { .. }
+            | Error::EncodeOutput { .. }
+            | Error::WriteOutput { .. } => Exit::Failed,
+        }
+    }
+
+    /// What `-v` prints: the message, then every cause down the chain (`Debug` included, since
+    /// a verbose reader may want the API's whole answer).
+    pub fn verbose(&self) -> String {
+        let mut out = format!("{self}\n  failed action: {}", self.action());
+        let mut source = self.source();
+        while let Some(cause) = source {
+            let _ = write!(out, "\n  caused by: {cause}");
+            source = cause.source();
+        }
+        let _ = write!(out, "\n  in full: {self:?}");
+        out
+    }
+
+    /// The variant's name: the action that failed.
+    fn action(&self) -> String {
+        let debug = format!("{self:?}");
+        debug.split([' ', '(', '{']).next().unwrap_or_default().to_string()
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(source: std::io::Error) -> Self {
+        Error::WriteOutput { source }
+    }
+}
+
+/// One line: a message from elsewhere (the API server, a parser) may hold line breaks.
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// An I/O error in words, without the `(os error N)` suffix.
+fn io(err: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match err.kind() {
+        ErrorKind::NotFound => "no such file or directory".to_string(),
+        ErrorKind::PermissionDenied => "permission denied".to_string(),
+        ErrorKind::AddrInUse => "the address is already in use".to_string(),
+        ErrorKind::AddrNotAvailable => "the address is not available on this machine".to_string(),
+        ErrorKind::ConnectionRefused => "connection refused".to_string(),
+        _ if err.raw_os_error().is_none() => one_line(&err.to_string()),
+        kind => kind.to_string(),
+    }
+}
+
+fn listen(addr: SocketAddr, flag: &str, err: &std::io::Error) -> String {
+    let next = match err.kind() {
+        std::io::ErrorKind::AddrInUse => format!("; another process listens there: stop it or choose another {flag}"),
+        std::io::ErrorKind::PermissionDenied => format!("; ports below 1024 need privileges: choose another {flag}"),
+        _ => String::new(),
+    };
+    format!("cannot listen on {addr}: {}{next}", io(err))
+}
+
+/// The cluster could not be found or its configuration not read.
+fn find_cluster(err: &InferConfigError) -> String {
+    let kubeconfig_env = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty());
+    let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let kubeconfig = err.source().and_then(|s| s.downcast_ref::<KubeconfigError>());
+    match kubeconfig {
+        Some(KubeconfigError::ReadConfig(io_err, path)) if io_err.kind() == std::io::ErrorKind::NotFound => {
+            match (kubeconfig_env, in_pod) {
+                (Some(_), _) => format!("the kubeconfig {} named by KUBECONFIG does not exist: fix KUBECONFIG", path.display()),
+                (None, true) => "running in a Pod, but its service account credentials cannot be read: mount the service account token \
+                             (automountServiceAccountToken), or set KUBECONFIG"
+                    .to_string(),
+                (None, false) => "no cluster configured: set KUBECONFIG or run inside a Pod".to_string(),
+            }
+        }
+        Some(KubeconfigError::ReadConfig(io_err, path)) => format!("cannot read the kubeconfig {}: {}", path.display(), io(io_err)),
+        Some(KubeconfigError::Parse(parse)) => format!("the kubeconfig is not valid YAML: {}", one_line(&parse.to_string())),
+        Some(
+            KubeconfigError::LoadCertificateAuthority(data)
+            | KubeconfigError::LoadClientCertificate(data)
+            | KubeconfigError::LoadClientKey(data),
+        ) => {
+            let what = match kubeconfig {
+                Some(KubeconfigError::LoadCertificateAuthority(_)) => "certificate authority",
+                Some(KubeconfigError::LoadClientCertificate(_)) => "client certificate",
+                _ => "client key",
+            };
+            match data {
+                LoadDataError::ReadFile(io_err, path) => format!("cannot read the kubeconfig's {what} {}: {}", path.display(), io(io_err)),
+                other => format!("the kubeconfig's {what} is unusable: {}", one_line(&other.to_string())),
+            }
+        }
+        Some(other) => format!("the kubeconfig is unusable: {}; check it with `kubectl config view`", one_line(&other.to_string())),
+        None => "no cluster configured: set KUBECONFIG or run inside a Pod".to_string(),
+    }
+}
+
+/// Why an API call failed, in the terms a user acts on.
+pub fn explain_api(server: &str, err: &kube::Error) -> (Exit, String) {
+    explain_api_about(server, None, err)
+}
+
+/// Like [`explain_api`]; a 404 is about `about` (in words with its namespace), unless the
+/// namespace itself is missing.
+fn explain_api_about(server: &str, about: Option<&Object>, err: &kube::Error) -> (Exit, String) {
+    match err {
+        kube::Error::Api(status) => {
+            let message = one_line(&status.message);
+            let details = status.details.as_ref();
+            match status.code {
+                401 => (
+                    Exit::Forbidden,
+                    format!(
+                        "the API server at {server} rejected the kubeconfig's credentials (401 Unauthorized): log in again or fix the user in KUBECONFIG"
+                    ),
+                ),
+                403 if status.reason == "Forbidden" => {
+                    (Exit::Forbidden, format!("{message}; ask a cluster admin for that permission (RBAC), or use another user"))
+                }
+                404 => match (details, about) {
+                    (Some(d), _) if d.kind == "namespaces" && !d.name.is_empty() => {
+                        (Exit::NotFound, format!("namespace {:?} does not exist", d.name))
+                    }
+                    (_, Some(object)) => (Exit::NotFound, format!("{object} does not exist")),
+                    (Some(d), None) if !d.name.is_empty() && !d.kind.is_empty() => {
+                        (Exit::NotFound, format!("{} {:?} does not exist", kind_in_words(&d.kind, &d.group), d.name))
+                    }
+                    _ => (Exit::NotFound, format!("not found: {message}")),
+                },
+                _ if message.is_empty() => (Exit::Failed, format!("the API server answered {} {}", status.code, status.reason)),
+                _ => (Exit::Failed, message),
+            }
+        }
+        kube::Error::Auth(auth) => (Exit::NoCluster, format!("cannot get credentials for the API server at {server}: {}", deepest(auth))),
+        kube::Error::SerdeError(e) => (Exit::Failed, format!("the API server at {server} sent an answer kube-fence cannot read: {e}")),
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_) | kube::Error::RustlsTls(_) => {
+            (Exit::NoCluster, unreachable(server, err as &(dyn std::error::Error + 'static)))
+        }
+        other => (Exit::Failed, deepest(other)),
+    }
+}
+
+/// `leases.kubefence.io` → `leases.kubefence.io`, `configmaps` (core group) → `configmaps`.
+fn kind_in_words(kind: &str, group: &str) -> String {
+    if group.is_empty() { kind.to_string() } else { format!("{kind}.{group}") }
+}
+
+/// The API server did not answer: say why in the words of the innermost cause.
+fn unreachable(server: &str, err: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(c) = cause {
+        if let Some(io_err) = c.downcast_ref::<std::io::Error>() {
+            // An io::Error may carry the real cause (a TLS alert) inside.
+            if io_err.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()).is_none() {
+                return format!(
+                    "cannot reach the API server at {server}: {}; is it running, and is the server in KUBECONFIG right?",
+                    io(io_err)
+                );
+            }
+        }
+        if let Some(tls) = c.downcast_ref::<rustls::Error>() {
+            return format!(
+                "TLS with the API server at {server} failed: {tls}; check the certificate-authority of the cluster in KUBECONFIG"
+            );
+        }
+        cause = c.source();
+    }
+    format!("cannot reach the API server at {server}: {}", deepest(err))
+}
+
+/// The innermost cause's own words, on one line.
+fn deepest(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = err;
+    while let Some(next) = last.source() {
+        last = next;
+    }
+    match last.downcast_ref::<std::io::Error>() {
+        Some(io_err) => io(io_err),
+        None => one_line(&last.to_string()),
+    }
+}
+
+/// A lease subcommand failed.
+fn explain_lease(server: &str, lease: &Object, holder: Option<&String>, wait: Option<Duration>, err: &client::Error) -> (Exit, String) {
+    match err {
+        client::Error::Timeout { held_by, .. } => {
+            let waited = wait.map(|w| humantime::format_duration(w).to_string()).unwrap_or_else(|| "the timeout".into());
+            match held_by {
+                Some(other) => (
+                    Exit::TimedOut,
+                    format!(
+                        "timed out after {waited} waiting for {lease}: it is held by {other:?}; wait longer (--wait) or ask its holder to release it"
+                    ),
+                ),
+                None => (
+                    Exit::TimedOut,
+                    format!("timed out after {waited} waiting for {lease}: no grant came; is the kube-fence controller running?"),
+                ),
+            }
+        }
+        client::Error::LeaseNotFound { .. } => (Exit::NotFound, format!("{lease} does not exist; `kube-fence lease acquire` creates it")),
+        client::Error::NotHeld { loss: Loss::HeldBy(other), .. } => {
+            let holder = holder.map(|h| format!(", not by {h:?}")).unwrap_or_default();
+            (Exit::NotHeld, format!("{lease} is held by {other:?}{holder}"))
+        }
+        client::Error::NotHeld { holder: not_holder, loss, .. } => {
+            (Exit::NotHeld, format!("{not_holder:?} does not hold {lease}: {loss}; acquire it again"))
+        }
+        client::Error::Cancelled { .. } => (Exit::Failed, format!("cancelled while waiting for {lease}")),
+        client::Error::Conflict(_) => (Exit::Failed, format!("{lease} kept changing while kube-fence wrote it; try again")),
+        // A 404 that names nothing is about the URL: the API server does not serve the type.
+        client::Error::Kube(kube::Error::Api(status))
+            if status.code == 404 && status.details.as_ref().is_none_or(|d| d.name.is_empty()) =>
+        {
+            (Exit::NotFound, "the API server does not serve kubefence.io Leases: install the CRDs (kubectl apply -f crds/)".to_string())
+        }
+        client::Error::Kube(kube) => explain_api_about(server, Some(lease), kube),
+        other => (Exit::Failed, format!("{lease}: {other}")),
+    }
+}
+
+/// A fenced write (`kube-fence patch`) failed.
+fn explain_write(server: &str, object: &Object, lease: &str, err: &client::Error) -> (Exit, String) {
+    match err {
+        client::Error::StaleToken { presented, recorded } => (
+            Exit::StaleToken,
+            format!(
+                "stale token: {object} records token {recorded} of lease {lease:?}, the write presented {presented}; \
+                 a newer holder has written: read the object again before writing"
+            ),
+        ),
+        client::Error::Fenced(denial) => (
+            Exit::Forbidden,
+            format!(
+                "kube-fence refused the write to {object}: {}{}",
+                denial.reason,
+                denial.lease.as_deref().map(|l| format!(" (lease {l})")).unwrap_or_default()
+            ),
+        ),
+        client::Error::Conflict(_) => (Exit::Failed, format!("{object} changed while kube-fence wrote it; read it again and retry")),
+        client::Error::UnsupportedPatch(why) => (Exit::Usage, format!("cannot stamp the token into this patch: {why}")),
+        client::Error::Kube(kube) => explain_api_about(server, Some(object), kube),
+        other => (Exit::Failed, format!("{object}: {other}")),
+    }
+}
+
+fn tls(err: &TlsError) -> String {
+    match err {
+        TlsError::Read { path, source } => format!("cannot read the TLS file {}: {}", path.display(), io(source)),
+        // Only self-managed TLS talks to the API; `manage_tls` explains that with the server.
+        TlsError::Kube(kube) => explain_api("the cluster's API server", kube).1,
+        other => one_line(&other.to_string()),
+    }
+}
+
+fn manage_tls(secret: &Object, server: &str, err: &TlsError) -> (Exit, String) {
+    match err {
+        TlsError::Kube(kube) => {
+            let (exit, why) = explain_api(server, kube);
+            (exit, format!("cannot keep the self-managed TLS certificate in {secret}: {why}"))
+        }
+        other => (Exit::Failed, format!("cannot keep the self-managed TLS certificate in {secret}: {}", tls(other))),
+    }
+}
+
+fn start_local(server: &str, err: &LocalError) -> (Exit, String) {
+    match err {
+        LocalError::Bind { port, source } => {
+            (Exit::Failed, format!("cannot listen on 127.0.0.1:{port}: {}; leave --local-port out to pick a free port", io(source)))
+        }
+        LocalError::Tls(tls_err) => (Exit::Failed, tls(tls_err)),
+        LocalError::CacheNotReady(waited) => (
+            Exit::Failed,
+            format!(
+                "could not list the kubefence.io Leases within {}: are the CRDs installed (kubectl apply -f crds/), and may this user list them?",
+                humantime::format_duration(*waited)
+            ),
+        ),
+        LocalError::Register(kube) => {
+            let (exit, why) = explain_api(server, kube);
+            (exit, format!("cannot register the local webhook: {why}"))
+        }
+    }
+}
+
+/// The registration outlives the process: guarded writes now fail closed until it is removed.
+fn unregister(configuration: &Object, server: &str, err: &kube::Error) -> (Exit, String) {
+    let (exit, why) = explain_api(server, err);
+    let kind = configuration.kind.to_ascii_lowercase();
+    (
+        exit,
+        format!(
+            "could not remove {configuration} ({why}); guarded writes fail until it is removed: kubectl delete {kind} {}",
+            configuration.name
+        ),
+    )
+}
+
+fn run_controller(server: &str, err: &crate::lease::controller::Error) -> (Exit, String) {
+    match err {
+        crate::lease::controller::Error::WriteStatus { lease, source } => {
+            let (exit, why) = explain_api(server, source);
+            (exit, format!("the lease controller cannot write the status of lease {lease}: {why}"))
+        }
+        other => (Exit::Failed, format!("the lease controller failed: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+    use kube::core::response::StatusDetails;
+
+    fn api(code: u16, reason: &str, message: &str, details: Option<(&str, &str, &str)>) -> kube::Error {
+        kube::Error::Api(Box::new(Status {
+            code,
+            reason: reason.into(),
+            message: message.into(),
+            details: details.map(|(group, kind, name)| StatusDetails {
+                group: group.into(),
+                kind: kind.into(),
+                name: name.into(),
+                uid: String::new(),
+                causes: Vec::new(),
+                retry_after_seconds: 0,
+            }),
+            ..Default::default()
+        }))
+    }
+
+    fn lease() -> Object {
+        Object::namespaced("lease", "work", "jobs")
+    }
+
+    #[test]
+    fn the_help_documents_every_exit_status() {
+        for exit in Exit::ALL {
+            let line = format!("\n  {}  ", exit.code());
+            assert!(EXIT_STATUS_HELP.contains(&line), "exit status {} ({exit:?}) is documented", exit.code());
+        }
+        assert_eq!(Exit::ALL.len(), EXIT_STATUS_HELP.lines().filter(|l| l.starts_with("  ") && !l.starts_with("  0")).count());
+    }
+
+    #[test]
+    fn api_errors_are_named_by_cause_without_debug_output() {
+        let cases = [
+            (
+                api(404, "NotFound", "namespaces \"nosuchns\" not found", Some(("", "namespaces", "nosuchns"))),
+                Exit::NotFound,
+                "namespace \"nosuchns\" does not exist",
+            ),
+            (
+                api(
+                    403,
+                    "Forbidden",
+                    "leases.kubefence.io \"jobs\" is forbidden: User \"nobody\" cannot get resource",
+                    Some(("kubefence.io", "leases", "jobs")),
+                ),
+                Exit::Forbidden,
+                "User \"nobody\" cannot get resource",
+            ),
+            (api(401, "Unauthorized", "Unauthorized", None), Exit::Forbidden, "rejected the kubeconfig's credentials"),
+            (
+                api(404, "NotFound", "configmaps \"x\" not found", Some(("", "configmaps", "x"))),
+                Exit::NotFound,
+                "configmaps \"x\" does not exist",
+            ),
+        ];
+        for (err, exit, says) in cases {
+            let (got_exit, message) = explain_api("https://127.0.0.1:6443", &err);
+            assert_eq!(got_exit, exit, "{message}");
+            assert!(message.contains(says), "{message:?} says {says:?}");
+            assert!(!message.contains("Status {") && !message.contains("Some("), "{message}");
+        }
+    }
+
+    #[test]
+    fn lease_failures_map_to_their_exit_status() {
+        let timeout = client::Error::Timeout { lease: "work/jobs".into(), waited: Duration::from_millis(2003), held_by: Some("a".into()) };
+        let (exit, message) =
+            explain_lease("https://127.0.0.1:6443", &lease(), Some(&"b".to_string()), Some(Duration::from_secs(2)), &timeout);
+        assert_eq!(exit, Exit::TimedOut);
+        assert_eq!(
+            message,
+            "timed out after 2s waiting for lease \"jobs\" in namespace \"work\": it is held by \"a\"; wait longer (--wait) or ask its holder to release it"
+        );
+
+        let held = client::Error::NotHeld { lease: "work/jobs".into(), holder: "b".into(), loss: Loss::HeldBy("a".into()) };
+        assert_eq!(
+            explain_lease("https://127.0.0.1:6443", &lease(), Some(&"b".to_string()), None, &held),
+            (Exit::NotHeld, "lease \"jobs\" in namespace \"work\" is held by \"a\", not by \"b\"".into())
+        );
+
+        let missing = client::Error::LeaseNotFound { lease: "work/jobs".into() };
+        assert_eq!(explain_lease("https://127.0.0.1:6443", &lease(), None, None, &missing).0, Exit::NotFound);
+    }
+
+    #[test]
+    fn a_stale_write_names_both_tokens() {
+        let (exit, message) = explain_write(
+            "https://127.0.0.1:6443",
+            &Object::namespaced("configmap", "work", "report"),
+            "jobs",
+            &client::Error::StaleToken {
+                presented: crate::token::Token::new(3).unwrap_or(crate::token::Token::MAX),
+                recorded: crate::token::Token::new(5).unwrap_or(crate::token::Token::MAX),
+            },
+        );
+        assert_eq!(exit, Exit::StaleToken);
+        assert!(message.contains("records token 5") && message.contains("presented 3"), "{message}");
+    }
+
+    #[test]
+    fn io_errors_lose_the_os_error_suffix() {
+        let refused = std::io::Error::from_raw_os_error(111);
+        assert!(refused.to_string().contains("os error"));
+        assert_eq!(io(&refused), "connection refused");
+        let err = Error::Listen {
+            addr: "127.0.0.1:80".parse().unwrap_or_else(|_| unreachable!()),
+            source: std::io::Error::from_raw_os_error(98),
+        };
+        assert_eq!(
+            err.to_string(),
+            "cannot listen on 127.0.0.1:80: the address is already in use; another process listens there: stop it or choose another --addr"
+        );
+    }
+}

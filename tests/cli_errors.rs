@@ -1,0 +1,528 @@
+//! Every failure a user can cause with the `kube-fence` binary, caused for real (against the
+//! shared control plane where one is needed): the message is one line on stderr, names its
+//! cause once, carries no Rust debug output (`Status {`, `Some(`, `os error`) unless `-v` is
+//! given, and the exit status is the one `kube-fence --help` documents for that cause.
+//! `run --local` is exercised too: a free port by default, a ready file a script can wait on,
+//! two instances at once, and a clean exit on SIGTERM.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+const KUBE_FENCE: &str = env!("CARGO_BIN_EXE_kube-fence");
+/// Debug renderings of Rust/Kubernetes types and raw OS errors: never in a plain message.
+const NOISE: [&str; 3] = ["Status {", "Some(", "os error"];
+
+/// Which cluster the binary is pointed at.
+#[derive(Clone, Copy)]
+enum Cluster<'a> {
+    /// KUBECONFIG unset, an empty HOME, not in a Pod.
+    None,
+    Kubeconfig(&'a Path),
+}
+
+/// Runs `kube-fence args` with a clean environment and `cluster`; a run that does not end
+/// within two minutes is killed and fails the test (a failure must end the process).
+fn kube_fence(cluster: Cluster<'_>, home: &Path, args: &[&str]) -> Output {
+    let out = tempfile::tempdir().expect("output dir");
+    let (stdout, stderr) = (out.path().join("stdout"), out.path().join("stderr"));
+    let mut child = command(cluster, home, args)
+        .stdout(std::fs::File::create(&stdout).expect("stdout file"))
+        .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {KUBE_FENCE}: {e}"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("kube-fence {} did not end within 120s:\n{}", args.join(" "), std::fs::read_to_string(&stderr).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output { status, stdout: std::fs::read(&stdout).unwrap_or_default(), stderr: std::fs::read(&stderr).unwrap_or_default() }
+}
+
+fn command(cluster: Cluster<'_>, home: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(KUBE_FENCE);
+    cmd.args(args)
+        .env("HOME", home)
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBE_FENCE_NAMESPACE")
+        .env_remove("POD_NAME")
+        .env_remove("POD_NAMESPACE")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("RUST_LOG");
+    if let Cluster::Kubeconfig(path) = cluster {
+        cmd.env("KUBECONFIG", path);
+    }
+    cmd
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).trim().to_string()
+}
+
+/// A copy of the shared kubeconfig, edited.
+fn kubeconfig_variant(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_yaml::Value)) -> PathBuf {
+    let shared = kube_fence_testenv::shared_kubeconfig();
+    let source = std::fs::read_to_string(&shared).unwrap_or_else(|e| panic!("reading {}: {e}", shared.display()));
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&source).expect("the shared kubeconfig is YAML");
+    edit(&mut config);
+    let path = dir.join(name);
+    std::fs::write(&path, serde_yaml::to_string(&config).expect("kubeconfig YAML")).expect("write kubeconfig");
+    path
+}
+
+/// Every entry of a kubeconfig list (`clusters`, `users`), at `field` (`cluster`, `user`).
+fn entries<'a>(config: &'a mut serde_yaml::Value, list: &str, field: &str) -> Vec<&'a mut serde_yaml::Mapping> {
+    config
+        .get_mut(list)
+        .and_then(|v| v.as_sequence_mut())
+        .expect("kubeconfig list")
+        .iter_mut()
+        .filter_map(|entry| entry.get_mut(field).and_then(|v| v.as_mapping_mut()))
+        .collect()
+}
+
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// `kube-fence run --local` as a child process, stopped with SIGTERM (a clean exit that
+/// unregisters) when dropped.
+struct Local {
+    child: Option<Child>,
+    ready_file: PathBuf,
+    configuration: String,
+    stderr: PathBuf,
+}
+
+impl Local {
+    fn start(kubeconfig: &Path, home: &Path, ns: &str, name: &str, extra: &[&str]) -> Local {
+        let ready_file = home.join(format!("{name}.ready"));
+        let stderr = home.join(format!("{name}.log"));
+        let configuration = format!("kf-cli-{name}-{ns}");
+        let log = std::fs::File::create(&stderr).expect("log file");
+        let mut args = vec!["run", "--local", "--watch-namespace", ns, "--local-configuration", &configuration];
+        let ready = ready_file.display().to_string();
+        args.extend(["--ready-file", &ready]);
+        args.extend(extra);
+        let child = command(Cluster::Kubeconfig(kubeconfig), home, &args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting kube-fence run --local: {e}"));
+        Local { child: Some(child), ready_file, configuration, stderr }
+    }
+
+    /// Waits for the ready file; returns what it says (the webhook's URL).
+    fn wait_ready(&mut self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Ok(contents) = std::fs::read_to_string(&self.ready_file) {
+                assert!(contents.ends_with('\n'), "the ready file is written whole: {contents:?}");
+                return contents.trim().to_string();
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("kube-fence run --local exited ({status}) before it was ready:\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "kube-fence run --local was not ready in 90s:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// SIGTERM, then the exit status.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return child.wait().expect("wait");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.stop();
+        }
+    }
+}
+
+/// One failure: how to cause it, and what the user must see.
+struct Case {
+    name: &'static str,
+    args: Vec<String>,
+    kubeconfig: Option<PathBuf>,
+    exit: i32,
+    /// A word the `--help` line of that exit status holds.
+    documented_as: &'static str,
+    /// The cause, as the message must state it (exactly once).
+    cause: String,
+}
+
+fn case(name: &'static str, kubeconfig: Option<&Path>, args: &[&str], exit: i32, documented_as: &'static str, cause: &str) -> Case {
+    Case {
+        name,
+        args: args.iter().map(|a| a.to_string()).collect(),
+        kubeconfig: kubeconfig.map(Path::to_path_buf),
+        exit,
+        documented_as,
+        cause: cause.to_string(),
+    }
+}
+
+/// The `--help` line documenting exit status `code`.
+fn documented(help: &str, code: i32) -> Option<String> {
+    help.lines().find(|l| l.trim_start().starts_with(&format!("{code}  "))).map(str::to_string)
+}
+
+/// Checks one case; returns what is wrong with it, if anything.
+fn check(case: &Case, home: &Path, help: &str) -> Vec<String> {
+    let args: Vec<&str> = case.args.iter().map(String::as_str).collect();
+    let cluster = case.kubeconfig.as_deref().map_or(Cluster::None, Cluster::Kubeconfig);
+    let out = kube_fence(cluster, home, &args);
+    let stderr = text(&out.stderr);
+    eprintln!("{:<34} exit {:?}  {}", case.name, out.status.code(), stderr.lines().last().unwrap_or_default());
+    let mut wrong = Vec::new();
+    let mut fail = |what: String| wrong.push(format!("{}: {what}\n    stderr: {stderr}", case.name));
+    if out.status.code() != Some(case.exit) {
+        fail(format!("exit status {:?}, want {}", out.status.code(), case.exit));
+    }
+    match documented(help, case.exit) {
+        Some(line) if line.contains(case.documented_as) => {}
+        line => fail(format!("--help documents exit status {} as {line:?}, not as {:?}", case.exit, case.documented_as)),
+    }
+    // Servers log to stderr before they fail; everything else prints the error line alone.
+    let serves = matches!(args.first(), Some(&"run" | &"webhook" | &"controller"));
+    let message = stderr.lines().last().unwrap_or_default().to_string();
+    if !serves && stderr.lines().count() != 1 {
+        fail(format!("{} lines, want one", stderr.lines().count()));
+    }
+    if stderr.lines().filter(|l| l.contains("kube-fence: error:")).count() != 1 || !message.starts_with("kube-fence: error: ") {
+        fail("the error is not one line `kube-fence: error: ...`, last".into());
+    }
+    let times = message.matches(&case.cause).count();
+    if times != 1 {
+        fail(format!("names the cause {:?} {times} times, want once", case.cause));
+    }
+    for noise in NOISE {
+        if message.contains(noise) {
+            fail(format!("contains {noise:?}"));
+        }
+    }
+    if !out.stdout.is_empty() {
+        fail(format!("printed to stdout: {}", text(&out.stdout)));
+    }
+    wrong
+}
+
+fn run_ok(kubeconfig: &Path, home: &Path, args: &[&str]) -> String {
+    let out = kube_fence(Cluster::Kubeconfig(kubeconfig), home, args);
+    assert!(out.status.success(), "kube-fence {}: {}", args.join(" "), text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_status() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "cli-errors").await;
+    let kubeconfig = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("kubeconfig");
+    let home = tempfile::tempdir().expect("an empty HOME");
+    let home = home.path();
+    let help = text(&kube_fence(Cluster::None, home, &["--help"]).stdout);
+
+    // kube-fence for this namespace: the lease controller and the fencing webhook.
+    let mut local = Local::start(&kubeconfig, home, &ns, "table", &[]);
+    local.wait_ready();
+
+    // Worker a guards a ConfigMap with its token, releases; worker b gets a newer token and
+    // writes. a's token is now stale.
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let shared = ConfigMap { metadata: ObjectMeta { name: Some("shared".into()), ..Default::default() }, ..Default::default() };
+    configmaps.create(&PostParams::default(), &shared).await.expect("create the ConfigMap");
+    let token_a = run_ok(&kubeconfig, home, &["lease", "acquire", "l", "--holder", "a", "--duration", "60s", "-n", &ns]);
+    run_ok(
+        &kubeconfig,
+        home,
+        &["patch", "configmap/shared", "--lease", "l", "--token", &token_a, "-n", &ns, "-p", r#"{"data":{"writer":"a"}}"#],
+    );
+    run_ok(&kubeconfig, home, &["lease", "release", "l", "--holder", "a", "-n", &ns]);
+    let token_b = run_ok(&kubeconfig, home, &["lease", "acquire", "l", "--holder", "b", "--duration", "120s", "-n", &ns]);
+    assert!(token_b.parse::<u64>().expect("token") > token_a.parse::<u64>().expect("token"), "b's token {token_b} > a's {token_a}");
+    run_ok(
+        &kubeconfig,
+        home,
+        &["patch", "configmaps/shared", "--lease", "l", "--token", &token_b, "-n", &ns, "-p", r#"{"data":{"writer":"b"}}"#],
+    );
+
+    let port = closed_port();
+    let unreachable = kubeconfig_variant(home, "unreachable", |config| {
+        for cluster in entries(config, "clusters", "cluster") {
+            cluster.insert("server".into(), format!("https://127.0.0.1:{port}").into());
+        }
+    });
+    let nobody = kubeconfig_variant(home, "nobody", |config| {
+        for user in entries(config, "users", "user") {
+            user.insert("as".into(), "kube-fence-test-nobody".into());
+        }
+    });
+    let missing_ns = format!("{ns}-missing");
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let busy_port = busy.local_addr().expect("addr").port().to_string();
+    let kc = Some(kubeconfig.as_path());
+    let missing_cert = home.join("no-such.crt").display().to_string();
+    let cases = [
+        case(
+            "no kubeconfig",
+            None,
+            &["lease", "get", "l", "-n", &ns],
+            3,
+            "no cluster",
+            "no cluster configured: set KUBECONFIG or run inside a Pod",
+        ),
+        case(
+            "KUBECONFIG names no file",
+            Some(&home.join("no-such-kubeconfig")),
+            &["lease", "get", "l", "-n", &ns],
+            3,
+            "no cluster",
+            "does not exist: fix KUBECONFIG",
+        ),
+        case(
+            "unreachable API server",
+            Some(&unreachable),
+            &["lease", "acquire", "l", "--holder", "c", "--wait", "20s", "-n", &ns],
+            3,
+            "cannot be reached",
+            &format!("cannot reach the API server at https://127.0.0.1:{port}: connection refused"),
+        ),
+        case(
+            "forbidden by RBAC (get)",
+            Some(&nobody),
+            &["lease", "get", "l", "-n", &ns],
+            4,
+            "RBAC",
+            "User \"kube-fence-test-nobody\" cannot get resource \"leases\"",
+        ),
+        case(
+            "forbidden by RBAC (acquire)",
+            Some(&nobody),
+            &["lease", "acquire", "l", "--holder", "c", "--wait", "20s", "-n", &ns],
+            4,
+            "RBAC",
+            "User \"kube-fence-test-nobody\" cannot get resource \"leases\"",
+        ),
+        case(
+            "missing namespace (get)",
+            kc,
+            &["lease", "get", "l", "-n", &missing_ns],
+            5,
+            "namespace",
+            &format!("namespace \"{missing_ns}\" does not exist"),
+        ),
+        case(
+            "missing namespace (acquire)",
+            kc,
+            &["lease", "acquire", "l", "--holder", "c", "--wait", "20s", "-n", &missing_ns],
+            5,
+            "namespace",
+            &format!("namespace \"{missing_ns}\" does not exist"),
+        ),
+        case(
+            "missing lease",
+            kc,
+            &["lease", "renew", "nosuchlease", "--holder", "c", "-n", &ns],
+            5,
+            "lease",
+            &format!("lease \"nosuchlease\" in namespace \"{ns}\" does not exist"),
+        ),
+        case(
+            "missing object (fenced write)",
+            kc,
+            &["patch", "configmap/nosuchobject", "--lease", "l", "--token", &token_b, "-n", &ns, "-p", "{}"],
+            5,
+            "object",
+            &format!("ConfigMap \"nosuchobject\" in namespace \"{ns}\" does not exist"),
+        ),
+        case(
+            "bad duration",
+            kc,
+            &["lease", "acquire", "l", "--holder", "c", "--duration", "soon", "-n", &ns],
+            2,
+            "bad duration",
+            "not a duration",
+        ),
+        case(
+            "wait timeout",
+            kc,
+            &["lease", "acquire", "l", "--holder", "c", "--wait", "1s", "-n", &ns],
+            6,
+            "timed out",
+            &format!("timed out after 1s waiting for lease \"l\" in namespace \"{ns}\": it is held by \"b\""),
+        ),
+        case(
+            "lease held by another (renew)",
+            kc,
+            &["lease", "renew", "l", "--holder", "c", "-n", &ns],
+            7,
+            "another holds it",
+            &format!("lease \"l\" in namespace \"{ns}\" is held by \"b\", not by \"c\""),
+        ),
+        case(
+            "lease held by another (get --holder)",
+            kc,
+            &["lease", "get", "l", "--holder", "c", "-n", &ns],
+            7,
+            "another holds it",
+            &format!("lease \"l\" in namespace \"{ns}\" is held by \"b\", not by \"c\""),
+        ),
+        case(
+            "lease held by another (release)",
+            kc,
+            &["lease", "release", "l", "--holder", "a", "-n", &ns],
+            7,
+            "another holds it",
+            &format!("lease \"l\" in namespace \"{ns}\" is held by \"b\", not by \"a\""),
+        ),
+        case(
+            "stale token on a fenced write",
+            kc,
+            &["patch", "configmap/shared", "--lease", "l", "--token", &token_a, "-n", &ns, "-p", r#"{"data":{"writer":"a"}}"#],
+            8,
+            "stale token",
+            &format!(
+                "stale token: ConfigMap \"shared\" in namespace \"{ns}\" records token {token_b} of lease \"l\", the write presented {token_a}"
+            ),
+        ),
+        case("webhook without TLS", kc, &["webhook", "--addr", "127.0.0.1:0"], 2, "bad command line", "the webhook serves HTTPS only"),
+        case(
+            "local webhook port taken",
+            kc,
+            &[
+                "run",
+                "--local",
+                "--local-port",
+                &busy_port,
+                "--watch-namespace",
+                &ns,
+                "--local-configuration",
+                &format!("kf-cli-busy-{ns}"),
+            ],
+            1,
+            "any other failure",
+            &format!("cannot listen on 127.0.0.1:{busy_port}: the address is already in use"),
+        ),
+        case(
+            "webhook TLS file missing",
+            kc,
+            &["webhook", "--addr", "127.0.0.1:0", "--tls-cert-file", &missing_cert, "--tls-key-file", &missing_cert],
+            1,
+            "any other failure",
+            &format!("cannot read the TLS file {missing_cert}: no such file or directory"),
+        ),
+        case(
+            "controller metrics port taken",
+            kc,
+            &["controller", "--namespace", &ns, "--metrics-addr", &format!("127.0.0.1:{busy_port}")],
+            1,
+            "any other failure",
+            &format!(
+                "cannot listen on 127.0.0.1:{busy_port}: the address is already in use; another process listens there: stop it or choose another --metrics-addr"
+            ),
+        ),
+    ];
+    let wrong: Vec<String> = cases.iter().flat_map(|c| check(c, home, &help)).collect();
+    assert!(wrong.is_empty(), "{} of {} failures are reported wrongly:\n{}", wrong.len(), cases.len(), wrong.join("\n"));
+
+    // The stale write did not stick.
+    let writer = configmaps.get("shared").await.expect("get").data.unwrap_or_default().get("writer").cloned();
+    assert_eq!(writer.as_deref(), Some("b"));
+
+    // -v shows the whole chain, the API server's answer included, after the same first line.
+    let out = kube_fence(Cluster::Kubeconfig(&nobody), home, &["-v", "lease", "get", "l", "-n", &ns]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.lines().count() > 1 && stderr.contains("caused by:") && stderr.contains("Status {"), "-v shows the chain:\n{stderr}");
+
+    // A clean stop removes the ready file and the registration.
+    let configuration = local.configuration.clone();
+    let status = local.stop();
+    assert!(status.success(), "kube-fence run --local on SIGTERM: {status}\n{}", local.log());
+    assert!(!local.ready_file.exists(), "the ready file is removed on exit");
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    assert!(vwcs.get_opt(&configuration).await.expect("get").is_none(), "the registration is removed on exit");
+    drop(busy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_local_instances_run_at_once_on_free_ports() {
+    let client = common::client().await;
+    let first_ns = common::namespace(&client, "cli-two-a").await;
+    let second_ns = common::namespace(&client, "cli-two-b").await;
+    let kubeconfig = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("kubeconfig");
+    let home = tempfile::tempdir().expect("HOME");
+
+    let mut first = Local::start(&kubeconfig, home.path(), &first_ns, "first", &[]);
+    let mut second = Local::start(&kubeconfig, home.path(), &second_ns, "second", &[]);
+    let (first_url, second_url) = (first.wait_ready(), second.wait_ready());
+    assert!(first_url.starts_with("https://127.0.0.1:") && second_url.starts_with("https://127.0.0.1:"), "{first_url} {second_url}");
+    assert_ne!(first_url, second_url, "each instance picked its own port");
+
+    // Both serve: in each namespace, its controller grants and its webhook judges (a second
+    // write with the same token is stale).
+    for ns in [&first_ns, &second_ns] {
+        let token = run_ok(&kubeconfig, home.path(), &["lease", "acquire", "l", "--holder", "w", "--duration", "30s", "-n", ns]);
+        let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        let cm = ConfigMap { metadata: ObjectMeta { name: Some("x".into()), ..Default::default() }, ..Default::default() };
+        configmaps.create(&PostParams::default(), &cm).await.expect("create");
+        let write = ["patch", "configmap/x", "--lease", "l", "--token", &token, "-n", ns, "-p", r#"{"data":{"k":"v"}}"#];
+        run_ok(&kubeconfig, home.path(), &write);
+        let again = kube_fence(Cluster::Kubeconfig(&kubeconfig), home.path(), &write);
+        assert_eq!(again.status.code(), Some(8), "the webhook for {ns} judges: {}", text(&again.stderr));
+    }
+    for local in [&mut first, &mut second] {
+        let status = local.stop();
+        assert!(status.success(), "{status}\n{}", local.log());
+    }
+}
+
+/// The README's exit-status table and `--help` list the same statuses.
+#[test]
+fn the_readme_and_the_help_document_the_same_exit_statuses() {
+    let home = tempfile::tempdir().expect("HOME");
+    let help = text(&kube_fence(Cluster::None, home.path(), &["--help"]).stdout);
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    let in_readme: Vec<i32> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("| exit | cause |"))
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| l.strip_prefix("| ")?.split_once(" |").map(|(code, _)| code.trim().to_string()))
+        .filter_map(|code| code.parse().ok())
+        .collect();
+    let in_help: Vec<i32> = (0..=255).filter(|code| documented(&help, *code).is_some()).collect();
+    assert!(in_help.len() >= 9, "--help documents the exit statuses:\n{help}");
+    assert_eq!(in_readme, in_help, "README.md's exit table and --help agree");
+}

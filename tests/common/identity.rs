@@ -1,0 +1,97 @@
+//! Clients that act as someone other than the cluster admin: a worker with ordinary namespace
+//! RBAC, impersonated by the admin's credentials (the API server authorizes the impersonated
+//! user exactly as if it had logged in).
+
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// A client that acts as `user`.
+pub async fn client_as(user: &str) -> Client {
+    let path = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("control plane thread");
+    let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
+    config.auth_info.impersonate = Some(user.to_string());
+    config.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
+    Client::try_from(config).expect("client from kubeconfig")
+}
+
+/// Gives `user` what a worker ordinarily has in `ns`: the built-in `edit` role (every write on
+/// the namespace's workloads, their `/scale` and `pods/eviction` included), plus kube-fence
+/// Leases, their status, and Pods' ephemeral containers — more than a worker needs, so that the
+/// attacks show what admission (not RBAC) stops.
+pub async fn grant_worker_rbac(admin: &Client, ns: &str, user: &str) {
+    let pp = PatchParams::apply("kube-fence-tests").force();
+    let name = format!("worker-{user}");
+    let role = Role {
+        metadata: ObjectMeta { name: Some(name.clone()), namespace: Some(ns.into()), ..Default::default() },
+        rules: Some(vec![
+            PolicyRule {
+                api_groups: Some(vec![kube_fence::api::GROUP.into()]),
+                resources: Some(vec!["leases".into(), "leases/status".into()]),
+                verbs: vec!["*".into()],
+                ..Default::default()
+            },
+            PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(vec!["pods/ephemeralcontainers".into(), "pods/status".into()]),
+                verbs: vec!["*".into()],
+                ..Default::default()
+            },
+            PolicyRule {
+                api_groups: Some(vec!["apps".into()]),
+                resources: Some(vec!["deployments/status".into()]),
+                verbs: vec!["*".into()],
+                ..Default::default()
+            },
+        ]),
+    };
+    Api::<Role>::namespaced(admin.clone(), ns).patch(&name, &pp, &Patch::Apply(&role)).await.expect("worker role");
+    for (binding, kind, role_name) in [(format!("{name}-edit"), "ClusterRole", "edit".to_string()), (name.clone(), "Role", name.clone())] {
+        let rb = RoleBinding {
+            metadata: ObjectMeta { name: Some(binding.clone()), namespace: Some(ns.into()), ..Default::default() },
+            role_ref: RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: kind.into(), name: role_name },
+            subjects: Some(vec![Subject {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "User".into(),
+                name: user.into(),
+                namespace: None,
+            }]),
+        };
+        Api::<RoleBinding>::namespaced(admin.clone(), ns).patch(&binding, &pp, &Patch::Apply(&rb)).await.expect("worker role binding");
+    }
+}
+
+/// A client that authenticates with a ServiceAccount token bound to Pod `pod` (as the kubelet
+/// gives a Pod): the API server then knows the requester's Pod name
+/// (`userInfo.extra["authentication.kubernetes.io/pod-name"]`).
+pub async fn client_as_pod(admin: &Client, ns: &str, service_account: &str, pod: &k8s_openapi::api::core::v1::Pod) -> Client {
+    use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: None,
+            attestations: None,
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
+            }),
+            expiration_seconds: Some(3600),
+        }),
+        ..Default::default()
+    };
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
+    let issued =
+        accounts.create_token_request(service_account, &kube::api::PostParams::default(), &request).await.expect("a Pod-bound token");
+    let token: String = issued.status.and_then(|s| s.token).expect("token in the TokenRequest status");
+    let path = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("control plane thread");
+    let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
+    config.auth_info.token = Some(token.into());
+    config.auth_info.client_certificate_data = None;
+    config.auth_info.client_key_data = None;
+    Client::try_from(config).expect("client from kubeconfig")
+}

@@ -1,0 +1,114 @@
+//! One version for the whole release: Cargo.toml's. The chart's version and appVersion, the image
+//! tag the chart runs by default, the newest release in CHANGELOG.md and what hack/release.sh
+//! reads all agree with it, and the release script refuses to build when they do not. Pure file
+//! reads (and the script's `--check`, which reads the same files); no cluster.
+
+use std::path::Path;
+use std::process::Command;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// `[package] version` of Cargo.toml, as cargo read it.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(Path::new(ROOT).join(path)).unwrap_or_else(|e| panic!("reading {path}: {e}"))
+}
+
+fn yaml(path: &str) -> serde_yaml::Value {
+    serde_yaml::from_str(&read(path)).unwrap_or_else(|e| panic!("{path} is YAML: {e}"))
+}
+
+fn string<'a>(value: &'a serde_yaml::Value, path: &[&str]) -> &'a str {
+    let mut v = value;
+    for key in path {
+        v = v.get(*key).unwrap_or_else(|| panic!("no {} in the YAML", path.join(".")));
+    }
+    v.as_str().unwrap_or_else(|| panic!("{} is a string (quote it: a YAML number drops trailing zeros)", path.join(".")))
+}
+
+/// The release headings of a Keep a Changelog file, newest first (`## [0.1.0] - 2026-12-02`).
+fn changelog_releases(changelog: &str) -> Vec<(String, String)> {
+    changelog
+        .lines()
+        .filter_map(|l| l.strip_prefix("## ["))
+        .filter_map(|l| l.split_once(']'))
+        .map(|(name, rest)| (name.to_string(), rest.trim().trim_start_matches('-').trim().to_string()))
+        .collect()
+}
+
+#[test]
+fn the_chart_runs_the_crate_version() {
+    let chart = yaml("charts/kube-fence/Chart.yaml");
+    assert_eq!(string(&chart, &["version"]), VERSION, "Chart.yaml version");
+    assert_eq!(string(&chart, &["appVersion"]), VERSION, "Chart.yaml appVersion");
+
+    // The image tag defaults to the chart's appVersion: values.yaml leaves it empty (or names the
+    // same version) and the template falls back to .Chart.AppVersion.
+    let values = yaml("charts/kube-fence/values.yaml");
+    let tag = string(&values, &["image", "tag"]);
+    assert!(tag.is_empty() || tag == VERSION, "values.yaml image.tag {tag:?} is empty (= appVersion) or {VERSION}");
+    let helpers = read("charts/kube-fence/templates/_helpers.tpl");
+    assert!(
+        helpers.contains(".Values.image.tag | default .Chart.AppVersion"),
+        "the image reference falls back to appVersion when image.tag is empty"
+    );
+}
+
+#[test]
+fn the_changelog_has_an_unreleased_section_then_the_crate_version() {
+    let changelog = read("CHANGELOG.md");
+    let releases = changelog_releases(&changelog);
+    assert_eq!(releases.first().map(|(n, _)| n.as_str()), Some("Unreleased"), "CHANGELOG.md opens with [Unreleased]: {releases:?}");
+    let (newest, date) = releases.get(1).unwrap_or_else(|| panic!("CHANGELOG.md has a release after [Unreleased]: {releases:?}"));
+    assert_eq!(newest, VERSION, "CHANGELOG.md's newest release");
+    let is_date = date.len() == 10 && date.char_indices().all(|(i, c)| if i == 4 || i == 7 { c == '-' } else { c.is_ascii_digit() });
+    assert!(is_date, "[{newest}] is dated YYYY-MM-DD: {date:?}");
+    for (name, _) in &releases {
+        assert!(changelog.contains(&format!("\n[{name}]: ")), "CHANGELOG.md has a link for [{name}]");
+    }
+}
+
+#[test]
+fn the_release_script_reads_the_same_version() {
+    let out = Command::new(Path::new(ROOT).join("hack/release.sh")).arg("--check").output().expect("run hack/release.sh --check");
+    assert!(out.status.success(), "hack/release.sh --check: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), VERSION);
+}
+
+#[test]
+fn the_release_script_refuses_versions_that_disagree() {
+    // A copy of the files the script reads, with one of them changed at a time.
+    let originals = ["hack/release.sh", "Cargo.toml", "CHANGELOG.md", "charts/kube-fence/Chart.yaml", "charts/kube-fence/values.yaml"];
+    let other = "9.9.9";
+    // (file, text, replacement): one version changed in one file.
+    let breakages = [
+        ("charts/kube-fence/Chart.yaml", format!("\nversion: {VERSION}\n"), format!("\nversion: {other}\n")),
+        ("charts/kube-fence/Chart.yaml", format!("appVersion: \"{VERSION}\""), format!("appVersion: \"{other}\"")),
+        ("charts/kube-fence/values.yaml", "  tag: \"\"".to_string(), format!("  tag: \"{other}\"")),
+        ("CHANGELOG.md", format!("## [{VERSION}]"), format!("## [{other}]")),
+    ];
+    for (broken, from, to) in &breakages {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for file in originals {
+            let text = read(file);
+            let text = if file == *broken {
+                let changed = text.replacen(from.as_str(), to, 1);
+                assert_ne!(changed, text, "the test changed {file}");
+                changed
+            } else {
+                text
+            };
+            let to = dir.path().join(file);
+            std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&to, text).expect("write");
+        }
+        let out = Command::new("bash").arg(dir.path().join("hack/release.sh")).arg("--check").output().expect("run the copied script");
+        assert!(!out.status.success(), "hack/release.sh --check accepted a changed {broken}: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(other), "the refusal names the disagreeing version");
+
+        // The unchanged copy passes, so the refusal above was the change's doing.
+        std::fs::write(dir.path().join(broken), read(broken)).expect("restore");
+        let out = Command::new("bash").arg(dir.path().join("hack/release.sh")).arg("--check").output().expect("run the copied script");
+        assert!(out.status.success(), "the restored copy passes: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
