@@ -8,10 +8,11 @@
 # (`kf-env build [--node]` prints the directory, `kube_fence_testenv::binaries()` in Rust, and
 # `kf-env up` exports it as KUBE_FENCE_BIN_DIR and on PATH), so a test run calls it once.
 #
-# Usage: hack/build-control-plane.sh [--node] [--print-dir]
+# Usage: hack/build-control-plane.sh [--node] [--kind] [--print-dir]
 #   --node             also build the node components kf-env's node mode runs (kubelet,
 #                      kube-scheduler, kube-proxy; ~10 min cold, seconds when cached). The plain
 #                      control plane never needs them, so a plain build never waits for them.
+#   --kind             --node plus kubeadm, for the kind node image (hack/kind-node-image.sh)
 #   KUBE_FENCE_CACHE   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/kube-fence)
 #
 # The k8s.io/kubernetes module cannot be `go install`ed: its go.mod points every staging module
@@ -28,12 +29,14 @@ cache=${KUBE_FENCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-fence}
 bindir="$cache/bin/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION"
 
 node=false
+kind=false
 print_dir=false
 for arg in "$@"; do
   case $arg in
     --node) node=true ;;
+    --kind) node=true; kind=true ;;
     --print-dir) print_dir=true ;;
-    *) echo "usage: $0 [--node] [--print-dir]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--node] [--kind] [--print-dir]" >&2; exit 2 ;;
   esac
 done
 if $print_dir; then echo "$bindir"; exit 0; fi
@@ -44,6 +47,7 @@ die() { say "error: $*"; exit 1; }
 want=(etcd kube-apiserver kube-controller-manager kubectl helm)
 node_bins=(kubelet kube-scheduler kube-proxy)
 if $node; then want+=("${node_bins[@]}"); fi
+if $kind; then want+=(kubeadm); fi
 missing=()
 for b in "${want[@]}"; do [[ -x "$bindir/$b" ]] || missing+=("$b"); done
 if [[ ${#missing[@]} -eq 0 ]]; then say "cached: $bindir"; echo "$bindir"; exit 0; fi
@@ -94,6 +98,7 @@ fi
 k8s_bins=()
 k8s_all=(kube-apiserver kube-controller-manager kubectl)
 if $node; then k8s_all+=("${node_bins[@]}"); fi
+if $kind; then k8s_all+=(kubeadm); fi
 for b in "${k8s_all[@]}"; do need "$b" && k8s_bins+=("$b"); done
 if [[ ${#k8s_bins[@]} -gt 0 ]]; then
   say "kubernetes $KUBE_VERSION: resolving modules (wrapper module with staging replaces)"

@@ -1,12 +1,31 @@
 #!/usr/bin/env bash
-# End-to-end on kind, for machines with a Docker engine (it cannot run where there is none):
-# create a cluster, build and load the image, install the CRDs with kubectl and the chart with
-# helm, run the end-to-end suite against it, delete the cluster.
+# End-to-end on kind: a kind cluster, the kube-fence image (hack/build-image.sh, no Docker build)
+# loaded with `kind load image-archive`, the CRDs applied with kubectl, the chart installed with
+# helm, then the end-to-end suite (tests/e2e.rs) and the operations tests (tests/operations.rs)
+# against the installed Pods, the chart uninstalled, the cluster deleted — also on failure.
 #
-#   hack/kind-e2e.sh              (needs: docker, kind, kubectl, helm, cargo)
-#   KEEP_CLUSTER=1 hack/kind-e2e.sh   keep the cluster afterwards
+#   hack/kind-e2e.sh
+#
+# Docker: a Docker engine that answers is used as it is. Where none answers (and always with
+# KIND_E2E_OWN_DOCKERD=1), Debian's dockerd (apt-get install docker.io) is started for the run
+# and stopped afterwards, leaving the host as it found it (see hack/kind/engine.sh).
+#
+# Node image:
+#   default                    kind's published node image for its version; if it cannot be
+#                              pulled (no registry reachable), the local one below
+#   KIND_NODE_IMAGE=REF        this image
+#   KIND_NODE_IMAGE=local      the node image made here without any registry, for the project's
+#                              Kubernetes version (hack/kind-node-image.sh, cached; cold: long)
+#
+# Tools: kind (on PATH, else built from the Go module proxy at the version hack/kind/common.sh
+# pins), kubectl and helm (on PATH, else hack/build-control-plane.sh's), cargo.
+#   KEEP_CLUSTER=1                   keep the cluster (and a dockerd this script started) afterwards;
+#                                    `hack/kind-e2e.sh --down` deletes it and stops that dockerd
+#   KUBE_FENCE_IMAGE_PROFILE=debug   faster image build (debug binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source hack/kind/common.sh
+source hack/kind/engine.sh
 
 CLUSTER=${CLUSTER:-kube-fence-e2e}
 IMAGE=${IMAGE:-kube-fence:e2e}
@@ -15,43 +34,156 @@ RELEASE=kube-fence
 CHART=charts/kube-fence
 
 say() { printf '[kind-e2e %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-for tool in docker kind kubectl helm cargo; do
-  command -v "$tool" >/dev/null 2>&1 || { say "error: $tool is not installed"; exit 1; }
-done
-docker info >/dev/null 2>&1 || { say "error: no Docker engine answers (kind needs one)"; exit 1; }
+die() { say "error: $*"; exit 1; }
+started=$(date +%s)
 
-cleanup() {
-  if [[ -z "${KEEP_CLUSTER:-}" ]]; then
-    say "deleting cluster $CLUSTER"
-    kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+command -v cargo >/dev/null 2>&1 || die "cargo is not installed"
+if ! command -v kubectl >/dev/null 2>&1 || ! command -v helm >/dev/null 2>&1; then
+  PATH=$(hack/build-control-plane.sh | tail -1):$PATH
+fi
+kind=$(command -v kind || true)
+[[ -n $kind ]] || kind=$(kind_bin)
+kept_kubeconfig=$kf_cache/kind/$CLUSTER.kubeconfig
+
+if [[ ${1:-} == --down ]]; then
+  if ! engine_adopt; then
+    docker info >/dev/null 2>&1 || die "no Docker engine answers, and no dockerd of an earlier run is left"
+    KF_REAL_DOCKER=$(command -v docker)
+    engine_privileged
   fi
+  say "deleting cluster $CLUSTER"
+  "$kind" delete cluster --name "$CLUSTER" >&2
+  rm -f "$kept_kubeconfig"
+  engine_down
+  exit 0
+fi
+[[ $# -eq 0 ]] || die "usage: $0 [--down]"
+say "kind $("$kind" version | cut -d' ' -f2), kubectl and helm: $(command -v kubectl), $(command -v helm)"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/kind-e2e.XXXXXX")
+cluster_made=false
+finished=false   # set at the very end: a run stopped by a signal is not reported as passed
+cleanup() {
+  local rc=$?
+  if $cluster_made && [[ -z ${KEEP_CLUSTER:-} ]]; then
+    say "deleting cluster $CLUSTER"
+    "$kind" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || say "warning: could not delete cluster $CLUSTER"
+  fi
+  if [[ -n ${KEEP_CLUSTER:-} ]]; then
+    if $cluster_made; then
+      cp "$kubeconfig" "$kept_kubeconfig" 2>/dev/null || true
+      say "KEEP_CLUSTER: cluster $CLUSTER kept, KUBECONFIG=$kept_kubeconfig; remove it with: hack/kind-e2e.sh --down"
+    fi
+    if $engine_owned; then
+      say "KEEP_CLUSTER: dockerd keeps running (DOCKER_HOST=$DOCKER_HOST) until hack/kind-e2e.sh --down"
+    fi
+  else
+    engine_down
+  fi
+  rm -rf "$work"
+  if $finished && [[ $rc -eq 0 ]]; then say "passed in $(( $(date +%s) - started )) s"
+  elif $finished || [[ $rc -ne 0 ]]; then say "failed (exit $rc) after $(( $(date +%s) - started )) s"
+  else say "stopped before the end (by a signal) after $(( $(date +%s) - started )) s"; fi
 }
 trap cleanup EXIT
 
-say "creating cluster $CLUSTER"
-kind create cluster --name "$CLUSTER" --wait 120s
-kubeconfig=$(mktemp)
-kind get kubeconfig --name "$CLUSTER" >"$kubeconfig"
+engine_up
+
+# The node image: kind's default unless told, the local one if the default cannot be pulled.
+node_image=${KIND_NODE_IMAGE:-}
+if [[ -z $node_image ]]; then
+  default_image=$(sed -n 's/^const Image = "\(.*\)"$/\1/p' "$(kind_module_dir)/pkg/apis/config/defaults/image.go" 2>/dev/null || true)
+  if [[ -n $default_image ]] && { docker image inspect "$default_image" >/dev/null 2>&1 || docker pull "$default_image" >&2; }; then
+    node_image=$default_image
+  else
+    say "kind's node image ${default_image:-?} cannot be pulled here: using the local node image"
+    node_image=local
+  fi
+fi
+local_image=false
+if [[ $node_image == local ]]; then
+  local_image=true
+  node_image=$(hack/kind-node-image.sh --print-ref)
+  if ! docker image inspect "$node_image" >/dev/null 2>&1; then
+    tarball=$(hack/kind-node-image.sh)
+    say "loading $node_image into Docker"
+    docker load -i "$tarball" >&2
+  fi
+  # The local image has no CoreDNS image and carries the project's etcd (hack/kind-node-image.sh).
+  etcd_version=$(sed -n 's/^ETCD_VERSION=\(v[^[:space:]]*\).*/\1/p' hack/build-control-plane.sh)
+fi
+say "node image: $node_image"
+
+config=$work/kind.yaml
+{
+  echo "kind: Cluster"
+  echo "apiVersion: kind.x-k8s.io/v1alpha4"
+  echo "nodes:"
+  echo "- role: control-plane"
+  echo "kubeadmConfigPatches:"
+  if $local_image; then
+    cat <<YAML
+- |
+  kind: ClusterConfiguration
+  etcd:
+    local:
+      imageRepository: localhost/kf
+      imageTag: ${etcd_version#v}
+- |
+  kind: InitConfiguration
+  skipPhases: [preflight, addon/coredns]
+YAML
+  fi
+  # Kubernetes >= 1.35 kubelets refuse cgroup v1 unless told otherwise.
+  if [[ $(stat -fc %T /sys/fs/cgroup) != cgroup2fs ]]; then
+    cat <<YAML
+- |
+  kind: KubeletConfiguration
+  failCgroupV1: false
+YAML
+  fi
+} > "$config"
+grep -q '^- |' "$config" || sed -i '/^kubeadmConfigPatches:$/d' "$config"
+
+kubeconfig=$work/kubeconfig
 export KUBECONFIG=$kubeconfig
+say "creating cluster $CLUSTER"
+cluster_made=true
+retain=()
+[[ -n ${KEEP_CLUSTER:-} ]] && retain=(--retain)   # keep the node of a failed create, to look into
+"$kind" create cluster --name "$CLUSTER" --image "$node_image" --config "$config" --kubeconfig "$kubeconfig" --wait 180s "${retain[@]}"
+kubectl get nodes -o wide >&2
 
-say "building image $IMAGE"
-docker build -t "$IMAGE" .
-kind load docker-image "$IMAGE" --name "$CLUSTER"
+say "building image $IMAGE and loading it into the cluster"
+profile_args=()
+[[ ${KUBE_FENCE_IMAGE_PROFILE:-release} == debug ]] && profile_args=(--debug)
+image_tar=$(hack/build-image.sh "${profile_args[@]}" --ref "$IMAGE" --out "$work/kube-fence.tar")
+"$kind" load image-archive "$image_tar" --name "$CLUSTER"
 
-say "installing CRDs and the chart"
-kubectl apply -f crds/
-kubectl wait --for condition=established --timeout=60s crd/leases.kubefence.io
+say "installing the CRDs and the chart"
+kubectl apply -f crds/ >&2
+kubectl wait --for condition=established --timeout=60s crd/leases.kubefence.io >&2
+installed=$(date +%s)
 helm install "$RELEASE" "$CHART" --namespace "$NAMESPACE" --create-namespace \
   --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=Never \
-  --wait --timeout 180s
-kubectl -n "$NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s
+  --set logFormat=text --wait --timeout 180s >&2
+kubectl -n "$NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s >&2
+say "installed and ready in $(( $(date +%s) - installed )) s"
+kubectl -n "$NAMESPACE" get pods -o wide >&2
 
-say "running the end-to-end suite against the installed kube-fence"
-KUBE_FENCE_E2E_INSTALLED=1 cargo test --locked --test e2e -- --test-threads=2
+export KUBE_FENCE_E2E_INSTALLED=1 KUBE_FENCE_E2E_RELEASE="$NAMESPACE/$RELEASE"
+say "running the end-to-end suite against the installed Pods"
+cargo test --locked --test e2e -- --test-threads 2
+say "running the operations tests"
+cargo test --locked --test operations -- --ignored --test-threads 1
 
 say "uninstalling (the webhook configuration goes first)"
-helm uninstall "$RELEASE" --namespace "$NAMESPACE" --wait
+helm uninstall "$RELEASE" --namespace "$NAMESPACE" --wait >&2
 if kubectl get validatingwebhookconfiguration "$RELEASE" >/dev/null 2>&1; then
-  say "error: the webhook configuration survived uninstall"; exit 1
+  die "the webhook configuration survived uninstall"
 fi
-say "passed"
+# Nothing in the cluster may have pulled an image: every Pod ran from a loaded or baked-in one.
+if kubectl get events -A -o jsonpath='{range .items[*]}{.reason}{" "}{.message}{"\n"}{end}' | grep -E '^(Pulling|Failed|ErrImagePull|BackOff) .*(pull|image)' >&2; then
+  die "an image pull was attempted in the cluster (events above)"
+fi
+finished=true

@@ -1,0 +1,29 @@
+# Sourced by hack/kind-node-image.sh and hack/kind-e2e.sh: pinned versions, the cache, Go tools.
+# shellcheck shell=bash
+
+KIND_VERSION=v0.33.0     # sigs.k8s.io/kind, from the Go module proxy
+CRICTL_VERSION=v1.36.0   # sigs.k8s.io/cri-tools, crictl for the node image (kind's base image has it)
+
+kf_cache=${KUBE_FENCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-fence}
+
+# go_tool MODULE/PATH/TO/CMD VERSION: builds a Go command once into the cache, prints its path.
+go_tool() {
+  local pkg=$1 version=$2 name dir
+  name=$(basename "$pkg")
+  dir="$kf_cache/bin/$name-$version"
+  if [[ ! -x "$dir/$name" ]]; then
+    command -v go >/dev/null 2>&1 || { echo "error: Go is needed to build $name $version" >&2; return 1; }
+    mkdir -p "$dir"
+    GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=-mod=mod CGO_ENABLED=0 GOBIN="$dir" \
+      go install -trimpath -ldflags "-s -w" "$pkg@$version" >&2
+  fi
+  echo "$dir/$name"
+}
+
+kind_bin() { go_tool sigs.k8s.io/kind "$KIND_VERSION"; }
+
+# kind's module source (the base image's files live in images/base/files).
+kind_module_dir() {
+  GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p'
+}
