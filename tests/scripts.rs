@@ -1,5 +1,6 @@
-//! The project's shell scripts: shellcheck-clean, and the kind end-to-end script (which cannot
-//! run without Docker) uses names that exist — the chart's objects, the CRD, the test target.
+//! The project's shell scripts: shellcheck-clean, and the kind end-to-end script (run for real by
+//! `hack/kind-e2e.sh`, separately from `hack/test.sh`: it needs Docker) uses names that exist —
+//! the chart's objects, the CRD, the test target.
 
 use std::path::Path;
 use std::process::Command;
