@@ -355,21 +355,22 @@ async fn garbage_collection_and_namespace_deletion_complete() {
         .await
         .expect("another guarded object, for the namespace deletion");
     configmaps.delete("owner", &DeleteParams::background()).await.expect("delete owner");
-    let started = Instant::now();
-    while configmaps.get_opt("dependent").await.expect("get").is_some() {
-        assert!(started.elapsed() < Duration::from_secs(60), "the garbage collector did not remove the guarded dependent within 60 s");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    eprintln!("MEASURED garbage collection of a guarded dependent: {:?}", started.elapsed());
+    let took = common::wait_gone(
+        &configmaps,
+        "dependent",
+        Instant::now(),
+        Duration::from_secs(60),
+        "the garbage collector removes the guarded dependent",
+    )
+    .await;
+    eprintln!("MEASURED garbage collection of a guarded dependent: {took:?}");
 
     let namespaces: Api<Namespace> = Api::all(kf.client.clone());
     let ns = kf.ns.clone();
     let started = Instant::now();
     namespaces.delete(&ns, &DeleteParams::default()).await.expect("delete namespace");
-    while namespaces.get_opt(&ns).await.expect("get").is_some() {
-        assert!(started.elapsed() < Duration::from_secs(120), "the namespace with guarded objects was not deleted within 120 s");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    eprintln!("MEASURED deletion of a namespace holding guarded objects: {:?}", started.elapsed());
+    let took =
+        common::wait_gone(&namespaces, &ns, started, Duration::from_secs(120), "the namespace with guarded objects is deleted").await;
+    eprintln!("MEASURED deletion of a namespace holding guarded objects: {took:?}");
     kf.stop().await;
 }

@@ -372,12 +372,15 @@ async fn garbage_collection_and_namespace_deletion_complete() {
     }]);
     f.api::<ConfigMap>().create(&PostParams::default(), &dependent).await.unwrap();
     cms.delete("owner", &DeleteParams::background()).await.unwrap();
-    let started = Instant::now();
-    while cms.get_opt("dependent").await.unwrap().is_some() {
-        assert!(started.elapsed() < Duration::from_secs(90), "the garbage collector did not delete the guarded dependent");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    eprintln!("gc: guarded dependent collected {:?} after its owner was deleted", started.elapsed());
+    let took = common::wait_gone(
+        &cms,
+        "dependent",
+        Instant::now(),
+        Duration::from_secs(90),
+        "the garbage collector deletes the guarded dependent",
+    )
+    .await;
+    eprintln!("gc: guarded dependent collected {took:?} after its owner was deleted");
 
     // A namespace full of guarded objects of several kinds.
     for i in 0..5 {
@@ -387,12 +390,8 @@ async fn garbage_collection_and_namespace_deletion_complete() {
     f.api::<Lease>().create(&PostParams::default(), &custom_resource("guarded", "work", 5)).await.unwrap();
     let namespaces: Api<Namespace> = Api::all(f.client.clone());
     namespaces.delete(&f.ns, &DeleteParams::default()).await.unwrap();
-    let started = Instant::now();
-    while namespaces.get_opt(&f.ns).await.unwrap().is_some() {
-        assert!(started.elapsed() < Duration::from_secs(120), "the namespace was not deleted");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    eprintln!("namespace deletion with guarded objects took {:?}", started.elapsed());
+    let took = common::wait_gone(&namespaces, &f.ns, Instant::now(), Duration::from_secs(120), "the namespace is deleted").await;
+    eprintln!("namespace deletion with guarded objects took {took:?}");
     f.stop().await;
 }
 

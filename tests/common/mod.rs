@@ -80,6 +80,19 @@ pub async fn namespace(client: &Client, test: &str) -> String {
 }
 
 /// A ConfigMap guarded by `lease` (bound by its label), without a token.
+/// Waits until `name` is gone from `api` (deleted, finalizers and all), asserting it is gone
+/// within `limit` of `since`; returns how long after `since` that was (tests report it).
+pub async fn wait_gone<K>(api: &Api<K>, name: &str, since: Instant, limit: Duration, what: &str) -> Duration
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + Debug,
+{
+    while api.get_opt(name).await.expect("get").is_some() {
+        assert!(since.elapsed() < limit, "{what} within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    since.elapsed()
+}
+
 pub fn guarded_configmap(name: &str, lease: &str) -> ConfigMap {
     ConfigMap {
         metadata: ObjectMeta {

@@ -232,12 +232,10 @@ async fn finalizer_removal_lets_guarded_objects_and_their_namespace_be_deleted()
         ..Default::default()
     };
     pvcs.delete("data", &precondition(&created)).await.unwrap();
-    let started = Instant::now();
-    while pvcs.get_opt("data").await.unwrap().is_some() {
-        assert!(started.elapsed() < Duration::from_secs(90), "the pvc-protection controller could not remove its finalizer");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    eprintln!("guarded PVC deleted {:?} after the delete request", started.elapsed());
+    let took =
+        common::wait_gone(&pvcs, "data", Instant::now(), Duration::from_secs(90), "the pvc-protection controller removes its finalizer")
+            .await;
+    eprintln!("guarded PVC deleted {took:?} after the delete request");
 
     // A finalizer of the worker's own: removing it is admitted; removing it while changing data
     // is not.
@@ -261,12 +259,9 @@ async fn finalizer_removal_lets_guarded_objects_and_their_namespace_be_deleted()
     let namespaces: Api<Namespace> = Api::all(f.client.clone());
     namespaces.delete(&f.ns, &DeleteParams::default()).await.unwrap();
     patch(&api, "state", &json!({"metadata": {"finalizers": []}})).await.expect("the last finalizer");
-    let started = Instant::now();
-    while namespaces.get_opt(&f.ns).await.unwrap().is_some() {
-        assert!(started.elapsed() < Duration::from_secs(120), "the namespace with guarded PVCs was not deleted");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    eprintln!("namespace with guarded PVCs deleted in {:?}", started.elapsed());
+    let took =
+        common::wait_gone(&namespaces, &f.ns, Instant::now(), Duration::from_secs(120), "the namespace with guarded PVCs is deleted").await;
+    eprintln!("namespace with guarded PVCs deleted in {took:?}");
     f.stop().await;
 }
 
