@@ -268,7 +268,7 @@ impl Verdict {
         !matches!(self, Verdict::Deny { .. })
     }
 
-    /// A denial whose facts name only the lease.
+    /// A denial with no facts (judged before any lease was named or read).
     pub fn deny(code: u16, reason: Reason, message: String) -> Verdict {
         Verdict::Deny { code, reason, message, facts: Facts::default() }
     }
@@ -431,7 +431,7 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
             // The recorded token only counts while the stored object is guarded: an annotation
             // on an unguarded object was never judged.
             let recorded = old_lease.and(req.old.as_ref()).and_then(|o| o.token.as_deref()).and_then(|r| r.parse::<Token>().ok());
-            let restated = new.write.is_some() && new.write != req.old.as_ref().and_then(|o| o.write.clone());
+            let restated = new.write.is_some() && new.write.as_deref() != req.old.as_ref().and_then(|o| o.write.as_deref());
             match recorded {
                 Some(recorded) => {
                     Plan::Cache(CacheRead(Pending { lease: lease(name), rule: Rule::Successor { presented, recorded, restated } }))

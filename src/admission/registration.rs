@@ -173,7 +173,7 @@ impl Registration {
                     "apiGroups": [crate::api::GROUP], "apiVersions": ["*"], "resources": ["leases/status"], "operations": ["UPDATE"],
                 }]},
                 "validations": [{
-                    "expression": status_writer_expression(writers),
+                    "expression": requester_in(writers),
                     "messageExpression": STATUS_WRITER_MESSAGE,
                     "reason": "Forbidden",
                 }],
@@ -204,7 +204,7 @@ impl Registration {
                 }]},
                 "matchConditions": [
                     {"name": "identity-bound", "expression": "has(object.spec) && has(object.spec.identity)"},
-                    {"name": "not-an-admin", "expression": format!("!({})", status_writer_expression(admins))},
+                    {"name": "not-an-admin", "expression": format!("!({})", requester_in(admins))},
                 ],
                 "variables": variables,
                 "validations": [
@@ -280,9 +280,10 @@ pub fn guard_condition() -> String {
     )
 }
 
-/// The lease-status policy's rule: the requester is one of `writers`.
-pub fn status_writer_expression(writers: &[String]) -> String {
-    let quoted: Vec<String> = writers.iter().map(|w| format!("'{}'", w.replace('\\', "\\\\").replace('\'', "\\'"))).collect();
+/// CEL: the requester's username is one of `names` (the lease-status policy's writers, the
+/// identity policy's admins).
+pub fn requester_in(names: &[String]) -> String {
+    let quoted: Vec<String> = names.iter().map(|w| format!("'{}'", w.replace('\\', "\\\\").replace('\'', "\\'"))).collect();
     format!("request.userInfo.username in [{}]", quoted.join(", "))
 }
 
