@@ -86,6 +86,9 @@ pub struct Request {
     pub new: Option<ObjectFacts>,
     /// `userInfo.username` of the request.
     pub user: String,
+    /// The requesting Pod's name, when the request is authenticated by a Pod-bound
+    /// ServiceAccount token (`userInfo.extra["authentication.kubernetes.io/pod-name"]`).
+    pub pod: Option<String>,
     /// Whether the DELETE carries a non-empty `preconditions.resourceVersion`.
     pub delete_precondition: bool,
 }
@@ -93,7 +96,16 @@ pub struct Request {
 impl Request {
     /// A request on the object itself (no subresource), by `user`, with no delete precondition.
     pub fn new(operation: Operation, namespace: &str, old: Option<ObjectFacts>, new: Option<ObjectFacts>, user: &str) -> Request {
-        Request { operation, namespace: namespace.into(), subresource: None, old, new, user: user.into(), delete_precondition: false }
+        Request {
+            operation,
+            namespace: namespace.into(),
+            subresource: None,
+            old,
+            new,
+            user: user.into(),
+            pod: None,
+            delete_precondition: false,
+        }
     }
 }
 
@@ -153,6 +165,9 @@ pub enum Reason {
     LeaseRebound,
     LeaseLabelInvalid,
     DeletePreconditionRequired,
+    /// The requester is not the current holder of the identity-bound lease (or leader-election
+    /// Lease) that guards the object.
+    NotHolder,
     /// The request lacks what a well-formed AdmissionReview of this operation carries.
     MalformedRequest,
     /// The lease could not be read (API server unreachable): failed closed.
@@ -161,7 +176,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for tests and documentation.
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::Fenced,
         Reason::Unguarded,
         Reason::Exempt,
@@ -176,6 +191,7 @@ impl Reason {
         Reason::LeaseRebound,
         Reason::LeaseLabelInvalid,
         Reason::DeletePreconditionRequired,
+        Reason::NotHolder,
         Reason::MalformedRequest,
         Reason::LeaseReadFailed,
     ];
@@ -196,6 +212,7 @@ impl Reason {
             Reason::LeaseRebound => "LeaseRebound",
             Reason::LeaseLabelInvalid => "LeaseLabelInvalid",
             Reason::DeletePreconditionRequired => "DeletePreconditionRequired",
+            Reason::NotHolder => "NotHolder",
             Reason::MalformedRequest => "MalformedRequest",
             Reason::LeaseReadFailed => "LeaseReadFailed",
         }
@@ -224,6 +241,10 @@ pub struct Facts {
     /// The token the write had to beat: the object's recorded token, or for a CREATE the
     /// lease's newest token.
     pub recorded: Option<Token>,
+    /// The lease's current holder, when the write was judged by who holds the lease.
+    pub holder: Option<String>,
+    /// Who asked, as the lease names holders (a Pod name or a username).
+    pub requester: Option<String>,
 }
 
 /// The judgement on one request.
@@ -554,7 +575,8 @@ fn judge(lease: LeaseRef<'_>, rule: &Rule, facts: Option<&LeaseFacts>) -> Verdic
             );
         }
     };
-    let facts_with = |recorded: Option<Token>| Facts { lease: Some(lease.to_string()), presented: Some(presented), recorded };
+    let facts_with =
+        |recorded: Option<Token>| Facts { lease: Some(lease.to_string()), presented: Some(presented), recorded, ..Facts::default() };
     let Some(issued) = facts.issued else {
         return deny(
             403,

@@ -20,6 +20,11 @@ pub const CAUSE_PRESENTED: &str = "kubefence.io/presented-token";
 /// the lease's newest token).
 pub const CAUSE_RECORDED: &str = "kubefence.io/recorded-token";
 
+/// Cause type: the current holder of the lease that judged the write.
+pub const CAUSE_HOLDER: &str = "kubefence.io/holder";
+/// Cause type: who asked, as the lease names holders.
+pub const CAUSE_REQUESTER: &str = "kubefence.io/requester";
+
 /// The `Status` of a denial: `code`, `reason`, `message`, and the facts as causes.
 pub fn status(code: u16, reason: Reason, message: &str, facts: &Facts) -> Status {
     let field = format!("metadata.annotations[{TOKEN_ANNOTATION}]");
@@ -32,6 +37,11 @@ pub fn status(code: u16, reason: Reason, message: &str, facts: &Facts) -> Status
     }
     if let Some(recorded) = facts.recorded {
         causes.push(StatusCause { reason: CAUSE_RECORDED.into(), message: recorded.to_string(), field });
+    }
+    for (kind, value) in [(CAUSE_HOLDER, &facts.holder), (CAUSE_REQUESTER, &facts.requester)] {
+        if let Some(value) = value {
+            causes.push(StatusCause { reason: kind.into(), message: value.clone(), field: String::new() });
+        }
     }
     let status = Status::failure(message, reason.as_str()).with_code(code);
     if causes.is_empty() {
@@ -57,6 +67,10 @@ pub struct Denial {
     pub lease: Option<String>,
     pub presented: Option<Token>,
     pub recorded: Option<Token>,
+    /// The lease's current holder (holder-bound denials).
+    pub holder: Option<String>,
+    /// Who asked, as the lease names holders (holder-bound denials).
+    pub requester: Option<String>,
 }
 
 impl Denial {
@@ -75,6 +89,8 @@ impl Denial {
             lease: cause(CAUSE_LEASE).map(str::to_string),
             presented: cause(CAUSE_PRESENTED).and_then(|t| t.parse().ok()),
             recorded: cause(CAUSE_RECORDED).and_then(|t| t.parse().ok()),
+            holder: cause(CAUSE_HOLDER).map(str::to_string),
+            requester: cause(CAUSE_REQUESTER).map(str::to_string),
         })
     }
 }
@@ -85,7 +101,7 @@ mod tests {
 
     #[test]
     fn a_denial_round_trips_through_the_api_servers_status() {
-        let facts = Facts { lease: Some("team/orders".into()), presented: Token::new(41), recorded: Token::new(57) };
+        let facts = Facts { lease: Some("team/orders".into()), presented: Token::new(41), recorded: Token::new(57), ..Facts::default() };
         let mut wire = status(409, Reason::StaleToken, "stale write", &facts);
         // The API server prefixes the message; the rest arrives as sent.
         wire.message = format!("admission webhook \"fence.kubefence.io\" denied the request: {}", wire.message);
@@ -99,9 +115,14 @@ mod tests {
                 reason: Reason::StaleToken,
                 lease: Some("team/orders".into()),
                 presented: Token::new(41),
-                recorded: Token::new(57)
+                recorded: Token::new(57),
+                holder: None,
+                requester: None,
             })
         );
+        let facts = Facts { lease: Some("team/orders".into()), holder: Some("b".into()), requester: Some("a".into()), ..Facts::default() };
+        let denial = Denial::from_status(&status(409, Reason::NotHolder, "not the holder", &facts));
+        assert_eq!(denial.map(|d| (d.reason, d.holder, d.requester)), Some((Reason::NotHolder, Some("b".into()), Some("a".into()))));
     }
 
     #[test]

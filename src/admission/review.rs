@@ -204,6 +204,14 @@ pub fn request_facts(request: &AdmissionRequest<Guardable>) -> Request {
         old: request.old_object.as_ref().map(object_facts),
         new: request.object.as_ref().map(object_facts),
         user: request.user_info.username.clone().unwrap_or_default(),
+        pod: request
+            .user_info
+            .extra
+            .as_ref()
+            .and_then(|extra| extra.get(super::registration::POD_NAME_EXTRA))
+            .and_then(|names| names.first())
+            .filter(|name| !name.is_empty())
+            .cloned(),
         delete_precondition,
     }
 }

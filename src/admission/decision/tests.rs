@@ -107,7 +107,7 @@ fn update_of_recorded_object(#[case] recorded: u64, #[case] presented: &str, #[c
 fn a_stale_denial_carries_lease_and_both_tokens_as_facts() {
     let req = request(Operation::Update, g("orders", Some("17")), g("orders", Some("12")));
     let Verdict::Deny { code: 409, reason: Reason::StaleToken, message, facts } = judge_now(&req, strict(20)) else { panic!() };
-    assert_eq!(facts, Facts { lease: Some("team/orders".into()), presented: Some(tok(12)), recorded: Some(tok(17)) });
+    assert_eq!(facts, Facts { lease: Some("team/orders".into()), presented: Some(tok(12)), recorded: Some(tok(17)), ..Facts::default() });
     assert!(message.contains("team/orders") && message.contains("presented token 12"), "{message}");
 }
 
