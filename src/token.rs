@@ -18,6 +18,12 @@ pub const TOKEN_ANNOTATION: &str = "kubefence.io/token";
 pub const WRITE_ANNOTATION: &str = "kubefence.io/write";
 /// Label that binds a guarded object to the lease (same namespace) whose tokens guard it.
 pub const LEASE_LABEL: &str = "kubefence.io/lease";
+/// Label that makes a guarded object holder-only: with value [`HOLDER_ONLY`], every write to it
+/// and to its subresources (`/status`) is admitted only from the current holder of its lease,
+/// which must bind its holder to the requester (`spec.identity`), read linearizably.
+pub const WRITER_LABEL: &str = "kubefence.io/writer";
+/// The value of [`WRITER_LABEL`] that makes an object holder-only.
+pub const HOLDER_ONLY: &str = "holder";
 
 /// A fencing token: strictly increasing per lease, never reissued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
