@@ -56,6 +56,11 @@ pub enum Error {
     /// new as the one presented.
     #[error("stale fencing token: presented token {presented}, recorded token {recorded}")]
     StaleToken { presented: Token, recorded: Token },
+    /// The object is holder-only (`kubefence.io/writer: holder`) and the requester is not the
+    /// current holder of its identity-bound lease: another holder took over. Normal recovery,
+    /// like [`Error::StaleToken`]: stop acting as the holder.
+    #[error("not the holder of lease {lease}: {} is held by {}, the write came from {}", .lease, .holder.as_deref().unwrap_or("nobody"), .requester.as_deref().unwrap_or("an unknown requester"))]
+    NotHolder { lease: String, holder: Option<String>, requester: Option<String> },
     /// The fencing webhook rejected the write for another reason (no token, a token the lease
     /// never issued, a lease that does not exist, ...); the denial's facts are typed.
     #[error("kube-fence denied the write ({}): {}", .0.reason, .0.lease.as_deref().map(|l| format!("lease {l}")).unwrap_or_else(|| "no lease".into()))]
@@ -91,6 +96,7 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Error::StaleToken { .. } => "StaleToken",
+            Error::NotHolder { .. } => "NotHolder",
             Error::Fenced(denial) => denial.reason.as_str(),
             Error::Conflict(_) => "Conflict",
             Error::Timeout { .. } => "Timeout",
