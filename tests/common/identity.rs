@@ -95,3 +95,32 @@ pub async fn client_as_pod(admin: &Client, ns: &str, service_account: &str, pod:
     config.auth_info.client_key_data = None;
     Client::try_from(config).expect("client from kubeconfig")
 }
+
+/// Waits (at most 30 s) until `client` may `verb` `resource` in `ns`: RBAC bindings take effect
+/// a moment after they are written.
+pub async fn wait_authorized(client: &Client, ns: &str, group: &str, resource: &str, verb: &str) {
+    use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(ns.into()),
+                group: Some(group.into()),
+                resource: Some(resource.into()),
+                verb: Some(verb.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let answer = api.create(&kube::api::PostParams::default(), &review).await.expect("a self subject access review");
+        if answer.status.is_some_and(|s| s.allowed) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{verb} {group}/{resource} in {ns} was not allowed within 30 s");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
