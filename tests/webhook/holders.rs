@@ -166,3 +166,56 @@ async fn the_writer_label_is_removed_only_by_the_holder() {
     api(&p1).patch("web", &PatchParams::default(), &Patch::Merge(&drop_label)).await.expect("the holder opts the object out");
     f.stop().await;
 }
+
+/// The README's matrix, holder-only column, for the paths not covered above (stale ex-holder
+/// Pod with ordinary RBAC): server-side apply and deletecollection are refused `NotHolder`;
+/// `/scale` is not fenced (the Scale carries no labels) and leaves the guard; a finalizer
+/// removal from an object being deleted is admitted from anyone, so deletion completes.
+#[tokio::test]
+async fn the_holder_only_matrix_apply_deletecollection_scale_and_finalizers() {
+    let f = Fixture::new("holder-matrix").await;
+    let (p1, p2) = two_pods(&f).await;
+    grant_bound(&f, "p1", 5).await;
+    let mut pinned = holder_only(configmap("pinned", "work", 5));
+    pinned.metadata.finalizers = Some(vec!["kubefence.io/test".into()]);
+    for obj in [holder_only(configmap("a", "work", 5)), holder_only(configmap("b", "work", 5)), pinned] {
+        pod_api::<ConfigMap>(&p1, &f.ns).create(&PostParams::default(), &obj).await.unwrap();
+    }
+    pod_api::<Deployment>(&p1, &f.ns).create(&PostParams::default(), &holder_only(deployment("web", "work", 5))).await.unwrap();
+    grant_bound(&f, "p2", 7).await;
+
+    // Server-side apply by the ex-holder, with a token above the recorded one.
+    let applied = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "a", "annotations": {TOKEN: "6"}}, "data": {"k": "p1"}});
+    let apply = pod_api::<ConfigMap>(&p1, &f.ns).patch("a", &PatchParams::apply("p1").force(), &Patch::Apply(&applied)).await;
+    assert_eq!(not_holder(apply).1, Reason::NotHolder);
+
+    // deletecollection: the API server admits each item's DELETE on its own.
+    let all = kube::api::ListParams::default().labels("kubefence.io/lease=work");
+    match pod_api::<ConfigMap>(&p1, &f.ns).delete_collection(&DeleteParams::default(), &all).await {
+        Err(kube::Error::Api(status)) => assert_eq!(Denial::from_status(&status).map(|d| d.reason), Some(Reason::NotHolder), "{status:?}"),
+        other => panic!("the ex-holder's deletecollection must be refused, got {other:?}"),
+    }
+    assert!(f.api::<ConfigMap>().get_opt("a").await.unwrap().is_some() && f.api::<ConfigMap>().get_opt("b").await.unwrap().is_some());
+
+    // /scale: not fenced, and it cannot move the guard.
+    let deployments: Api<Deployment> = Api::namespaced(p1.clone(), &f.ns);
+    let scale = json!({"spec": {"replicas": 0}, "metadata": {"labels": {WRITER_LABEL: null}}});
+    deployments.patch_scale("web", &PatchParams::default(), &Patch::Merge(&scale)).await.expect("/scale is not fenced");
+    let web = f.api::<Deployment>().get("web").await.unwrap();
+    assert_eq!(web.labels().get(WRITER_LABEL).map(String::as_str), Some(HOLDER_ONLY), "/scale left the writer label");
+
+    // Finalizer removal from an object being deleted: the holder deletes, anyone may finish it.
+    let rv = f.api::<ConfigMap>().get("pinned").await.unwrap();
+    let precondition = DeleteParams {
+        preconditions: Some(Preconditions { resource_version: rv.resource_version(), uid: rv.uid() }),
+        ..DeleteParams::default()
+    };
+    let _ = pod_api::<ConfigMap>(&p2, &f.ns).delete("pinned", &precondition).await.expect("the holder deletes");
+    let unpin = json!({"metadata": {"finalizers": null}});
+    pod_api::<ConfigMap>(&p1, &f.ns)
+        .patch("pinned", &PatchParams::default(), &Patch::Merge(&unpin))
+        .await
+        .expect("finishing a deletion is admitted from anyone");
+    f.stop().await;
+}
