@@ -6,8 +6,9 @@
 //! cargo run --example status_writer -- NAMESPACE LEASE DEPLOYMENT [THINK_MS]
 //! ```
 //!
-//! It acquires `LEASE` (a kube-fence Lease with `spec.identity: Pod`) as its own Pod (`POD_NAME`,
-//! else the host name: what the identity policy checks), keeps it alive, and writes the status of
+//! It acquires `LEASE` (a kube-fence Lease with `spec.identity: Pod`) as its own Pod
+//! (`kube_fence::client::pod_name()`: `POD_NAME`, else in a Pod its host name — what the identity
+//! policy checks), keeps it alive, and writes the status of
 //! the Deployment `DEPLOYMENT` (labelled `kubefence.io/lease: LEASE` and
 //! `kubefence.io/writer: holder`) again and again: it prepares a write, thinks for `THINK_MS`
 //! (default 300), then sends it. A status write carries no token; the webhook admits it only
@@ -32,7 +33,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::process::exit(2);
     };
     let think = Duration::from_millis(rest.first().map(|t| t.parse()).transpose()?.unwrap_or(300));
-    let me = kube_fence::process::identity();
+    let Some(me) = kube_fence::client::pod_name() else {
+        eprintln!("status_writer runs as a Pod: set POD_NAME (the downward API does) or run it in a Pod");
+        std::process::exit(2);
+    };
     let client = kube::Client::try_default().await?;
     let leases = Leases::new(client.clone(), namespace);
     let options = AcquireOptions::default().duration(Duration::from_secs(1)).timeout(Duration::from_secs(120));

@@ -46,6 +46,19 @@ pub use lease::{AcquireOptions, Grant, Holding, KeepAlive, KeepAliveOptions, Lea
 
 use std::time::Duration;
 
+/// The holder name a worker running in a Pod should use: `POD_NAME` (set it from the downward
+/// API), else — inside a Pod, where a ServiceAccount token is mounted — the host name, which
+/// Kubernetes sets to the Pod's name. This is the name a Lease with `spec.identity: Pod` checks
+/// against the requester's token. `None` outside a Pod without `POD_NAME`.
+pub fn pod_name() -> Option<String> {
+    let nonempty = |v: String| Some(v.trim().to_string()).filter(|v| !v.is_empty());
+    if let Some(pod) = std::env::var("POD_NAME").ok().and_then(nonempty) {
+        return Some(pod);
+    }
+    let in_pod = std::path::Path::new("/var/run/secrets/kubernetes.io/serviceaccount/token").exists();
+    in_pod.then(|| std::env::var("HOSTNAME").ok().and_then(nonempty)).flatten()
+}
+
 use crate::token::Token;
 
 /// What can go wrong for a worker. [`Error::StaleToken`] is normal recovery, not a failure of
