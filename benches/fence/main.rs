@@ -16,6 +16,7 @@ mod cluster;
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod decision;
+mod holder;
 mod load;
 mod report;
 
@@ -33,7 +34,7 @@ pub struct Args {
     /// Small sizes: finishes in a few minutes.
     #[arg(long)]
     quick: bool,
-    /// Sections to run (decision, webhook, apiserver, acquire, scale); default all.
+    /// Sections to run (decision, webhook, apiserver, acquire, scale, holder); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Seconds per object size for the in-process decision.
@@ -129,7 +130,7 @@ fn main() -> anyhow::Result<()> {
     if args.runs("decision") {
         decision::run(&args, &mut table)?;
     }
-    let needs_cluster = ["webhook", "apiserver", "acquire", "scale"].iter().any(|s| args.runs(s));
+    let needs_cluster = ["webhook", "apiserver", "acquire", "scale", "holder"].iter().any(|s| args.runs(s));
     if needs_cluster {
         runtime.block_on(cluster::run(&args, &mut table))?;
     }
