@@ -63,6 +63,8 @@ pub struct LeaseSpec {
     /// username. Judged by the API server (a ValidatingAdmissionPolicy kube-fence installs), so
     /// no other identity can claim, renew or release the lease under that holder's name.
     /// Unset: any client RBAC lets update the Lease may use any holder name. Immutable.
+    /// Objects guarded by a bound lease that also carry the label `kubefence.io/writer: holder`
+    /// are written — status and deletes included — only by the lease's current holder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<HolderIdentity>,
 
