@@ -38,7 +38,8 @@ else
 fi
 
 say "running the test suite"
-cargo test --workspace --all-targets --locked "$@"
+# --no-fail-fast: a failing test binary does not hide the results of the others (the run still fails).
+cargo test --workspace --all-targets --locked --no-fail-fast "$@"
 say "running the documentation examples"
 cargo test --workspace --doc --locked
 
