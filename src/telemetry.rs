@@ -28,7 +28,11 @@ pub fn init_logging(format: LogFormat) {
     let registry = tracing_subscriber::registry().with(filter);
     // try_init: a second call (tests, `run` starting two components) keeps the first subscriber.
     let _ = match format {
-        LogFormat::Text => registry.with(fmt::layer().with_writer(std::io::stderr)).try_init(),
+        // Colour only on a terminal: escape codes in a Pod's log or a CI file are noise.
+        LogFormat::Text => {
+            let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
+            registry.with(fmt::layer().with_ansi(ansi).with_writer(std::io::stderr)).try_init()
+        }
         LogFormat::Json => registry.with(fmt::layer().json().with_writer(std::io::stderr)).try_init(),
     };
 }
