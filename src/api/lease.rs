@@ -63,8 +63,6 @@ pub struct LeaseSpec {
     /// username. Judged by the API server (a ValidatingAdmissionPolicy kube-fence installs), so
     /// no other identity can claim, renew or release the lease under that holder's name.
     /// Unset: any client RBAC lets update the Lease may use any holder name. Immutable.
-    /// Objects guarded by a bound lease that also carry the label `kubefence.io/writer: holder`
-    /// are written — status and deletes included — only by the lease's current holder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<HolderIdentity>,
 
@@ -95,7 +93,9 @@ pub struct FencingPolicy {
 }
 
 /// Who a holder name stands for: `Pod` — the Pod (by name) whose ServiceAccount token makes the
-/// request; `User` — the requester's username.
+/// request; `User` — the requester's username. Immutable. Objects this lease guards that also
+/// carry the label `kubefence.io/writer: holder` are written (status and deletes included) only
+/// by the lease's current holder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum HolderIdentity {
     /// `holder` is the requesting Pod's name (from its bound ServiceAccount token).
