@@ -23,7 +23,7 @@ use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION};
 use serde_json::json;
 
 use crate::decision::{ISSUED, LEASE, SIZES};
-use crate::report::{Met, Samples, Table, met, mib, ms, rate};
+use crate::report::{Met, Samples, Table, met, mib, ms, rate, us};
 use crate::{Args, common, load};
 
 /// A child process, killed when dropped.
@@ -326,8 +326,8 @@ async fn webhook_vs_noop(args: &Args, table: &mut Table, bench: &mut Bench) -> a
         table.add(
             "2",
             format!("webhook HTTPS {label}: server CPU per request"),
-            ms(fence_cpu / f.ok.max(1) as u32),
-            ms(limit_cpu / l.ok.max(1) as u32),
+            us(fence_cpu / f.ok.max(1) as u32),
+            us(limit_cpu / l.ok.max(1) as u32),
             format!("{:.2}×", ratio_of(fence_cpu / f.ok.max(1) as u32, limit_cpu / l.ok.max(1) as u32)),
             "",
             Met::Info,

@@ -48,6 +48,10 @@ pub const CONTROLLER_NAME: &str = "kube-fence-controller";
 /// How soon to judge a lease again after losing a compare-and-swap (the watch usually delivers
 /// the newer version sooner; this is the fallback).
 const CONFLICT_RETRY: Duration = Duration::from_millis(200);
+/// Reconciles (each at most one status write) in flight at once. Unbounded, a burst of claims
+/// opens one API server connection per concurrent write (hundreds under churn, each with its TLS
+/// state and buffers); more than this does not make a 2-core API server write faster.
+const MAX_CONCURRENT_RECONCILES: u16 = 32;
 /// Back-off after an unexpected error.
 const ERROR_RETRY: Duration = Duration::from_secs(1);
 
@@ -292,17 +296,16 @@ async fn reconcile_until(client: Client, options: &ControllerOptions, metrics: M
     let events = LeaseEvents::new(client.clone(), CONTROLLER_NAME, &options.identity, metrics.events_suppressed.clone());
     let context = Arc::new(Context { events, client, metrics });
     tracing::info!(namespace = options.namespace.as_deref().unwrap_or("<all>"), identity = %options.identity, "lease controller running");
-    let running = runtime::applier(Spawned::reconcile, error_policy, context, store, queue, runtime::Config::default()).for_each(
-        |result| async move {
-            match result {
-                Ok(_) => {}
-                Err(runtime::Error::ReconcilerFailed(err, obj)) => {
-                    tracing::warn!(lease = %obj, reason = err.reason(), %err, "reconcile failed")
-                }
-                Err(err) => tracing::warn!(%err, "lease controller"),
+    let config = runtime::Config::default().concurrency(MAX_CONCURRENT_RECONCILES);
+    let running = runtime::applier(Spawned::reconcile, error_policy, context, store, queue, config).for_each(|result| async move {
+        match result {
+            Ok(_) => {}
+            Err(runtime::Error::ReconcilerFailed(err, obj)) => {
+                tracing::warn!(lease = %obj, reason = err.reason(), %err, "reconcile failed")
             }
-        },
-    );
+            Err(err) => tracing::warn!(%err, "lease controller"),
+        }
+    });
     // Graceful shutdown lets running reconciles finish; bound it, because a controller stopped
     // before its first list completed waits for a store that never fills.
     let bounded = async {
