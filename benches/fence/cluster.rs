@@ -568,10 +568,13 @@ async fn acquire(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::R
     Ok(())
 }
 
+/// When each Lease's claim, then its grant, was first seen.
+type Sightings = Arc<std::sync::Mutex<std::collections::HashMap<String, (Option<Instant>, Option<Instant>)>>>;
+
 /// Watches the acquire Leases from the side and notes when each claim, then each grant, was first
 /// seen (one watch for the whole section, so its cost is not in the acquisitions).
 struct Observer {
-    seen: Arc<std::sync::Mutex<std::collections::HashMap<String, (Option<Instant>, Option<Instant>)>>>,
+    seen: Sightings,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -579,7 +582,7 @@ impl Observer {
     fn start(api: Api<Lease>) -> Observer {
         use futures::StreamExt;
         use kube::runtime::{WatchStreamExt, watcher};
-        let seen: Arc<std::sync::Mutex<std::collections::HashMap<_, (Option<Instant>, Option<Instant>)>>> = Arc::default();
+        let seen: Sightings = Arc::default();
         let noted = seen.clone();
         let task = tokio::spawn(async move {
             let mut leases = watcher(api, watcher::Config::default()).default_backoff().applied_objects().boxed();
