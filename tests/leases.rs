@@ -366,6 +366,44 @@ async fn deleting_and_recreating_a_lease_never_restarts_its_tokens() {
     recorder.abort();
 }
 
+/// `kube_fence_lease_held` as the controller's registry renders it.
+fn held_gauge(registry: &Registry) -> Option<i64> {
+    kube_fence::telemetry::render(registry)
+        .lines()
+        .find_map(|l| l.strip_prefix("kube_fence_lease_held "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+async fn wait_held(registry: &Registry, want: i64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while held_gauge(registry) != Some(want) {
+        assert!(Instant::now() < deadline, "kube_fence_lease_held is {:?}, not {want}, after 15 s", held_gauge(registry));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Threat case: a worker with ordinary RBAC releasing or deleting a held Lease. The held gauge
+/// is kept from watch events (not a scan of all Leases), so it must follow grants, releases and
+/// deletions alike, including a Lease deleted while held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_held_gauge_follows_grants_releases_and_deletions() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "held").await;
+    let mut registry = Registry::default();
+    let controller = start_controller_with(&client, ControllerOptions::new("solo").namespace(&ns), &mut registry);
+    let leases = Leases::new(client.clone(), &ns);
+    let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+
+    let a = leases.acquire("gauge-a", "one", options(30, 30)).await.expect("grant a");
+    leases.acquire("gauge-b", "two", options(30, 30)).await.expect("grant b");
+    wait_held(&registry, 2).await;
+    leases.release(&a).await.expect("release a");
+    wait_held(&registry, 1).await;
+    api.delete("gauge-b", &DeleteParams::default()).await.expect("delete b");
+    wait_held(&registry, 0).await;
+    controller.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn keep_alive_keeps_the_token_and_a_silent_holder_loses_the_lease() {
     let client = common::client().await;

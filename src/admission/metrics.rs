@@ -57,7 +57,10 @@ impl Refusal {
 #[derive(Clone)]
 pub struct Metrics {
     decisions: Family<DecisionLabels, Counter>,
-    lease_reads: Family<ReadLabels, Counter>,
+    /// `lease_reads{read="cache"}` and `{read="linearizable"}`, looked up once: every review
+    /// counts one.
+    cache_reads: Counter,
+    linearizable_reads: Counter,
     refusals: Family<RefusalLabels, Counter>,
     latency: Histogram,
     /// Rejection Events not published because the requester's source used up its budget.
@@ -68,9 +71,14 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Metrics {
+        // One statement each: the guard `get_or_create` returns must be gone before the next call.
+        let lease_reads = Family::<ReadLabels, Counter>::default();
+        let cache_reads = lease_reads.get_or_create(&ReadLabels { read: "cache" }).clone();
+        let linearizable_reads = lease_reads.get_or_create(&ReadLabels { read: "linearizable" }).clone();
         let m = Metrics {
             decisions: Family::default(),
-            lease_reads: Family::default(),
+            cache_reads,
+            linearizable_reads,
             refusals: Family::default(),
             latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             events_suppressed: Counter::default(),
@@ -78,7 +86,7 @@ impl Metrics {
         };
         let r = registry.sub_registry_with_prefix("kube_fence_webhook");
         r.register("decisions", "Admission decisions by verdict (allowed, warned, denied) and reason", m.decisions.clone());
-        r.register("lease_reads", "Lease reads by kind (cache, linearizable)", m.lease_reads.clone());
+        r.register("lease_reads", "Lease reads by kind (cache, linearizable)", lease_reads);
         r.register("refused_requests", "Requests refused before judging, by cause (too_large, busy, slow_body)", m.refusals.clone());
         r.register("decision_duration_seconds", "Time to judge one AdmissionReview, from body received to response", m.latency.clone());
         r.register(
@@ -96,11 +104,10 @@ impl Metrics {
     }
 
     pub fn lease_read(&self, kind: LeaseReadKind) {
-        let read = match kind {
-            LeaseReadKind::Cache => "cache",
-            LeaseReadKind::Linearizable => "linearizable",
+        match kind {
+            LeaseReadKind::Cache => self.cache_reads.inc(),
+            LeaseReadKind::Linearizable => self.linearizable_reads.inc(),
         };
-        self.lease_reads.get_or_create(&ReadLabels { read }).inc();
     }
 
     pub fn refused(&self, refusal: Refusal) {

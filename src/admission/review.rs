@@ -115,20 +115,33 @@ impl<'de> Visitor<'de> for GuardableVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Guardable, A::Error> {
         let mut metadata: Option<MetadataWire> = None;
         let mut hasher = DefaultHasher::new();
+        // Fields before metadata are kept, not hashed, until it says whether the object is being
+        // deleted (they are apiVersion and kind from the API server, but any field may come
+        // first, e.g. `data` in a client's sorted JSON); after it, they are hashed only when it is.
+        let mut before_metadata: Vec<(Cow<'de, str>, Box<serde_json::value::RawValue>)> = Vec::new();
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
             if key == "metadata" {
-                metadata = Some(map.next_value()?);
+                let meta: MetadataWire = map.next_value()?;
+                if meta.deletion_timestamp.is_some() {
+                    for (key, raw) in &before_metadata {
+                        key.hash(&mut hasher);
+                        raw.get().hash(&mut hasher);
+                    }
+                }
+                before_metadata = Vec::new();
+                metadata = Some(meta);
                 continue;
             }
-            // Fields before metadata are hashed (whether the object is being deleted is not
-            // known yet; they are apiVersion and kind in practice); after it, only when it is.
-            let deleting = metadata.as_ref().is_none_or(|m| m.deletion_timestamp.is_some());
-            if deleting {
-                let raw: Box<serde_json::value::RawValue> = map.next_value()?;
-                key.hash(&mut hasher);
-                raw.get().hash(&mut hasher);
-            } else {
-                map.next_value::<IgnoredAny>()?;
+            match &metadata {
+                None => before_metadata.push((key, map.next_value()?)),
+                Some(meta) if meta.deletion_timestamp.is_some() => {
+                    let raw: Box<serde_json::value::RawValue> = map.next_value()?;
+                    key.hash(&mut hasher);
+                    raw.get().hash(&mut hasher);
+                }
+                Some(_) => {
+                    map.next_value::<IgnoredAny>()?;
+                }
             }
         }
         let MetadataWire { name, namespace, uid, labels, annotations, finalizers, deletion_timestamp } = metadata.unwrap_or_default();
@@ -296,6 +309,31 @@ mod tests {
         let body = review("CREATE", serde_json::json!({"metadata": {"name": "x"}, "data": {"k": "v"}}), serde_json::Value::Null);
         let request = decode(&body).map_err(|e| format!("{e:?}")).unwrap();
         assert_eq!(request_facts(&request).new.and_then(|n| n.content), None);
+    }
+
+    /// Threat case: a stale-but-honest writer removing a finalizer from an object being deleted
+    /// while also changing its data is judged on the data wherever it comes in the object:
+    /// before `metadata` (a client's sorted JSON) or after it (the API server's field order).
+    #[test]
+    fn the_digest_covers_fields_on_both_sides_of_metadata() {
+        let object = |first: &str, last: &str| {
+            format!(
+                r#"{{{first}"metadata":{{"name":"x","labels":{{"{LEASE_LABEL}":"work"}},"deletionTimestamp":"2026-12-03T08:00:00Z","finalizers":["a"]}}{last}}}"#
+            )
+        };
+        let digest = |object: String| {
+            let body = format!(
+                r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u-1","kind":{{"group":"","version":"v1","kind":"ConfigMap"}},"resource":{{"group":"","version":"v1","resource":"configmaps"}},"name":"x","namespace":"ns","operation":"UPDATE","userInfo":{{"username":"alice"}},"object":{object},"oldObject":{object}}}}}"#
+            );
+            let request = decode(body.as_bytes()).map_err(|e| format!("{e:?}")).unwrap();
+            request_facts(&request).new.and_then(|n| n.content)
+        };
+        let before = digest(object(r#""data":{"k":"v"},"#, ""));
+        assert!(before.is_some());
+        assert_ne!(before, digest(object(r#""data":{"k":"changed"},"#, "")), "data before metadata is content");
+        let after = digest(object("", r#","data":{"k":"v"}"#));
+        assert!(after.is_some());
+        assert_ne!(after, digest(object("", r#","data":{"k":"changed"}"#)), "data after metadata is content");
     }
 
     #[test]

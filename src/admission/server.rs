@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::{ConnectInfo, State};
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -82,20 +82,17 @@ impl Webhook {
     }
 }
 
-async fn validate(
-    State(webhook): State<Arc<Webhook>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: http::HeaderMap,
-    body: Body,
-) -> Response {
+async fn validate(State(webhook): State<Arc<Webhook>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, request: Request) -> Response {
     let started = Instant::now();
     let refuse = |refusal: Refusal, status: StatusCode, message: String| {
         webhook.metrics.refused(refusal);
         tracing::debug!(%peer, ?refusal, "request refused before judging");
         (status, message).into_response()
     };
-    // Refuse an oversized body from its declared length, before reading any of it.
-    let declared = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    // Refuse an oversized body from its declared length, before reading any of it. (The headers
+    // are read in place: the `HeaderMap` extractor would copy them for every review.)
+    let (parts, body) = request.into_parts();
+    let declared = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
         return refuse(Refusal::TooLarge, StatusCode::PAYLOAD_TOO_LARGE, format!("the body exceeds {MAX_BODY_BYTES} bytes\n"));
     }

@@ -23,21 +23,21 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease as CoordinationLease;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
-use kube::{Client, Resource, ResourceExt};
+use kube::runtime::controller::{self as runtime, Action};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use super::events::{LeaseEvents, Report};
 use super::leader::{self, ElectionConfig};
 use super::state::{self, Observed, Transition};
 use crate::api::{Lease, LeaseStatus};
@@ -48,6 +48,10 @@ pub const CONTROLLER_NAME: &str = "kube-fence-controller";
 /// How soon to judge a lease again after losing a compare-and-swap (the watch usually delivers
 /// the newer version sooner; this is the fallback).
 const CONFLICT_RETRY: Duration = Duration::from_millis(200);
+/// Reconciles (each at most one status write) in flight at once. Unbounded, a burst of claims
+/// opens one API server connection per concurrent write (hundreds under churn, each with its TLS
+/// state and buffers); more than this does not make a 2-core API server write faster.
+const MAX_CONCURRENT_RECONCILES: u16 = 32;
 /// Back-off after an unexpected error.
 const ERROR_RETRY: Duration = Duration::from_secs(1);
 
@@ -107,6 +111,8 @@ pub enum Error {
     },
     #[error("the Lease has no name or namespace")]
     Unaddressable,
+    #[error("the reconcile panicked")]
+    Panicked,
 }
 
 impl Error {
@@ -115,6 +121,7 @@ impl Error {
         match self {
             Error::WriteStatus { .. } => "write_status",
             Error::Unaddressable => "unaddressable",
+            Error::Panicked => "panicked",
         }
     }
 }
@@ -129,6 +136,8 @@ pub struct Metrics {
     pub refusals: Counter,
     pub conflicts: Counter,
     pub reconcile_errors: Counter,
+    /// Events not published: over the Event budget or too many in flight.
+    pub events_suppressed: Counter,
     pub leases_held: Gauge,
     pub reconcile_duration: Histogram,
 }
@@ -144,6 +153,7 @@ impl Metrics {
             refusals: Counter::default(),
             conflicts: Counter::default(),
             reconcile_errors: Counter::default(),
+            events_suppressed: Counter::default(),
             leases_held: Gauge::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
         };
@@ -155,6 +165,7 @@ impl Metrics {
         r.register("refusals", "Claims not granted because no greater token could be derived", metrics.refusals.clone());
         r.register("status_conflicts", "Status compare-and-swaps lost to a newer version (judged again)", metrics.conflicts.clone());
         r.register("reconcile_errors", "Reconciles that failed", metrics.reconcile_errors.clone());
+        r.register("events_suppressed", "Events on Leases not published: over the Event budget", metrics.events_suppressed.clone());
         r.register("held", "Leases currently held, as last observed", metrics.leases_held.clone());
         r.register("reconcile_duration_seconds", "Time to judge a Lease and write its status", metrics.reconcile_duration.clone());
         metrics
@@ -174,9 +185,49 @@ impl Metrics {
 
 struct Context {
     client: Client,
-    recorder: Recorder,
+    events: LeaseEvents,
     metrics: Metrics,
+}
+
+/// Keeps `kube_fence_lease_held` equal to the number of held leases in the controller's cache,
+/// from the change each watch event makes, rather than by scanning the cache per reconcile.
+struct HeldGauge {
     store: Store<Lease>,
+    gauge: Gauge,
+}
+
+impl HeldGauge {
+    fn held(lease: Option<&Lease>) -> i64 {
+        i64::from(lease.is_some_and(|l| state::held(l.status.as_ref()).is_some()))
+    }
+
+    /// Before the cache applies `event` (it still has the version the event replaces).
+    fn before(&self, event: &watcher::Event<Lease>) {
+        let (new, key) = match event {
+            watcher::Event::Apply(lease) => (Some(lease), ObjectRef::from_obj(lease)),
+            watcher::Event::Delete(lease) => (None, ObjectRef::from_obj(lease)),
+            // A relist replaces the whole cache at InitDone: counted after it.
+            _ => return,
+        };
+        let old = self.store.get(&key);
+        self.gauge.inc_by(Self::held(new) - Self::held(old.as_deref()));
+    }
+
+    /// After the cache applied `event`: a relist is counted once, in full.
+    fn after(&self, event: &watcher::Event<Lease>) {
+        if let watcher::Event::InitDone = event {
+            let held = self.store.state().iter().filter(|l| Self::held(Some(l)) == 1).count();
+            self.gauge.set(i64::try_from(held).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// Drops what the controller never reads from its cached Leases: managedFields (the largest
+/// part of a small object) and annotations. The status write is a compare-and-swap on the
+/// status subresource, which takes only `status` (and the resourceVersion) from what is sent.
+fn trim(lease: &mut Lease) {
+    lease.metadata.managed_fields = None;
+    lease.metadata.annotations = None;
 }
 
 /// Registers the controller's metrics into `registry` now, and returns the controller as a
@@ -228,14 +279,28 @@ async fn reconcile_until(client: Client, options: &ControllerOptions, metrics: M
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let controller = Controller::new(leases, watcher::Config::default()).graceful_shutdown_on(stop.clone().cancelled_owned());
-    let reporter = Reporter { controller: CONTROLLER_NAME.to_string(), instance: Some(options.identity.clone()) };
-    let context = Arc::new(Context { recorder: Recorder::new(client.clone(), reporter), client, metrics, store: controller.store() });
+    // kube-runtime's `Controller` over a trimmed watch: the same applier (one reconcile per
+    // Lease at a time, requeues, waiting for the first list), with a smaller cache.
+    let (store, writer) = reflector::store();
+    let held = Arc::new(HeldGauge { store: store.clone(), gauge: metrics.leases_held.clone() });
+    let held_after = held.clone();
+    let queue = watcher(leases, watcher::Config::default())
+        .modify(trim)
+        .default_backoff()
+        .inspect_ok(move |event| held.before(event))
+        .reflect(writer)
+        .inspect_ok(move |event| held_after.after(event))
+        .applied_objects()
+        .map_ok(|lease| ObjectRef::from_obj(&lease))
+        .take_until(stop.clone().cancelled_owned());
+    let events = LeaseEvents::new(client.clone(), CONTROLLER_NAME, &options.identity, metrics.events_suppressed.clone());
+    let context = Arc::new(Context { events, client, metrics });
     tracing::info!(namespace = options.namespace.as_deref().unwrap_or("<all>"), identity = %options.identity, "lease controller running");
-    let running = controller.run(reconcile, error_policy, context).for_each(|result| async move {
+    let config = runtime::Config::default().concurrency(MAX_CONCURRENT_RECONCILES);
+    let running = runtime::applier(Spawned::reconcile, error_policy, context, store, queue, config).for_each(|result| async move {
         match result {
             Ok(_) => {}
-            Err(kube::runtime::controller::Error::ReconcilerFailed(err, obj)) => {
+            Err(runtime::Error::ReconcilerFailed(err, obj)) => {
                 tracing::warn!(lease = %obj, reason = err.reason(), %err, "reconcile failed")
             }
             Err(err) => tracing::warn!(%err, "lease controller"),
@@ -265,8 +330,6 @@ async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error
         Some(status) => write_status(&ctx.client, &lease, status).await,
     };
     ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
-    let held = ctx.store.state().iter().filter(|l| state::held(l.status.as_ref()).is_some()).count();
-    ctx.metrics.leases_held.set(i64::try_from(held).unwrap_or(i64::MAX));
 
     match result? {
         false => {
@@ -308,25 +371,26 @@ async fn write_status(client: &Client, lease: &Lease, status: LeaseStatus) -> Re
 }
 
 /// Logs the transition and publishes an Event for grants, expiries, releases and refusals (not
-/// for renewals: they happen every few seconds per lease and would drown the rest).
+/// for renewals: they happen every few seconds per lease and would drown the rest). Events are
+/// published off the reconcile path and within a budget ([`LeaseEvents`]).
 fn report(ctx: &Context, lease: &Lease, transition: &Transition) {
     let name = state::display_name(lease);
-    let (type_, note) = match transition {
+    let (warning, note) = match transition {
         Transition::Grant { holder, token } => {
             tracing::info!(lease = %name, %holder, %token, "granted");
-            (EventType::Normal, format!("granted to {holder} with token {token}"))
+            (false, format!("granted to {holder} with token {token}"))
         }
         Transition::Release { holder, token } => {
             tracing::info!(lease = %name, %holder, %token, "released");
-            (EventType::Normal, format!("released by {holder} (token {token})"))
+            (false, format!("released by {holder} (token {token})"))
         }
         Transition::Expire { holder, token } => {
             tracing::info!(lease = %name, %holder, %token, "expired");
-            (EventType::Normal, format!("{holder} did not renew in time; token {token} is no longer held"))
+            (false, format!("{holder} did not renew in time; token {token} is no longer held"))
         }
         Transition::Refuse { holder, refusal } => {
             tracing::warn!(lease = %name, %holder, %refusal, "grant refused");
-            (EventType::Warning, format!("cannot grant to {holder}: {refusal}"))
+            (true, format!("cannot grant to {holder}: {refusal}"))
         }
         Transition::Renew { holder, token } => {
             tracing::debug!(lease = %name, %holder, %token, "renewed");
@@ -334,16 +398,31 @@ fn report(ctx: &Context, lease: &Lease, transition: &Transition) {
         }
         Transition::Nothing => return,
     };
-    let event =
-        Event { type_, reason: transition.reason().to_string(), note: Some(note), action: "Reconcile".to_string(), secondary: None };
-    let recorder = ctx.recorder.clone();
-    let reference = lease.object_ref(&());
-    // Published off the reconcile path: an Event is a report, and must not slow the next grant.
-    tokio::spawn(async move {
-        if let Err(err) = recorder.publish(&event, &reference).await {
-            tracing::debug!(%err, "publishing an event");
-        }
-    });
+    ctx.events.publish(lease, Report { warning, reason: transition.reason(), note });
+}
+
+/// A reconcile running as its own task (as kube-runtime's `Controller` runs them), so reconciles
+/// use every worker thread. Dropped (the controller stopped), the task is aborted; a panic in it
+/// is a failed reconcile, not a crash.
+struct Spawned(tokio::task::JoinHandle<Result<Action, Error>>);
+
+impl Spawned {
+    fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Spawned {
+        Spawned(tokio::spawn(reconcile(lease, ctx)))
+    }
+}
+
+impl Future for Spawned {
+    type Output = Result<Action, Error>;
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx).map(|joined| joined.unwrap_or(Err(Error::Panicked)))
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn error_policy(lease: Arc<Lease>, err: &Error, ctx: Arc<Context>) -> Action {

@@ -1,6 +1,8 @@
 //! Where a token is issued: the lease state machine ([`state`], pure) and the controller that
-//! applies it to the cluster ([`controller`], thin glue: read, decide, compare-and-swap).
+//! applies it to the cluster ([`controller`], thin glue: read, decide, compare-and-swap; its
+//! Events are bounded by [`events`]).
 
 pub mod controller;
+pub mod events;
 pub mod leader;
 pub mod state;
