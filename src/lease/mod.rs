@@ -3,4 +3,5 @@
 
 pub mod controller;
 pub mod leader;
+pub mod params;
 pub mod state;
