@@ -34,7 +34,7 @@ pub struct ControllerArgs {
     #[arg(long)]
     pub identity: Option<String>,
     /// Keep the policy path's parameters: one ConfigMap kube-fence-tokens per namespace with
-    /// leases, mapping each lease to its newest issued token (see `kube-fence webhook --policy-path`).
+    /// leases, mapping each lease to its newest issued token (see `kube-fence run --policy-path`).
     #[arg(long, env = "KUBE_FENCE_POLICY_PATH")]
     pub policy_path: bool,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]

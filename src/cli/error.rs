@@ -209,12 +209,6 @@ pub enum Error {
         #[source]
         source: LocalError,
     },
-    #[error("{}", apply_policy_path(.server, .source).1)]
-    ApplyPolicyPath {
-        server: String,
-        #[source]
-        source: kube::Error,
-    },
     #[error("{}", unregister(.configuration, .server, .source).1)]
     UnregisterLocalWebhook {
         configuration: Object,
@@ -272,7 +266,6 @@ impl Error {
             Error::ResolveResourceType { .. } => Exit::NotFound,
             Error::ConnectCluster { server, source } | Error::DiscoverResourceTypes { server, source } => explain_api(server, source).0,
             Error::UnregisterLocalWebhook { configuration, server, source } => unregister(configuration, server, source).0,
-            Error::ApplyPolicyPath { server, source } => apply_policy_path(server, source).0,
             Error::WriteFenced { object, lease, source, server } => explain_write(server, object, lease, source).0,
             Error::ManageTls { secret, server, source } => manage_tls(secret, server, source).0,
             Error::StartLocalWebhook { server, source } => start_local(server, source).0,
@@ -578,11 +571,6 @@ fn unregister(configuration: &Object, server: &str, err: &kube::Error) -> (Exit,
             configuration.name
         ),
     )
-}
-
-fn apply_policy_path(server: &str, err: &kube::Error) -> (Exit, String) {
-    let (exit, why) = explain_api(server, err);
-    (exit, format!("could not apply the policy path's ValidatingAdmissionPolicies (--policy-path): {why}"))
 }
 
 fn run_controller(server: &str, err: &crate::lease::controller::Error) -> (Exit, String) {

@@ -69,14 +69,6 @@ pub struct WebhookArgs {
     #[arg(long = "exempt", value_name = "USER", default_values_t = DEFAULT_EXEMPT.map(String::from))]
     pub exempt: Vec<String>,
 
-    /// The policy path: the API server judges UPDATEs of guarded objects that present a fresh
-    /// token itself (a ValidatingAdmissionPolicy, no webhook call) and the webhook skips them.
-    /// `webhook` applies the policy and its parameter guard at start; `run` also keeps the
-    /// parameters (one ConfigMap kube-fence-tokens per namespace with leases); `run --local`
-    /// also registers the webhook's skip condition.
-    #[arg(long, env = "KUBE_FENCE_POLICY_PATH")]
-    pub policy_path: bool,
-
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }
@@ -148,9 +140,6 @@ pub async fn serve(
         }
         _ => return Err(Error::ChooseTls),
     };
-    if args.policy_path {
-        apply_policy_path(&client, &args).await.map_err(|source| Error::ApplyPolicyPath { server: cluster.server.clone(), source })?;
-    }
     let listener = std::net::TcpListener::bind(args.addr).map_err(|source| Error::Listen { addr: args.addr, source })?;
     let (leases, cache) = LeaseDirectory::new(client);
     spawn_until(cache, shutdown.clone());
@@ -158,20 +147,6 @@ pub async fn serve(
     server::run(leases, listener, tls, Exemptions::new(args.exempt), metrics, registry, shutdown.cancelled_owned())
         .await
         .map_err(|source| Error::ServeWebhook { source })
-}
-
-/// Applies the policy path's policy and parameter guard, named after the webhook configuration
-/// (as the chart names them), for the namespaces the configuration fences.
-async fn apply_policy_path(client: &kube::Client, args: &WebhookArgs) -> Result<(), kube::Error> {
-    use crate::admission::registration::{Endpoint, Registration};
-    let mut registration = Registration::new(
-        args.webhook_configuration.clone(),
-        Endpoint::Service { namespace: args.namespace.clone(), name: args.service_name.clone(), port: 443 },
-    );
-    registration.operator_namespace = Some(args.namespace.clone());
-    registration.policy_path = true;
-    let me = crate::admission::registration::whoami(client).await?;
-    registration.apply_policy_path(client, &[me]).await
 }
 
 /// Runs `task` until it ends or `shutdown` is cancelled.
