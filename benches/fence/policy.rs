@@ -94,8 +94,12 @@ async fn measure(args: &Args, table: &mut Table, bench: &mut Bench, ns_policy: &
     let hook_cms: Api<ConfigMap> = Api::namespaced(bench.client.clone(), &bench.ns_hook);
     let policy_cms: Api<ConfigMap> = Api::namespaced(bench.client.clone(), ns_policy);
     let policy_leases: Api<Lease> = Api::namespaced(bench.client.clone(), ns_policy);
+    let hook_leases: Api<Lease> = Api::namespaced(bench.client.clone(), &bench.ns_hook);
     policy_leases.create(&PostParams::default(), &Lease::new(LEASE, LeaseSpec::default())).await?;
-    set_issued(&policy_leases, ISSUED).await?;
+    // Past every token section 3 used on the same lease: the objects are created with the newest.
+    let first = ISSUED * 3;
+    set_issued(&policy_leases, first).await?;
+    set_issued(&hook_leases, first).await?;
     for ns in [&bench.ns_hook, &ns_policy.to_string()] {
         common::wait_fenced(&bench.client, ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(30)).await;
     }
@@ -103,7 +107,7 @@ async fn measure(args: &Args, table: &mut Table, bench: &mut Bench, ns_policy: &
     for w in 0..max_writers {
         let data = Some([("seq".to_string(), "0".to_string())].into());
         for cms in [&hook_cms, &policy_cms] {
-            for (name, lease, token) in [(format!("pp-guarded-{w}"), Some(LEASE), Some(ISSUED)), (format!("pp-plain-{w}"), None, None)] {
+            for (name, lease, token) in [(format!("pp-guarded-{w}"), Some(LEASE), Some(first)), (format!("pp-plain-{w}"), None, None)] {
                 if cms.get_opt(&name).await?.is_none() {
                     let cm = ConfigMap { metadata: meta(&name, lease, token), data: data.clone(), ..Default::default() };
                     cms.create(&PostParams::default(), &cm).await?;
@@ -112,12 +116,10 @@ async fn measure(args: &Args, table: &mut Table, bench: &mut Bench, ns_policy: &
         }
     }
     // Room for every update's token (t > recorded, t <= issued) on both leases.
-    let hook_leases: Api<Lease> = Api::namespaced(bench.client.clone(), &bench.ns_hook);
-    set_issued(&hook_leases, ISSUED * 4).await?;
-    set_issued(&policy_leases, ISSUED * 4).await?;
+    set_issued(&hook_leases, first * 2).await?;
+    set_issued(&policy_leases, first * 2).await?;
     common::wait_policy_path(&bench.client, ns_policy, Duration::from_secs(30)).await;
-    // Past the tokens the other sections use on the same objects' lease.
-    let tokens = Arc::new(AtomicU64::new(ISSUED * 3));
+    let tokens = Arc::new(AtomicU64::new(first + 1));
 
     for writers in [1, max_writers] {
         let total = args.updates();
