@@ -12,17 +12,19 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube_fence::admission::registration::{Endpoint, Registration};
 use kube_fence::api::{Lease, LeaseSpec};
+use kube_fence::token::TOKEN_ANNOTATION;
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Bench, cpu, merge, meta, set_issued, updates};
 use crate::decision::{ISSUED, LEASE};
-use crate::report::{Met, Table, met, ms, rate};
+use crate::report::{Met, Samples, Table, met, ms, rate};
 use crate::{Args, common, load};
 
 /// The pid of the kube-apiserver serving `kubeconfig` (found by its `--secure-port`), if it runs
@@ -121,6 +123,21 @@ async fn measure(args: &Args, table: &mut Table, bench: &mut Bench, ns_policy: &
     common::wait_policy_path(&bench.client, ns_policy, Duration::from_secs(30)).await;
     let tokens = Arc::new(AtomicU64::new(first + 1));
 
+    // What the API server spends with no bench load (watches, controllers, leader election): the
+    // background every per-write figure below includes.
+    let idle_before = cpu(apiserver);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle = (cpu(apiserver) - idle_before) / 3;
+    table.add(
+        "3p",
+        "API server CPU with no bench load (background in every figure below)",
+        format!("{} per s", ms(idle)),
+        "",
+        "",
+        "",
+        Met::Info,
+    );
+
     for writers in [1, max_writers] {
         let total = args.updates();
         eprintln!("[3p] webhook path vs policy path vs unguarded: {total} updates each, {writers} writer(s), API server pid {apiserver}");
@@ -177,5 +194,45 @@ async fn measure(args: &Args, table: &mut Table, bench: &mut Bench, ns_policy: &
             );
         }
     }
+    fresh_grant(args, table, &policy_cms, &policy_leases, first * 2 + 1).await
+}
+
+/// The fresh-token case: a grant (the Lease status written), then at once a write with its token.
+/// Until the parameter reaches the API server's cache the policy denies it and the write is
+/// retried (`client::retry_unseen_token`); reported: grant-to-admitted time and how many writes
+/// met a denial first.
+async fn fresh_grant(args: &Args, table: &mut Table, cms: &Api<ConfigMap>, leases: &Api<Lease>, base: u64) -> anyhow::Result<()> {
+    let samples = if args.quick { 20 } else { 60 };
+    let (mut lag, mut retried) = (Samples::default(), 0);
+    for i in 0..samples {
+        let token = base + i as u64;
+        set_issued(leases, token).await?;
+        let granted = Instant::now();
+        let denials = std::sync::atomic::AtomicUsize::new(0);
+        let patch = json!({"metadata": {"annotations": {TOKEN_ANNOTATION: token.to_string()}}});
+        let params = PatchParams::default();
+        kube_fence::client::retry_unseen_token(|| async {
+            let answer = cms.patch("pp-guarded-0", &params, &Patch::Merge(&patch)).await;
+            if answer.is_err() {
+                denials.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            answer
+        })
+        .await?;
+        lag.push(granted.elapsed());
+        if denials.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+            retried += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    table.add(
+        "3p",
+        format!("policy path: grant → first write with its token admitted, p50 / p99 ({retried} of {samples} denied first, then retried)"),
+        format!("{} / {}", ms(lag.p50()), ms(lag.p99())),
+        "",
+        "",
+        "",
+        Met::Info,
+    );
     Ok(())
 }
