@@ -6,7 +6,10 @@
 //! - per guarded object: accepted tokens strictly increase (`>=` for leases in `AllowEqual`
 //!   mode), so no write authorised by token n was accepted after one authorised by a greater token;
 //! - every accepted write carries a token its lease granted (checked for the leases whose grants
-//!   the history recorded).
+//!   the history recorded);
+//! - per holder-only object (writes judged by who asks, e.g. `/status`): no write by a holder is
+//!   accepted after a write by the holder of a newer grant, and every such write comes from a
+//!   holder the lease granted to before it.
 //!
 //! Pure: tests and the fault-injection driver record, this judges. A test oracle, not part of what
 //! workers use: compiled only with the `history` cargo feature (kube-fence's own tests enable it).
@@ -22,6 +25,9 @@ pub enum Observation {
     Grant { lease: String, holder: String, token: Token, resource_version: u64 },
     /// A guarded object version the API server accepted, bound to `lease` and carrying `token`.
     Write { object: String, lease: String, token: Token, resource_version: u64 },
+    /// A holder-only object version (a `/status` write carries no token) the API server
+    /// accepted from `holder`, bound to `lease`.
+    HolderWrite { object: String, lease: String, holder: String, resource_version: u64 },
 }
 
 /// A broken invariant, with what is needed to find it in the recorded history.
@@ -35,6 +41,10 @@ pub enum Violation {
     StaleWriteAccepted { object: String, recorded: Token, accepted: Token, resource_version: u64 },
     /// A write was accepted with a token its lease never granted.
     TokenNeverGranted { object: String, lease: String, token: Token, resource_version: u64 },
+    /// A holder's write was accepted after a write by the holder of a newer grant.
+    StaleHolderWriteAccepted { object: String, holder: String, grant: Token, newer: Token, resource_version: u64 },
+    /// A write was accepted from someone the lease had not granted to before it.
+    WriterNeverGranted { object: String, lease: String, holder: String, resource_version: u64 },
 }
 
 impl std::fmt::Display for Violation {
@@ -59,6 +69,18 @@ impl std::fmt::Display for Violation {
                 write!(
                     f,
                     "object {object}: write with token {token} accepted at resourceVersion {resource_version}, but lease {lease} never granted that token"
+                )
+            }
+            Violation::StaleHolderWriteAccepted { object, holder, grant, newer, resource_version } => {
+                write!(
+                    f,
+                    "object {object}: write by {holder} (grant {grant}) accepted at resourceVersion {resource_version} after a write under the newer grant {newer}"
+                )
+            }
+            Violation::WriterNeverGranted { object, lease, holder, resource_version } => {
+                write!(
+                    f,
+                    "object {object}: write by {holder} accepted at resourceVersion {resource_version}, but lease {lease} had not granted to {holder} before it"
                 )
             }
         }
@@ -86,8 +108,10 @@ pub fn check(observations: &[Observation], allow_equal: impl Fn(&str) -> bool) -
             Observation::Write { object, token, resource_version, .. } => {
                 writes.entry(object).or_default().push((*resource_version, *token))
             }
+            Observation::HolderWrite { .. } => {}
         }
     }
+    violations.extend(check_holder_writes(observations, &grants));
     for o in observations {
         if let Observation::Write { object, lease, token, resource_version } = o
             && granted.get(lease.as_str()).is_some_and(|tokens| !tokens.contains(token))
@@ -160,6 +184,52 @@ pub fn check(observations: &[Observation], allow_equal: impl Fn(&str) -> bool) -
     violations
 }
 
+/// Holder-only writes carry no token: each is attributed to the newest grant its holder had been
+/// given before it committed, and per object those grants never go back.
+fn check_holder_writes(observations: &[Observation], grants: &BTreeMap<&str, Vec<(u64, &str, Token)>>) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    let mut writes: BTreeMap<&str, Vec<(u64, &str, &str)>> = BTreeMap::new();
+    for o in observations {
+        if let Observation::HolderWrite { object, lease, holder, resource_version } = o {
+            writes.entry(object).or_default().push((*resource_version, lease, holder));
+        }
+    }
+    for (object, mut seen) in writes {
+        seen.sort();
+        seen.dedup_by_key(|(rv, ..)| *rv);
+        let mut newest: Option<Token> = None;
+        for (rv, lease, holder) in seen {
+            let grant = grants
+                .get(lease)
+                .into_iter()
+                .flatten()
+                .filter(|(grant_rv, who, _)| *grant_rv < rv && *who == holder)
+                .map(|(_, _, token)| *token)
+                .max();
+            let Some(grant) = grant else {
+                violations.push(Violation::WriterNeverGranted {
+                    object: object.to_string(),
+                    lease: lease.to_string(),
+                    holder: holder.to_string(),
+                    resource_version: rv,
+                });
+                continue;
+            };
+            match newest {
+                Some(newer) if grant < newer => violations.push(Violation::StaleHolderWriteAccepted {
+                    object: object.to_string(),
+                    holder: holder.to_string(),
+                    grant,
+                    newer,
+                    resource_version: rv,
+                }),
+                _ => newest = Some(newest.map_or(grant, |n| n.max(grant))),
+            }
+        }
+    }
+    violations
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,6 +263,25 @@ mod tests {
     #[case::seen_twice_counts_once(vec![grant("l", "a", 5, 5), write("o", 5, 6), write("o", 5, 6), grant("l", "a", 5, 5)], 0)]
     #[case::planted_stale_write_seen_twice(vec![write("o", 9, 21), write("o", 5, 22), write("o", 9, 21), write("o", 5, 22)], 1)]
     fn finds_exactly_the_planted_violations(#[case] history: Vec<Observation>, #[case] expected: usize) {
+        let violations = check(&history, |_| false);
+        assert_eq!(violations.len(), expected, "{violations:#?}");
+    }
+
+    fn by(object: &str, holder: &str, rv: u64) -> Observation {
+        Observation::HolderWrite { object: object.into(), lease: "l".into(), holder: holder.into(), resource_version: rv }
+    }
+
+    #[rstest]
+    #[case::holders_in_turn(vec![grant("l", "a", 5, 5), by("o", "a", 6), by("o", "a", 7), grant("l", "b", 9, 9), by("o", "b", 10)], 0)]
+    // The ex-holder's write committed after the new grant but before the new holder wrote: the
+    // per-object guarantee allows it (its admission read the lease before the grant).
+    #[case::ex_holder_before_the_new_holder_wrote(vec![grant("l", "a", 5, 5), grant("l", "b", 9, 9), by("o", "a", 10), by("o", "b", 11)], 0)]
+    #[case::planted_ex_holder_after_the_new_holder(vec![grant("l", "a", 5, 5), grant("l", "b", 9, 9), by("o", "b", 10), by("o", "a", 11)], 1)]
+    #[case::planted_write_by_nobody_granted(vec![grant("l", "a", 5, 5), by("o", "c", 6)], 1)]
+    #[case::planted_write_before_the_grant(vec![by("o", "a", 4), grant("l", "a", 5, 5)], 1)]
+    #[case::regained_under_the_same_identity(vec![grant("l", "a", 5, 5), grant("l", "b", 9, 9), by("o", "b", 10), grant("l", "a", 12, 12), by("o", "a", 13)], 0)]
+    #[case::objects_are_independent(vec![grant("l", "a", 5, 5), grant("l", "b", 9, 9), by("o1", "b", 10), by("o2", "a", 11)], 0)]
+    fn holder_writes_never_go_back_to_an_older_grant(#[case] history: Vec<Observation>, #[case] expected: usize) {
         let violations = check(&history, |_| false);
         assert_eq!(violations.len(), expected, "{violations:#?}");
     }

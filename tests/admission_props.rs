@@ -224,7 +224,7 @@ fn lease() -> impl Strategy<Value = Option<LeaseFacts>> {
         select(vec![Comparison::Strict, Comparison::AllowEqual]),
         prop_oneof![9 => Just(Enforcement::Enforce), 1 => Just(Enforcement::Warn)],
     )
-        .prop_map(|(issued, comparison, enforcement)| LeaseFacts { issued, comparison, enforcement });
+        .prop_map(|(issued, comparison, enforcement)| LeaseFacts { issued, comparison, enforcement, ..LeaseFacts::default() });
     proptest::option::weighted(0.9, facts)
 }
 
@@ -319,7 +319,7 @@ proptest! {
         let body = apply(review("UPDATE", "alice", &side(old_token), &side(new_token), None), &[]);
         let request = server::decode(&body).map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
         let req = server::request_facts(&request);
-        let facts = |issued: u64| Some(LeaseFacts { issued: Token::new(issued), comparison: Comparison::Strict, enforcement: Enforcement::Enforce });
+        let facts = |issued: u64| Some(LeaseFacts { issued: Token::new(issued), comparison: Comparison::Strict, enforcement: Enforcement::Enforce, ..LeaseFacts::default() });
         // The watch cache may lag behind the quorum; the verdict must not depend on it.
         let (verdict, _) = judge(&req, &Exemptions::default(), &facts(issued.saturating_sub(cache_lag)), &facts(issued));
         let fresh = new_token > old_token;

@@ -8,6 +8,8 @@
 #[path = "webhook/attacks.rs"]
 mod attacks;
 mod common;
+#[path = "webhook/holders.rs"]
+mod holders;
 
 use common::Fencing;
 

@@ -222,6 +222,9 @@ async fn sections(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::
     if args.runs("policy") {
         crate::policy::run(args, table, bench).await?;
     }
+    if args.runs("holder") {
+        crate::holder::status_writes(args, table, &bench.client, &bench.ns_hook, &bench.webhook_url, &bench.ca_pem).await?;
+    }
     if args.runs("acquire") || args.runs("scale") {
         let metrics_port = free_port()?;
         let controller_args: Vec<String> = [

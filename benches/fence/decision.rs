@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use kube_fence::admission::decision::{self, Cached, Exemptions, Judged, LeaseFacts, Plan, Verdict};
 use kube_fence::admission::review::{self as server, Guardable};
-use kube_fence::api::{Comparison, Enforcement};
 use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token};
 use serde_json::json;
 
@@ -64,7 +63,7 @@ pub fn review(namespace: &str, size: usize) -> Vec<u8> {
 }
 
 fn lookup() -> Option<LeaseFacts> {
-    Some(LeaseFacts { issued: Token::new(ISSUED), comparison: Comparison::default(), enforcement: Enforcement::default() })
+    Some(LeaseFacts { issued: Token::new(ISSUED), ..LeaseFacts::default() })
 }
 
 /// The server's per-request path: bytes in, response bytes out, and whether it admitted.

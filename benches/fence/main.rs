@@ -17,6 +17,7 @@ mod cluster;
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod decision;
+mod holder;
 mod load;
 mod policy;
 mod report;
@@ -35,7 +36,7 @@ pub struct Args {
     /// Small sizes: finishes in a few minutes.
     #[arg(long)]
     quick: bool,
-    /// Sections to run (decision, webhook, apiserver, policy, acquire, scale); default all.
+    /// Sections to run (decision, webhook, apiserver, policy, acquire, scale, holder); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Seconds per object size for the in-process decision.
@@ -131,7 +132,7 @@ fn main() -> anyhow::Result<()> {
     if args.runs("decision") {
         decision::run(&args, &mut table)?;
     }
-    let needs_cluster = ["webhook", "apiserver", "policy", "acquire", "scale"].iter().any(|s| args.runs(s));
+    let needs_cluster = ["webhook", "apiserver", "policy", "acquire", "scale", "holder"].iter().any(|s| args.runs(s));
     if needs_cluster {
         runtime.block_on(cluster::run(&args, &mut table))?;
     }

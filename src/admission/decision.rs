@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use crate::api::{Comparison, Enforcement};
+use crate::api::{Comparison, Enforcement, HolderIdentity};
 use crate::token::{Token, TokenError};
 
 /// Identities that may write guarded objects without a token by default: the garbage collector
@@ -51,6 +51,9 @@ pub struct ObjectFacts {
     pub deleting: bool,
     /// `metadata.finalizers`.
     pub finalizers: Vec<String>,
+    /// Value of the `kubefence.io/writer` label (`holder`: only the lease's current holder
+    /// writes the object and its subresources).
+    pub writer: Option<String>,
     /// A digest of everything a finalizer removal must leave unchanged: labels, annotations and
     /// every field outside `metadata`. `None` when it was not computed (then a finalizer removal
     /// is judged like any other write: the safe direction).
@@ -66,9 +69,10 @@ impl ObjectFacts {
         ObjectFacts { lease: None, token: token.map(str::to_string), ..ObjectFacts::default() }
     }
 
-    /// Whether `self` and `other` carry the same guard: lease label and token annotation.
+    /// Whether `self` and `other` carry the same guard: lease label, token annotation and
+    /// writer label.
     fn same_guard(&self, other: &ObjectFacts) -> bool {
-        self.lease == other.lease && self.token == other.token
+        self.lease == other.lease && self.token == other.token && self.writer == other.writer
     }
 }
 
@@ -110,12 +114,16 @@ impl Request {
 }
 
 /// What the webhook knows about the lease an object is bound to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LeaseFacts {
     /// Newest token the lease issued (`status.token`); `None` before its first grant.
     pub issued: Option<Token>,
     pub comparison: Comparison,
     pub enforcement: Enforcement,
+    /// Whether the lease binds its holder to the requester (`spec.identity`), and how.
+    pub identity: Option<HolderIdentity>,
+    /// Who holds the lease now (`status.holder` while `status.phase` is `Held`).
+    pub holder: Option<String>,
 }
 
 /// The lease as the watch cache holds it (`None`: not in the cache). Judging from it is safe
@@ -164,6 +172,8 @@ pub enum Reason {
     LeaseNotFound,
     LeaseRebound,
     LeaseLabelInvalid,
+    /// The `kubefence.io/writer` label has a value other than `holder`.
+    WriterLabelInvalid,
     DeletePreconditionRequired,
     /// The requester is not the current holder of the identity-bound lease (or leader-election
     /// Lease) that guards the object.
@@ -176,7 +186,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for tests and documentation.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::Fenced,
         Reason::Unguarded,
         Reason::Exempt,
@@ -190,6 +200,7 @@ impl Reason {
         Reason::LeaseNotFound,
         Reason::LeaseRebound,
         Reason::LeaseLabelInvalid,
+        Reason::WriterLabelInvalid,
         Reason::DeletePreconditionRequired,
         Reason::NotHolder,
         Reason::MalformedRequest,
@@ -211,6 +222,7 @@ impl Reason {
             Reason::LeaseNotFound => "LeaseNotFound",
             Reason::LeaseRebound => "LeaseRebound",
             Reason::LeaseLabelInvalid => "LeaseLabelInvalid",
+            Reason::WriterLabelInvalid => "WriterLabelInvalid",
             Reason::DeletePreconditionRequired => "DeletePreconditionRequired",
             Reason::NotHolder => "NotHolder",
             Reason::MalformedRequest => "MalformedRequest",
@@ -347,6 +359,27 @@ pub enum Judged<'r> {
 struct Pending<'r> {
     lease: LeaseRef<'r>,
     rule: Rule,
+    /// Who asked, when the object is holder-only: then the requester must be the lease's
+    /// current holder before `rule` is applied.
+    writer: Option<Writer<'r>>,
+}
+
+/// The requester of a write to a holder-only object, as a lease may name holders.
+#[derive(Clone, Copy, Debug)]
+struct Writer<'r> {
+    user: &'r str,
+    pod: Option<&'r str>,
+}
+
+impl<'r> Writer<'r> {
+    /// The requester as a lease with `identity` names holders (`None`: a Pod lease, and the
+    /// request carries no Pod identity).
+    fn as_holder(self, identity: HolderIdentity) -> Option<&'r str> {
+        match identity {
+            HolderIdentity::Pod => self.pod,
+            HolderIdentity::User => Some(self.user),
+        }
+    }
 }
 
 /// Which row of the table judges a request that depends on its lease.
@@ -360,6 +393,9 @@ enum Rule {
     Successor { presented: Result<Token, Missing>, recorded: Token, restated: bool },
     /// DELETE without a resourceVersion precondition: denied unless the lease is in Warn mode.
     UnconditionalDelete,
+    /// Admitted for `Reason` once the holder check passed: a holder-only object's subresource
+    /// write that leaves the guard alone, or its preconditioned DELETE.
+    Holder(Reason),
 }
 
 /// Why the incoming object carries no usable token.
@@ -402,22 +438,51 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
     if exempt.contains(&req.user) {
         return pass(Reason::Exempt);
     }
+    // Holder-only when either side says so: removing the label is judged like any other write.
+    fn writer_label(facts: &Option<ObjectFacts>) -> Option<&str> {
+        facts.as_ref().and_then(|f| f.writer.as_deref())
+    }
+    if let Some(value) = writer_label(&req.new).filter(|v| *v != crate::token::HOLDER_ONLY) {
+        return Plan::Done(Verdict::deny(
+            400,
+            Reason::WriterLabelInvalid,
+            format!(
+                "the {} label is {value:?}; its only value is {:?} (only the lease's current holder writes the object)",
+                crate::token::WRITER_LABEL,
+                crate::token::HOLDER_ONLY
+            ),
+        ));
+    }
+    let writer = (writer_label(&req.old).is_some() || writer_label(&req.new).is_some())
+        .then_some(Writer { user: &req.user, pod: req.pod.as_deref() });
+    let lease = |name| LeaseRef { namespace: &req.namespace, name };
+    // Rows admitted without a token: for a holder-only object, once the holder check passed
+    // (a quorum read of its lease); for any other, at once.
+    let by_holder = |reason: Reason| match (writer, old_lease.or(new_lease)) {
+        (Some(writer), Some(name)) => {
+            Plan::Quorum(QuorumRead(Pending { lease: lease(name), rule: Rule::Holder(reason), writer: Some(writer) }))
+        }
+        _ => pass(reason),
+    };
     let subresource = req.subresource.as_deref().is_some_and(|s| !s.is_empty());
     match (req.operation, &req.old, &req.new) {
         (Operation::Connect, ..) => return pass(Reason::Unguarded),
         // A subresource CREATE (eviction, binding, token) makes no guarded object.
         (Operation::Create | Operation::Delete, ..) if subresource => return pass(Reason::Unguarded),
-        // A subresource write is judged only when it moves the guard itself.
-        (Operation::Update, Some(old), Some(new)) if subresource && old.same_guard(new) => return pass(Reason::GuardUnchanged),
+        // A subresource write is judged only when it moves the guard itself — or when the
+        // object is holder-only: then only by who asks.
+        (Operation::Update, Some(old), Some(new)) if subresource && old.same_guard(new) => return by_holder(Reason::GuardUnchanged),
         (Operation::Update, Some(old), Some(new)) if only_removes_finalizers(old, new) => return pass(Reason::FinalizersRemoved),
         _ => {}
     }
-    let lease = |name| LeaseRef { namespace: &req.namespace, name };
     match req.operation {
         Operation::Connect => pass(Reason::Unguarded),
         Operation::Delete => match old_lease {
-            Some(_) if req.delete_precondition => pass(Reason::DeletePreconditioned),
-            Some(name) => Plan::Cache(CacheRead(Pending { lease: lease(name), rule: Rule::UnconditionalDelete })),
+            Some(_) if req.delete_precondition => by_holder(Reason::DeletePreconditioned),
+            Some(name) if writer.is_some() => {
+                Plan::Quorum(QuorumRead(Pending { lease: lease(name), rule: Rule::UnconditionalDelete, writer }))
+            }
+            Some(name) => Plan::Cache(CacheRead(Pending { lease: lease(name), rule: Rule::UnconditionalDelete, writer: None })),
             None => pass(Reason::Unguarded),
         },
         Operation::Create | Operation::Update => {
@@ -453,11 +518,12 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
             // on an unguarded object was never judged.
             let recorded = old_lease.and(req.old.as_ref()).and_then(|o| o.token.as_deref()).and_then(|r| r.parse::<Token>().ok());
             let restated = new.write.is_some() && new.write.as_deref() != req.old.as_ref().and_then(|o| o.write.as_deref());
+            let pending = |rule| Pending { lease: lease(name), rule, writer };
             match recorded {
-                Some(recorded) => {
-                    Plan::Cache(CacheRead(Pending { lease: lease(name), rule: Rule::Successor { presented, recorded, restated } }))
-                }
-                None => Plan::Quorum(QuorumRead(Pending { lease: lease(name), rule: Rule::Fresh { presented } })),
+                // A holder-only object needs who holds the lease now: a quorum read.
+                Some(recorded) if writer.is_some() => Plan::Quorum(QuorumRead(pending(Rule::Successor { presented, recorded, restated }))),
+                Some(recorded) => Plan::Cache(CacheRead(pending(Rule::Successor { presented, recorded, restated }))),
+                None => Plan::Quorum(QuorumRead(pending(Rule::Fresh { presented }))),
             }
         }
     }
@@ -483,13 +549,14 @@ impl<'r> CacheRead<'r> {
     /// newest token it has seen, or the lease relaxes fencing — Warn mode, or `AllowEqual`
     /// deciding the write (a lease tightened a moment ago must not be missed).
     pub fn judge(self, cached: Cached) -> Judged<'r> {
-        let Pending { lease, rule } = self.0;
-        let quorum = |rule| Judged::Quorum(QuorumRead(Pending { lease, rule }));
+        // Holder-only objects are planned for a quorum read: no writer reaches the cache.
+        let Pending { lease, rule, writer } = self.0;
+        let quorum = |rule| Judged::Quorum(QuorumRead(Pending { lease, rule, writer }));
         let Some(facts) = cached.0 else {
             return match rule {
                 // A delete without a precondition is denied whatever the lease says, unless it is
                 // in Warn mode; an absent lease cannot be, so no quorum read is needed.
-                Rule::UnconditionalDelete => Judged::Done(judge(lease, &rule, None)),
+                Rule::UnconditionalDelete => Judged::Done(judge(lease, &rule, writer, None)),
                 rule => quorum(rule),
             };
         };
@@ -501,7 +568,7 @@ impl<'r> CacheRead<'r> {
         {
             return quorum(rule);
         }
-        Judged::Done(judge(lease, &rule, Some(&facts)))
+        Judged::Done(judge(lease, &rule, writer, Some(&facts)))
     }
 }
 
@@ -513,12 +580,12 @@ impl<'r> QuorumRead<'r> {
 
     /// Judges with the lease as a quorum read returned it.
     pub fn judge(self, fresh: Quorum) -> Verdict {
-        judge(self.0.lease, &self.0.rule, fresh.0.as_ref())
+        judge(self.0.lease, &self.0.rule, self.0.writer, fresh.0.as_ref())
     }
 }
 
 /// The rows that depend on the lease.
-fn judge(lease: LeaseRef<'_>, rule: &Rule, facts: Option<&LeaseFacts>) -> Verdict {
+fn judge(lease: LeaseRef<'_>, rule: &Rule, writer: Option<Writer<'_>>, facts: Option<&LeaseFacts>) -> Verdict {
     let on_lease = Facts { lease: Some(lease.to_string()), ..Facts::default() };
     let Some(facts) = facts else {
         return Verdict::Deny {
@@ -538,7 +605,37 @@ fn judge(lease: LeaseRef<'_>, rule: &Rule, facts: Option<&LeaseFacts>) -> Verdic
             message: format!("kube-fence (lease {lease} enforcement Warn) would deny this write: {message}"),
         },
     };
+    // A holder-only object: who asks must hold the lease now, whatever the write carries.
+    if let Some(writer) = writer {
+        let Some(identity) = facts.identity else {
+            return deny(
+                403,
+                Reason::NotHolder,
+                format!(
+                    "the object is holder-only ({}: {}), but lease {lease} does not bind its holder to an identity (spec.identity is unset), so who holds it cannot be checked: create the lease with spec.identity Pod or User, or remove the label",
+                    crate::token::WRITER_LABEL,
+                    crate::token::HOLDER_ONLY
+                ),
+                Facts { holder: facts.holder.clone(), requester: Some(writer.user.to_string()), ..on_lease },
+            );
+        };
+        let me = writer.as_holder(identity);
+        if me.is_none() || me != facts.holder.as_deref() {
+            let who =
+                me.map_or_else(|| format!("{} (no Pod identity: use the Pod's own ServiceAccount token)", writer.user), str::to_string);
+            let holder = facts.holder.as_deref().map_or_else(|| "nobody holds it".to_string(), |h| format!("it is held by {h}"));
+            return deny(
+                409,
+                Reason::NotHolder,
+                format!(
+                    "only the current holder of lease {lease} writes this holder-only object: {holder} (spec.identity {identity:?}), and this write comes from {who}"
+                ),
+                Facts { holder: facts.holder.clone(), requester: Some(me.unwrap_or(writer.user).to_string()), ..on_lease },
+            );
+        }
+    }
     let (presented, recorded) = match rule {
+        Rule::Holder(reason) => return Verdict::Allow { reason: *reason },
         Rule::UnconditionalDelete => {
             return deny(
                 403,
@@ -552,7 +649,12 @@ fn judge(lease: LeaseRef<'_>, rule: &Rule, facts: Option<&LeaseFacts>) -> Verdic
         Rule::Fresh { presented } => (presented, None),
         Rule::Successor { presented, recorded, .. } => (presented, Some(*recorded)),
     };
-    let restated = matches!(rule, Rule::Successor { restated: true, .. });
+    // Under AllowEqual an equal token is restated by a new write annotation — or, for a
+    // holder-only object, by the holder of the grant that issued it (the holder check passed).
+    let restated = match rule {
+        Rule::Successor { restated, presented: Ok(t), .. } => *restated && writer.is_none() || writer.is_some() && Some(*t) == facts.issued,
+        _ => false,
+    };
     let presented = match presented {
         Ok(t) => *t,
         Err(Missing::Absent) => {

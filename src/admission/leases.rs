@@ -82,5 +82,7 @@ pub fn facts(lease: &Lease) -> LeaseFacts {
         issued: lease.status.as_ref().and_then(|s| s.token),
         comparison: policy.comparison.unwrap_or_default(),
         enforcement: policy.enforcement.unwrap_or_default(),
+        identity: lease.spec.identity,
+        holder: lease.status.as_ref().filter(|s| s.phase == crate::api::Phase::Held).and_then(|s| s.holder.clone()),
     }
 }

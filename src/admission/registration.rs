@@ -4,8 +4,9 @@
 //!   version, resource and subresource, CREATE/UPDATE/DELETE, namespaced objects carrying the
 //!   `kubefence.io/lease` label, never in system namespaces or kube-fence's own, failing closed.
 //!   A subresource write is sent only when it moves the guard (the lease label or the token
-//!   annotation differ between the stored and the incoming object): a match condition the API
-//!   server evaluates itself, so the status writes of Kubernetes' own controllers never wait
+//!   annotation differ between the stored and the incoming object), or when the object is
+//!   holder-only (`kubefence.io/writer: holder`): a match condition the API server evaluates
+//!   itself, so the status writes of Kubernetes' own controllers to other objects never wait
 //!   for kube-fence.
 //! - A ValidatingAdmissionPolicy (CEL, judged inside the API server) that lets only kube-fence's
 //!   controller identity write the status of kube-fence Leases: the status is where tokens are
@@ -22,7 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
 
 use super::policy_path;
-use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION};
+use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
 
 /// Name of the webhook inside the configuration; the API server quotes it in every denial:
 /// `admission webhook "fence.kubefence.io" denied the request: ...`.
@@ -367,9 +368,10 @@ pub async fn whoami(client: &kube::Client) -> Result<String, kube::Error> {
     Ok(review.status.and_then(|s| s.user_info).and_then(|u| u.username).unwrap_or_default())
 }
 
-/// The webhook's match condition (CEL, evaluated by the API server): the object itself, or a
+/// The webhook's match condition (CEL, evaluated by the API server): the object itself, a
 /// subresource write whose stored and incoming objects differ in the lease label or the token
-/// annotation. Written so that it cannot fail to evaluate (an error would fail the request
+/// annotation, or any subresource write to a holder-only object (`kubefence.io/writer`: its
+/// status is written only by the lease's holder, which the webhook checks). Written so that it cannot fail to evaluate (an error would fail the request
 /// closed): every map lookup is guarded by `has` and `in`.
 pub fn guard_condition() -> String {
     let moved = |field: &str, key: &str| {
@@ -380,10 +382,13 @@ pub fn guard_condition() -> String {
             old = present("oldObject"),
         )
     };
+    let holder_only = |obj: &str| format!("(has({obj}.metadata.labels) && '{WRITER_LABEL}' in {obj}.metadata.labels)");
     format!(
-        "!has(request.subResource) || request.subResource == '' || object == null || oldObject == null || {} || {}",
+        "!has(request.subResource) || request.subResource == '' || object == null || oldObject == null || {} || {} || {} || {}",
         moved("labels", LEASE_LABEL),
-        moved("annotations", TOKEN_ANNOTATION)
+        moved("annotations", TOKEN_ANNOTATION),
+        holder_only("oldObject"),
+        holder_only("object"),
     )
 }
 

@@ -13,7 +13,7 @@ use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use super::decision::{ObjectFacts, Operation, Reason, Request, Verdict};
 use super::denial;
-use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, WRITE_ANNOTATION};
+use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, WRITE_ANNOTATION, WRITER_LABEL};
 
 /// Why a body is not a review the webhook can judge.
 #[derive(Debug)]
@@ -180,6 +180,7 @@ pub fn object_facts(obj: &Guardable) -> ObjectFacts {
         write: meta.annotations.as_ref().and_then(|a| a.get(WRITE_ANNOTATION)).cloned(),
         deleting: meta.deletion_timestamp.is_some(),
         finalizers: meta.finalizers.clone().unwrap_or_default(),
+        writer: meta.labels.as_ref().and_then(|l| l.get(WRITER_LABEL)).cloned(),
         content,
     }
 }

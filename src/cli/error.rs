@@ -506,6 +506,14 @@ fn explain_write(server: &str, object: &Object, lease: &str, err: &client::Error
                  a newer holder has written: read the object again before writing"
             ),
         ),
+        client::Error::NotHolder { lease, holder, requester } => (
+            Exit::StaleToken,
+            format!(
+                "not the holder: {object} is holder-only and lease {lease} is held by {}, while this write came from {}; another holder took over",
+                holder.as_deref().unwrap_or("nobody"),
+                requester.as_deref().unwrap_or("an unknown requester")
+            ),
+        ),
         client::Error::Fenced(denial) => (
             Exit::Forbidden,
             format!(

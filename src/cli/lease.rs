@@ -41,8 +41,9 @@ pub enum LeaseCommand {
     Acquire {
         #[command(flatten)]
         target: Target,
-        /// Identity of the holder (unique per worker incarnation).
-        #[arg(long)]
+        /// Identity of the holder (unique per worker incarnation). In a Pod it defaults to
+        /// $POD_NAME (set it from the downward API: what a Lease with `spec.identity: Pod` checks).
+        #[arg(long, env = "POD_NAME")]
         holder: String,
         /// Lease duration (whole seconds, 1s..24h), e.g. 15s, 2m.
         #[arg(long, value_parser = parse_lease_duration)]
@@ -56,7 +57,8 @@ pub enum LeaseCommand {
     Renew {
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
+        /// Identity of the holder; defaults to $POD_NAME.
+        #[arg(long, env = "POD_NAME")]
         holder: String,
     },
     /// Release the holder's grant. The token stays recorded; the next grant is greater.
@@ -64,7 +66,8 @@ pub enum LeaseCommand {
     Release {
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
+        /// Identity of the holder; defaults to $POD_NAME.
+        #[arg(long, env = "POD_NAME")]
         holder: String,
     },
     /// Show the lease: holder, token, phase, expiry.

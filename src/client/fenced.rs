@@ -86,6 +86,9 @@ fn classify(err: kube::Error) -> Error {
         Some(Denial { reason: Reason::StaleToken, presented: Some(presented), recorded: Some(recorded), .. }) => {
             Error::StaleToken { presented, recorded }
         }
+        Some(Denial { reason: Reason::NotHolder, code: 409, lease: Some(lease), holder, requester, .. }) => {
+            Error::NotHolder { lease, holder, requester }
+        }
         Some(denial) => Error::Fenced(denial),
         None if status.code == 409 => Error::Conflict(status.message.clone()),
         None => Error::Kube(err),
@@ -197,6 +200,28 @@ impl Grant {
         api.delete(&name, &params).await.map(|_| ()).map_err(classify)
     }
 
+    /// Patches the `/status` of `name`, a holder-only object (`kubefence.io/writer: holder`) of
+    /// this grant's identity-bound lease. A status write cannot carry a token (the API server
+    /// keeps the stored metadata on `/status`), so no token is stamped: the webhook admits it
+    /// only while the requester holds the lease, and a write after another holder took over
+    /// fails with [`Error::NotHolder`].
+    ///
+    /// ```no_run
+    /// # async fn example(grant: kube_fence::client::Grant, client: kube::Client) -> Result<(), kube_fence::client::Error> {
+    /// use k8s_openapi::api::apps::v1::Deployment;
+    /// use kube::api::{Patch, PatchParams};
+    /// let api: kube::Api<Deployment> = kube::Api::namespaced(client, &grant.namespace);
+    /// let status = serde_json::json!({"status": {"observedGeneration": 3}});
+    /// grant.patch_status(&api, "web", &PatchParams::default(), Patch::Merge(status)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn patch_status<K>(&self, api: &Api<K>, name: &str, params: &PatchParams, patch: Patch<serde_json::Value>) -> Result<K, Error>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug,
+    {
+        api.patch_status(name, params, &patch).await.map_err(classify)
+    }
+
     fn stamp_patch(&self, mut patch: serde_json::Value) -> Result<serde_json::Value, Error> {
         let root = patch.as_object_mut().ok_or(Error::UnsupportedPatch("the patch is not a JSON object"))?;
         let metadata = root.entry("metadata").or_insert_with(|| serde_json::json!({}));
@@ -241,6 +266,16 @@ mod tests {
         assert!(matches!(err, Error::StaleToken { presented, recorded } if presented == t(4) && recorded == t(5)), "{err:?}");
         let missing = denial::status(403, Reason::TokenMissing, "no token", &facts);
         assert!(matches!(classify(kube::Error::Api(Box::new(missing))), Error::Fenced(Denial { reason: Reason::TokenMissing, .. })));
+        let facts = crate::admission::decision::Facts {
+            lease: Some("ns/l".into()),
+            holder: Some("b".into()),
+            requester: Some("a".into()),
+            ..Default::default()
+        };
+        let not_holder = denial::status(409, Reason::NotHolder, "denied", &facts);
+        assert!(
+            matches!(classify(kube::Error::Api(Box::new(not_holder))), Error::NotHolder { lease, holder: Some(h), requester: Some(r) } if lease == "ns/l" && h == "b" && r == "a")
+        );
     }
 
     #[test]

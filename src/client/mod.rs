@@ -46,6 +46,19 @@ pub use lease::{AcquireOptions, Grant, Holding, KeepAlive, KeepAliveOptions, Lea
 
 use std::time::Duration;
 
+/// The holder name a worker running in a Pod should use: `POD_NAME` (set it from the downward
+/// API), else — inside a Pod, where a ServiceAccount token is mounted — the host name, which
+/// Kubernetes sets to the Pod's name. This is the name a Lease with `spec.identity: Pod` checks
+/// against the requester's token. `None` outside a Pod without `POD_NAME`.
+pub fn pod_name() -> Option<String> {
+    let nonempty = |v: String| Some(v.trim().to_string()).filter(|v| !v.is_empty());
+    if let Some(pod) = std::env::var("POD_NAME").ok().and_then(nonempty) {
+        return Some(pod);
+    }
+    let in_pod = std::path::Path::new("/var/run/secrets/kubernetes.io/serviceaccount/token").exists();
+    in_pod.then(|| std::env::var("HOSTNAME").ok().and_then(nonempty)).flatten()
+}
+
 use crate::token::Token;
 
 /// What can go wrong for a worker. [`Error::StaleToken`] is normal recovery, not a failure of
@@ -56,6 +69,11 @@ pub enum Error {
     /// new as the one presented.
     #[error("stale fencing token: presented token {presented}, recorded token {recorded}")]
     StaleToken { presented: Token, recorded: Token },
+    /// The object is holder-only (`kubefence.io/writer: holder`) and the requester is not the
+    /// current holder of its identity-bound lease: another holder took over. Normal recovery,
+    /// like [`Error::StaleToken`]: stop acting as the holder.
+    #[error("not the holder of lease {lease}: {} is held by {}, the write came from {}", .lease, .holder.as_deref().unwrap_or("nobody"), .requester.as_deref().unwrap_or("an unknown requester"))]
+    NotHolder { lease: String, holder: Option<String>, requester: Option<String> },
     /// The fencing webhook rejected the write for another reason (no token, a token the lease
     /// never issued, a lease that does not exist, ...); the denial's facts are typed.
     #[error("kube-fence denied the write ({}): {}", .0.reason, .0.lease.as_deref().map(|l| format!("lease {l}")).unwrap_or_else(|| "no lease".into()))]
@@ -91,6 +109,7 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Error::StaleToken { .. } => "StaleToken",
+            Error::NotHolder { .. } => "NotHolder",
             Error::Fenced(denial) => denial.reason.as_str(),
             Error::Conflict(_) => "Conflict",
             Error::Timeout { .. } => "Timeout",

@@ -63,10 +63,9 @@ pub async fn grant_worker_rbac(admin: &Client, ns: &str, user: &str) {
     }
 }
 
-/// A client that authenticates with a ServiceAccount token bound to Pod `pod` (as the kubelet
-/// gives a Pod): the API server then knows the requester's Pod name
-/// (`userInfo.extra["authentication.kubernetes.io/pod-name"]`).
-pub async fn client_as_pod(admin: &Client, ns: &str, service_account: &str, pod: &k8s_openapi::api::core::v1::Pod) -> Client {
+/// A ServiceAccount token bound to Pod `pod` (as the kubelet gives a Pod): the API server then
+/// knows the requester's Pod name (`userInfo.extra["authentication.kubernetes.io/pod-name"]`).
+pub async fn pod_token(admin: &Client, ns: &str, service_account: &str, pod: &k8s_openapi::api::core::v1::Pod) -> String {
     use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::core::v1::ServiceAccount;
     let request = TokenRequest {
@@ -86,12 +85,64 @@ pub async fn client_as_pod(admin: &Client, ns: &str, service_account: &str, pod:
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
     let issued =
         accounts.create_token_request(service_account, &kube::api::PostParams::default(), &request).await.expect("a Pod-bound token");
-    let token: String = issued.status.and_then(|s| s.token).expect("token in the TokenRequest status");
+    issued.status.and_then(|s| s.token).expect("token in the TokenRequest status")
+}
+
+/// The shared kubeconfig with its credentials replaced by `token`.
+async fn kubeconfig_with_token(token: &str) -> Kubeconfig {
     let path = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("control plane thread");
-    let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
-    config.auth_info.token = Some(token.into());
-    config.auth_info.client_certificate_data = None;
-    config.auth_info.client_key_data = None;
+    let mut kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    for named in &mut kubeconfig.auth_infos {
+        named.auth_info = Some(kube::config::AuthInfo { token: Some(token.to_string().into()), ..Default::default() });
+    }
+    kubeconfig
+}
+
+/// A client that authenticates as Pod `pod` (a Pod-bound ServiceAccount token).
+pub async fn client_as_pod(admin: &Client, ns: &str, service_account: &str, pod: &k8s_openapi::api::core::v1::Pod) -> Client {
+    let kubeconfig = kubeconfig_with_token(&pod_token(admin, ns, service_account, pod).await).await;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
     Client::try_from(config).expect("client from kubeconfig")
+}
+
+/// A kubeconfig file that authenticates as Pod `pod`, for a process run as that Pod would be.
+pub async fn kubeconfig_as_pod(
+    admin: &Client,
+    ns: &str,
+    service_account: &str,
+    pod: &k8s_openapi::api::core::v1::Pod,
+) -> tempfile::NamedTempFile {
+    let kubeconfig = kubeconfig_with_token(&pod_token(admin, ns, service_account, pod).await).await;
+    let file = tempfile::NamedTempFile::new().expect("a temporary kubeconfig");
+    serde_yaml::to_writer(&file, &kubeconfig).expect("write the kubeconfig");
+    file
+}
+
+/// Waits (at most 30 s) until `client` may `verb` `resource` in `ns`: RBAC bindings take effect
+/// a moment after they are written.
+pub async fn wait_authorized(client: &Client, ns: &str, group: &str, resource: &str, verb: &str) {
+    use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(ns.into()),
+                group: Some(group.into()),
+                resource: Some(resource.into()),
+                verb: Some(verb.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let answer = api.create(&kube::api::PostParams::default(), &review).await.expect("a self subject access review");
+        if answer.status.is_some_and(|s| s.allowed) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{verb} {group}/{resource} in {ns} was not allowed within 30 s");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }

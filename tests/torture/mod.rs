@@ -858,7 +858,7 @@ pub async fn run(config: Config) -> Report {
     let mut grants = HashSet::new();
     for o in &observations {
         match o {
-            Observation::Write { object, resource_version, .. } => {
+            Observation::Write { object, resource_version, .. } | Observation::HolderWrite { object, resource_version, .. } => {
                 writes.insert((object.clone(), *resource_version));
             }
             Observation::Grant { lease, token, .. } => {

@@ -27,7 +27,7 @@ fn request(operation: Operation, old: Option<ObjectFacts>, new: Option<ObjectFac
 }
 
 fn facts(issued: Option<u64>, enforcement: Enforcement) -> LeaseFacts {
-    LeaseFacts { issued: issued.map(tok), comparison: Comparison::Strict, enforcement }
+    LeaseFacts { issued: issued.map(tok), comparison: Comparison::Strict, enforcement, ..LeaseFacts::default() }
 }
 
 fn allow_equal(issued: u64) -> LeaseFacts {
@@ -482,6 +482,153 @@ fn finalizer_removal_from_an_object_being_deleted(
         }
         Err(e) => assert_eq!(denied(&v), e, "{v:?}"),
     }
+}
+
+// --- Holder-only objects (`kubefence.io/writer: holder`) of identity-bound leases: every write,
+//     subresources and deletes included, comes from the lease's current holder, read by quorum.
+//     Threat case: a stale holder (paused, partitioned) and a worker with ordinary RBAC alike —
+//     tokens are readable, identities are not forgeable.
+
+/// A holder-only guarded side.
+fn h(token: Option<&str>) -> Option<ObjectFacts> {
+    Some(ObjectFacts { writer: Some(crate::token::HOLDER_ONLY.into()), ..ObjectFacts::guarded("l", token) })
+}
+
+/// A lease bound to Pods, held by `holder` with newest token `issued`.
+fn bound(issued: u64, holder: Option<&str>) -> LeaseFacts {
+    LeaseFacts { identity: Some(HolderIdentity::Pod), holder: holder.map(str::to_string), ..strict(issued) }
+}
+
+/// A request from Pod `pod` (a Pod-bound ServiceAccount token).
+fn from_pod(pod: &str, mut req: Request) -> Request {
+    req.user = "system:serviceaccount:team:worker".into();
+    req.pod = Some(pod.into());
+    req
+}
+
+#[rstest]
+#[case::status_by_the_holder("a", "status", h(Some("5")), h(Some("5")), Ok(Reason::GuardUnchanged))]
+#[case::status_by_the_ex_holder("b", "status", h(Some("5")), h(Some("5")), Err((409, Reason::NotHolder)))]
+#[case::status_moving_the_guard_by_the_holder("a", "status", h(Some("5")), h(Some("1")), Err((409, Reason::StaleToken)))]
+#[case::update_by_the_holder("a", "", h(Some("5")), h(Some("6")), Ok(Reason::Fenced))]
+#[case::update_by_the_ex_holder_with_a_fresh_token("b", "", h(Some("5")), h(Some("6")), Err((409, Reason::NotHolder)))]
+#[case::create_by_the_ex_holder("b", "", None, h(Some("6")), Err((409, Reason::NotHolder)))]
+#[case::removing_the_label_by_the_ex_holder("b", "", h(Some("5")), g("l", Some("6")), Err((409, Reason::NotHolder)))]
+#[case::adding_the_label_by_the_ex_holder("b", "", g("l", Some("5")), h(Some("6")), Err((409, Reason::NotHolder)))]
+fn holder_only_writes(
+    #[case] pod: &str,
+    #[case] subresource: &str,
+    #[case] old: Option<ObjectFacts>,
+    #[case] new: Option<ObjectFacts>,
+    #[case] expect: Result<Reason, (u16, Reason)>,
+) {
+    let operation = if old.is_some() { Operation::Update } else { Operation::Create };
+    let mut req = from_pod(pod, request(operation, old, new));
+    req.subresource = Some(subresource.to_string()).filter(|s| !s.is_empty());
+    // Every holder-only write needs who holds the lease now: a quorum read, never the cache.
+    assert_eq!(read_needed(&req, &Exemptions::default(), Some(bound(6, Some("a")))), "quorum");
+    // The cache still names the ex-holder: it is not consulted.
+    let v = judge(&req, Some(bound(5, Some("b"))), Some(bound(6, Some("a"))));
+    match expect {
+        Ok(reason) => assert_eq!(v, Verdict::Allow { reason }),
+        Err(e) => assert_eq!(denied(&v), e, "{v:?}"),
+    }
+}
+
+#[test]
+fn a_holder_only_denial_names_the_holder_and_the_requester() {
+    let req = on("status", from_pod("b", request(Operation::Update, h(Some("5")), h(Some("5")))));
+    let Verdict::Deny { facts, message, .. } = judge_now(&req, bound(6, Some("a"))) else { panic!("expected a denial") };
+    assert_eq!((facts.holder.as_deref(), facts.requester.as_deref()), (Some("a"), Some("b")));
+    assert_eq!(facts.lease.as_deref(), Some("team/l"));
+    assert!(message.contains("held by a") && message.contains("from b"), "{message}");
+}
+
+#[rstest]
+#[case::unheld(bound(6, None), Err((409, Reason::NotHolder)))]
+#[case::held_by_the_pod(bound(6, Some("a")), Ok(Reason::GuardUnchanged))]
+#[case::no_pod_identity_in_the_request(bound(6, Some("system:serviceaccount:team:worker")), Err((409, Reason::NotHolder)))]
+#[case::user_bound(LeaseFacts { identity: Some(HolderIdentity::User), ..bound(6, Some("system:serviceaccount:team:worker")) }, Ok(Reason::GuardUnchanged))]
+#[case::user_bound_held_by_another(LeaseFacts { identity: Some(HolderIdentity::User), ..bound(6, Some("bob")) }, Err((409, Reason::NotHolder)))]
+#[case::lease_not_bound(LeaseFacts { identity: None, ..bound(6, Some("a")) }, Err((403, Reason::NotHolder)))]
+#[case::warn_lease(LeaseFacts { enforcement: Enforcement::Warn, ..bound(6, Some("b")) }, Ok(Reason::NotHolder))]
+fn the_holder_check_by_lease_kind(#[case] lease: LeaseFacts, #[case] expect: Result<Reason, (u16, Reason)>) {
+    let mut req = on("status", from_pod("a", request(Operation::Update, h(Some("5")), h(Some("5")))));
+    if lease.holder.as_deref() == Some("system:serviceaccount:team:worker") && lease.identity == Some(HolderIdentity::Pod) {
+        req.pod = None;
+    }
+    let v = judge_now(&req, lease);
+    match expect {
+        Ok(reason) => assert_eq!(v.reason(), reason, "{v:?}"),
+        Err(e) => assert_eq!(denied(&v), e, "{v:?}"),
+    }
+    assert!(matches!(judge(&req, None, None), Verdict::Deny { code: 403, reason: Reason::LeaseNotFound, .. }));
+}
+
+#[rstest]
+#[case::preconditioned_by_the_holder("a", true, Ok(Reason::DeletePreconditioned))]
+#[case::preconditioned_by_the_ex_holder("b", true, Err((409, Reason::NotHolder)))]
+#[case::unconditional_by_the_holder("a", false, Err((403, Reason::DeletePreconditionRequired)))]
+#[case::unconditional_by_the_ex_holder("b", false, Err((409, Reason::NotHolder)))]
+fn holder_only_deletes(#[case] pod: &str, #[case] precondition: bool, #[case] expect: Result<Reason, (u16, Reason)>) {
+    let mut req = from_pod(pod, request(Operation::Delete, h(Some("5")), None));
+    req.delete_precondition = precondition;
+    assert_eq!(read_needed(&req, &Exemptions::default(), Some(bound(6, Some("a")))), "quorum");
+    let v = judge(&req, Some(bound(6, Some("b"))), Some(bound(6, Some("a"))));
+    match expect {
+        Ok(reason) => assert_eq!(v, Verdict::Allow { reason }),
+        Err(e) => assert_eq!(denied(&v), e, "{v:?}"),
+    }
+}
+
+#[rstest]
+// The holder of the grant that issued the recorded token writes again: no write annotation needed.
+#[case::the_holder_of_this_grant(6, Some("a"), None, Ok(Reason::Fenced))]
+// The same Pod after it lost and regained the lease (a newer grant): its equal token is old.
+#[case::the_holder_of_a_newer_grant(7, Some("a"), Some("w2"), Err((409, Reason::StaleToken)))]
+#[case::another_pod(6, Some("b"), Some("w2"), Err((409, Reason::NotHolder)))]
+fn allow_equal_on_a_holder_only_object_means_the_holder_of_this_grant(
+    #[case] issued: u64,
+    #[case] holder: Option<&str>,
+    #[case] write: Option<&str>,
+    #[case] expect: Result<Reason, (u16, Reason)>,
+) {
+    let side = |w: Option<&str>| Some(ObjectFacts { write: w.map(str::to_string), ..h(Some("6")).unwrap_or_default() });
+    let req = from_pod("a", request(Operation::Update, side(Some("w1")), side(write.or(Some("w1")))));
+    let v = judge_now(&req, LeaseFacts { comparison: Comparison::AllowEqual, ..bound(issued, holder) });
+    match expect {
+        Ok(reason) => assert_eq!(v, Verdict::Allow { reason }),
+        Err(e) => assert_eq!(denied(&v), e, "{v:?}"),
+    }
+}
+
+#[rstest]
+#[case::a_typo(Some("Holder"), Err((400, Reason::WriterLabelInvalid)))]
+#[case::another_value(Some("anyone"), Err((400, Reason::WriterLabelInvalid)))]
+fn the_writer_label_has_one_value(#[case] value: Option<&str>, #[case] expect: Result<Reason, (u16, Reason)>) {
+    let new = Some(ObjectFacts { writer: value.map(str::to_string), ..ObjectFacts::guarded("l", Some("6")) });
+    let req = from_pod("a", request(Operation::Update, g("l", Some("5")), new));
+    assert_eq!(read_needed(&req, &Exemptions::default(), None), "none");
+    match expect {
+        Ok(reason) => assert_eq!(judge_now(&req, bound(6, Some("a"))), Verdict::Allow { reason }),
+        Err(e) => assert_eq!(denied(&judge_now(&req, bound(6, Some("a")))), e),
+    }
+}
+
+#[test]
+fn holder_only_objects_still_let_exempt_controllers_and_finalizer_removal_through() {
+    let gc = Request { user: GC.into(), ..request(Operation::Delete, h(Some("5")), None) };
+    assert_eq!(judge(&gc, None, None), Verdict::Allow { reason: Reason::Exempt });
+    let side = |finalizers: &[&str]| {
+        Some(ObjectFacts {
+            deleting: true,
+            content: Some(1),
+            finalizers: finalizers.iter().map(|f| f.to_string()).collect(),
+            ..h(Some("5")).unwrap_or_default()
+        })
+    };
+    let req = from_pod("b", request(Operation::Update, side(&["a"]), side(&[])));
+    assert_eq!(judge(&req, None, None), Verdict::Allow { reason: Reason::FinalizersRemoved });
 }
 
 #[test]
