@@ -205,12 +205,12 @@ pub async fn wait_policy_path(client: &Client, ns: &str, limit: Duration) {
     let deadline = Instant::now() + limit;
     let mut last = String::new();
     while Instant::now() < deadline {
-        if cms.get_opt(PROBE).await.ok().flatten().is_none() {
-            if let Err(e) = cms.create(&PostParams::default(), &probe).await {
-                last = e.to_string();
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
+        if cms.get_opt(PROBE).await.ok().flatten().is_none()
+            && let Err(e) = cms.create(&PostParams::default(), &probe).await
+        {
+            last = e.to_string();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
         }
         let never_issued = serde_json::json!({"metadata": {"annotations": {TOKEN_ANNOTATION: "4611686018427387904"}}});
         match cms.patch(PROBE, &PatchParams { dry_run: true, ..Default::default() }, &Patch::Merge(&never_issued)).await {
