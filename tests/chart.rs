@@ -119,6 +119,54 @@ fn the_chart_registers_what_local_mode_registers() {
     }
 }
 
+/// With `policyPath.enabled`, the chart registers what `run --local --policy-path` registers:
+/// the webhook's skip condition, the policy path's policy and binding (paramRef included), and
+/// the parameter guard, compared field by field.
+#[test]
+fn the_chart_registers_the_policy_path_as_local_mode_does() {
+    use kube_fence::admission::registration::{Endpoint, Registration};
+    let rendered = ok("helm", &["template", "cmp", CHART, "-n", "kf-system", "--set", "policyPath.enabled=true"], None);
+    let docs: Vec<serde_json::Value> = rendered
+        .split("\n---")
+        .filter_map(|doc| serde_yaml::from_str::<serde_json::Value>(doc).ok())
+        .filter(|doc| doc.is_object())
+        .collect();
+    let named = |kind: &str, suffix: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(suffix)))
+            .cloned()
+            .unwrap_or_else(|| panic!("the chart renders a {kind} named *{suffix}"))
+    };
+    let mut reg = Registration::new("cmp-kube-fence", Endpoint::Service { namespace: "kf-system".into(), name: "x".into(), port: 443 });
+    reg.operator_namespace = Some("kf-system".into());
+    reg.policy_path = true;
+    let ours = serde_json::to_value(reg.configuration()).expect("configuration");
+    let chart = named("ValidatingWebhookConfiguration", "kube-fence");
+    assert_eq!(chart["webhooks"][0]["matchConditions"], ours["webhooks"][0]["matchConditions"]);
+    let (policy, binding) = reg.policy_path_policy();
+    let (policy, binding) = (serde_json::to_value(policy).expect("policy"), serde_json::to_value(binding).expect("binding"));
+    let (chart_policy, chart_binding) =
+        (named("ValidatingAdmissionPolicy", "-policy-path"), named("ValidatingAdmissionPolicyBinding", "-policy-path"));
+    for field in ["failurePolicy", "paramKind", "matchConstraints", "matchConditions", "variables", "validations"] {
+        assert_eq!(chart_policy["spec"][field], policy["spec"][field], "policy-path field {field}");
+    }
+    for field in ["paramRef", "matchResources", "validationActions"] {
+        assert_eq!(chart_binding["spec"][field], binding["spec"][field], "policy-path binding field {field}");
+    }
+    let (params, _) = reg.params_policy(&["system:serviceaccount:kf-system:cmp-kube-fence".into()]);
+    let params = serde_json::to_value(params).expect("params policy");
+    let chart_params = named("ValidatingAdmissionPolicy", "-policy-params");
+    for field in ["failurePolicy", "matchConstraints", "matchConditions", "validations"] {
+        assert_eq!(chart_params["spec"][field], params["spec"][field], "parameter guard field {field}");
+    }
+    let deployment = named("Deployment", "kube-fence");
+    let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(args.as_array().is_some_and(|a| a.iter().any(|x| x == "--policy-path")), "{args}");
+    // Off by default: nothing of it is rendered.
+    let default = ok("helm", &["template", "cmp", CHART, "-n", "kf-system"], None);
+    assert!(!default.contains("policy-path") && !default.contains("not-judged-by-policy"));
+}
+
 #[test]
 fn chart_lints_and_the_schema_rejects_bad_values() {
     ok("helm", &["lint", "--strict", CHART], None);

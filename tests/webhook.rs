@@ -37,6 +37,8 @@ struct Fixture {
     ns: String,
     hook: Option<LocalWebhook>,
     registry: Arc<Registry>,
+    /// With `KF_POLICY_PATH=1`: stops the policy path's parameter keeper when dropped.
+    _params: Option<tokio_util::sync::DropGuard>,
 }
 
 impl Fixture {
@@ -45,6 +47,7 @@ impl Fixture {
         let ns = common::namespace(&client, test).await;
         let mut options = LocalOptions::new(format!("kf-test-{ns}"));
         options.only_namespaces = Some(vec![ns.clone()]);
+        options.policy_path = common::policy_path();
         Fixture::with_options(client, ns, options).await
     }
 
@@ -52,9 +55,20 @@ impl Fixture {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
         let registry = Arc::new(registry);
+        let policy_path = options.policy_path;
         let hook = LocalWebhook::start(client.clone(), options, metrics, registry.clone()).await.expect("start the webhook");
-        let f = Fixture { client, ns, hook: Some(hook), registry };
+        // The parameters are the lease controller's job; the tests grant by writing Lease status,
+        // so they run only the parameter keeper.
+        let params = policy_path.then(|| {
+            let stop = tokio_util::sync::CancellationToken::new();
+            tokio::spawn(kube_fence::lease::params::maintain(client.clone(), Some(ns.clone()), stop.clone()));
+            stop.drop_guard()
+        });
+        let f = Fixture { client, ns, hook: Some(hook), registry, _params: params };
         f.wait_enforced(&BTreeMap::new()).await;
+        if policy_path {
+            common::wait_policy_path(&f.client, &f.ns, Duration::from_secs(30)).await;
+        }
         f
     }
 
@@ -110,8 +124,12 @@ fn write(token: Option<u64>, writer: &str) -> serde_json::Value {
     json!({"metadata": {"annotations": {TOKEN: token.map(|t| t.to_string())}, "labels": {"writer": writer}}})
 }
 
+/// A merge patch, retried while the policy path's parameter cache has not seen its token yet
+/// (as the client library does; a no-op with the policy path off).
 async fn patch(api: &Api<DynamicObject>, name: &str, body: &serde_json::Value) -> Result<DynamicObject, kube::Error> {
-    api.patch(name, &PatchParams::default(), &Patch::Merge(body)).await
+    let params = PatchParams::default();
+    let body = Patch::Merge(body);
+    kube_fence::client::retry_unseen_token(|| api.patch(name, &params, &body)).await
 }
 
 fn token_of(obj: &DynamicObject) -> Option<u64> {
@@ -411,7 +429,8 @@ async fn webhook_down_fails_closed_but_spares_system_and_unguarded_objects() {
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let hook = LocalWebhook::start(client.clone(), options, metrics, Arc::new(registry)).await.unwrap();
-    let mut f = Fixture { client: client.clone(), ns: ns.clone(), hook: Some(hook), registry: Arc::new(Registry::default()) };
+    let mut f =
+        Fixture { client: client.clone(), ns: ns.clone(), hook: Some(hook), registry: Arc::new(Registry::default()), _params: None };
     f.wait_enforced(&scope).await;
     f.grant("work", "a", 5).await;
 
@@ -688,7 +707,7 @@ async fn rotated_certificate_is_picked_up_without_a_failed_admission() {
     registration.only_namespaces = Some(vec![ns.clone()]);
     registration.apply(&client).await.unwrap();
 
-    let f = Fixture { client: client.clone(), ns: ns.clone(), hook: None, registry };
+    let f = Fixture { client: client.clone(), ns: ns.clone(), hook: None, registry, _params: None };
     f.wait_enforced(&BTreeMap::new()).await;
     f.grant("work", "a", 1_000_000).await;
     let api = f.api::<ConfigMap>();

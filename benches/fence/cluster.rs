@@ -27,7 +27,7 @@ use crate::report::{Met, Samples, Table, met, mib, ms, rate, us};
 use crate::{Args, common, load};
 
 /// A child process, killed when dropped.
-struct Proc {
+pub(crate) struct Proc {
     name: &'static str,
     child: Child,
     log: PathBuf,
@@ -48,7 +48,7 @@ impl Proc {
         Ok(Proc { name, child, log })
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
@@ -88,7 +88,7 @@ fn memory(pid: u32) -> (u64, u64) {
 }
 
 /// CPU time (user + system) `pid` has used so far.
-fn cpu(pid: u32) -> Duration {
+pub(crate) fn cpu(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
@@ -116,19 +116,19 @@ async fn wait_ready(https: &load::Https, url: &str, proc: &mut Proc) -> anyhow::
 }
 
 /// The shared setup: namespaces, TLS files, the webhook process.
-struct Bench {
-    client: Client,
-    kubeconfig: PathBuf,
+pub(crate) struct Bench {
+    pub(crate) client: Client,
+    pub(crate) kubeconfig: PathBuf,
     dir: tempfile::TempDir,
-    ca_pem: String,
+    pub(crate) ca_pem: String,
     cert: PathBuf,
     key: PathBuf,
     /// Guarded objects and the no-controller lease live here; the webhook is registered for it.
-    ns_hook: String,
+    pub(crate) ns_hook: String,
     /// The controller runs here (acquire, takeover, scale).
     ns_lease: String,
-    webhook: Proc,
-    webhook_url: String,
+    pub(crate) webhook: Proc,
+    pub(crate) webhook_url: String,
     https: load::Https,
 }
 
@@ -206,7 +206,7 @@ async fn spawn_webhook(
     Ok((webhook, port))
 }
 
-async fn set_issued(leases: &Api<Lease>, token: u64) -> anyhow::Result<()> {
+pub(crate) async fn set_issued(leases: &Api<Lease>, token: u64) -> anyhow::Result<()> {
     let status = json!({"status": {"phase": "Held", "holder": "bench", "token": token}});
     leases.patch_status(LEASE, &PatchParams::default(), &Patch::Merge(&status)).await?;
     Ok(())
@@ -218,6 +218,9 @@ async fn sections(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::
     }
     if args.runs("apiserver") {
         guarded_vs_unguarded(args, table, bench).await?;
+    }
+    if args.runs("policy") {
+        crate::policy::run(args, table, bench).await?;
     }
     if args.runs("holder") {
         crate::holder::status_writes(args, table, &bench.client, &bench.ns_hook, &bench.webhook_url, &bench.ca_pem).await?;
@@ -350,7 +353,7 @@ async fn webhook_vs_noop(args: &Args, table: &mut Table, bench: &mut Bench) -> a
     Ok(())
 }
 
-fn merge(loads: Vec<load::Load>) -> load::Load {
+pub(crate) fn merge(loads: Vec<load::Load>) -> load::Load {
     let mut all = load::Load { ok: 0, failed: 0, elapsed: Duration::ZERO, latency: Samples::default() };
     for l in loads {
         all.ok += l.ok;
@@ -405,13 +408,13 @@ async fn guarded_vs_unguarded_registered(args: &Args, table: &mut Table, bench: 
     );
 
     // Throughput under load: rounds alternate so drift hits both alike.
-    updates(&cms, writers, writers * 5, true, &tokens).await?;
-    updates(&cms, writers, writers * 5, false, &tokens).await?;
+    updates(&cms, writers, writers * 5, true, &tokens, "").await?;
+    updates(&cms, writers, writers * 5, false, &tokens, "").await?;
     let rounds = 3;
     let (mut guarded, mut plain) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        guarded.push(updates(&cms, writers, args.updates() / rounds, true, &tokens).await?);
-        plain.push(updates(&cms, writers, args.updates() / rounds, false, &tokens).await?);
+        guarded.push(updates(&cms, writers, args.updates() / rounds, true, &tokens, "").await?);
+        plain.push(updates(&cms, writers, args.updates() / rounds, false, &tokens, "").await?);
     }
     let (g, p) = (merge(guarded), merge(plain));
     let ratio = g.per_sec() / p.per_sec();
@@ -437,8 +440,8 @@ async fn guarded_vs_unguarded_registered(args: &Args, table: &mut Table, bench: 
     // Latency alone: one writer, guarded and unguarded interleaved.
     let (mut g1, mut p1) = (Samples::default(), Samples::default());
     for _ in 0..(args.updates() / 2) {
-        g1.extend(updates(&cms, 1, 1, true, &tokens).await?.latency);
-        p1.extend(updates(&cms, 1, 1, false, &tokens).await?.latency);
+        g1.extend(updates(&cms, 1, 1, true, &tokens, "").await?.latency);
+        p1.extend(updates(&cms, 1, 1, false, &tokens, "").await?.latency);
     }
     let added99 = g1.p99().saturating_sub(p1.p99());
     table.add(
@@ -453,7 +456,7 @@ async fn guarded_vs_unguarded_registered(args: &Args, table: &mut Table, bench: 
     Ok(())
 }
 
-fn meta(name: &str, lease: Option<&str>, token: Option<u64>) -> ObjectMeta {
+pub(crate) fn meta(name: &str, lease: Option<&str>, token: Option<u64>) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_string()),
         labels: lease.map(|l| [(LEASE_LABEL.to_string(), l.to_string())].into()),
@@ -462,9 +465,17 @@ fn meta(name: &str, lease: Option<&str>, token: Option<u64>) -> ObjectMeta {
     }
 }
 
-/// `total` merge-patch updates from `writers` writers, each on its own ConfigMap (guarded ones
-/// stamped with a fresh, greater token; unguarded ones with an annotation of the same size).
-async fn updates(cms: &Api<ConfigMap>, writers: usize, total: usize, guarded: bool, tokens: &Arc<AtomicU64>) -> anyhow::Result<load::Load> {
+/// `total` merge-patch updates from `writers` writers, each on its own ConfigMap
+/// (`{prefix}guarded-{w}` / `{prefix}plain-{w}`; guarded ones stamped with a fresh, greater token,
+/// unguarded ones with an annotation of the same size).
+pub(crate) async fn updates(
+    cms: &Api<ConfigMap>,
+    writers: usize,
+    total: usize,
+    guarded: bool,
+    tokens: &Arc<AtomicU64>,
+    prefix: &'static str,
+) -> anyhow::Result<load::Load> {
     let started = Instant::now();
     let per = total.div_ceil(writers);
     let tasks: Vec<_> = (0..writers)
@@ -472,7 +483,7 @@ async fn updates(cms: &Api<ConfigMap>, writers: usize, total: usize, guarded: bo
             let (cms, tokens) = (cms.clone(), tokens.clone());
             tokio::spawn(async move {
                 let mut latency = Samples::default();
-                let name = if guarded { format!("guarded-{w}") } else { format!("plain-{w}") };
+                let name = if guarded { format!("{prefix}guarded-{w}") } else { format!("{prefix}plain-{w}") };
                 for i in 0..per {
                     let token = tokens.fetch_add(1, Ordering::Relaxed);
                     let annotation = if guarded { TOKEN_ANNOTATION } else { "bench.kubefence.io/seq" };

@@ -4,6 +4,7 @@
 //! 1. the admission decision in-process (parse → facts → decision → response JSON);
 //! 2. the webhook over HTTPS on loopback vs a no-op axum+rustls server (the limit);
 //! 3. guarded vs unguarded ConfigMap updates through the real API server;
+//!    3p. the webhook path vs the policy path vs unguarded, with the API server's CPU per write;
 //! 4. lease acquire latency vs two raw API server writes, and takeover delay vs lease duration;
 //! 5. many leases churning: grants/s and the controller's and webhook's resident memory.
 //!
@@ -18,6 +19,7 @@ mod common;
 mod decision;
 mod holder;
 mod load;
+mod policy;
 mod report;
 
 use clap::Parser;
@@ -34,7 +36,7 @@ pub struct Args {
     /// Small sizes: finishes in a few minutes.
     #[arg(long)]
     quick: bool,
-    /// Sections to run (decision, webhook, apiserver, acquire, scale, holder); default all.
+    /// Sections to run (decision, webhook, apiserver, policy, acquire, scale, holder); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Seconds per object size for the in-process decision.
@@ -130,7 +132,7 @@ fn main() -> anyhow::Result<()> {
     if args.runs("decision") {
         decision::run(&args, &mut table)?;
     }
-    let needs_cluster = ["webhook", "apiserver", "acquire", "scale", "holder"].iter().any(|s| args.runs(s));
+    let needs_cluster = ["webhook", "apiserver", "policy", "acquire", "scale", "holder"].iter().any(|s| args.runs(s));
     if needs_cluster {
         runtime.block_on(cluster::run(&args, &mut table))?;
     }

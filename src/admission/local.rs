@@ -28,6 +28,9 @@ pub struct LocalOptions {
     pub only_namespaces: Option<Vec<String>>,
     pub extra_object_labels: BTreeMap<String, String>,
     pub exempt: Exemptions,
+    /// Register the policy path too (`super::policy_path`); its parameters are kept by a lease
+    /// controller running with `ControllerOptions::policy_params`.
+    pub policy_path: bool,
 }
 
 impl LocalOptions {
@@ -38,6 +41,7 @@ impl LocalOptions {
             only_namespaces: None,
             extra_object_labels: BTreeMap::new(),
             exempt: Exemptions::default(),
+            policy_path: false,
         }
     }
 }
@@ -103,6 +107,7 @@ impl LocalWebhook {
         registration.ca_bundle = Some(made.ca_cert.clone());
         registration.only_namespaces = options.only_namespaces;
         registration.extra_object_labels = options.extra_object_labels;
+        registration.policy_path = options.policy_path;
         // Lease status is written by this process's controller, under this process's identity.
         let registered = async {
             let me = super::registration::whoami(&client).await?;

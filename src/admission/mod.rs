@@ -9,6 +9,7 @@
 //! - [`events`]: Kubernetes Events for rejected writes, budgeted per source.
 //! - [`metrics`]: the webhook's metrics.
 //! - [`tls`]: serving certificates — files hot-reloaded, or self-managed in a Secret.
+//! - [`policy_path`]: the writes the API server judges itself with `--policy-path` (CEL).
 //! - [`registration`]: the ValidatingWebhookConfiguration and the lease-status policy.
 
 pub mod decision;
@@ -17,6 +18,7 @@ pub mod events;
 pub mod leases;
 pub mod local;
 pub mod metrics;
+pub mod policy_path;
 pub mod registration;
 pub mod review;
 pub mod server;

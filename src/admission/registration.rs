@@ -16,12 +16,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, RuleWithOperations, ServiceReference, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingWebhook,
-    ValidatingWebhookConfiguration, WebhookClientConfig,
+    MatchCondition, ParamRef, RuleWithOperations, ServiceReference, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
 
+use super::policy_path;
 use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
 
 /// Name of the webhook inside the configuration; the API server quotes it in every denial:
@@ -69,6 +70,9 @@ pub struct Registration {
     pub extra_object_labels: BTreeMap<String, String>,
     /// Short: a guarded write waits at most this long for a verdict (then fails closed).
     pub timeout_seconds: i32,
+    /// The policy path (`--policy-path`): the policy judges UPDATEs of already-guarded objects
+    /// with a fresh token and the webhook skips them (`super::policy_path`).
+    pub policy_path: bool,
 }
 
 impl Registration {
@@ -81,6 +85,7 @@ impl Registration {
             only_namespaces: None,
             extra_object_labels: BTreeMap::new(),
             timeout_seconds: 5,
+            policy_path: false,
         }
     }
 
@@ -124,7 +129,7 @@ impl Registration {
             match_policy: Some("Equivalent".into()),
             timeout_seconds: Some(self.timeout_seconds),
             admission_review_versions: vec!["v1".into()],
-            match_conditions: Some(vec![MatchCondition { name: GUARD_CONDITION_NAME.into(), expression: guard_condition() }]),
+            match_conditions: Some(self.match_conditions()),
         };
         ValidatingWebhookConfiguration {
             metadata: ObjectMeta {
@@ -134,6 +139,16 @@ impl Registration {
             },
             webhooks: Some(vec![webhook]),
         }
+    }
+
+    /// The webhook's match conditions: the guard condition, and with the policy path on, the
+    /// writes the policy does not judge.
+    fn match_conditions(&self) -> Vec<MatchCondition> {
+        let mut conditions = vec![MatchCondition { name: GUARD_CONDITION_NAME.into(), expression: guard_condition() }];
+        if self.policy_path {
+            conditions.push(MatchCondition { name: policy_path::SKIP_CONDITION_NAME.into(), expression: policy_path::webhook_condition() });
+        }
+        conditions
     }
 
     /// Namespaces fenced: never the system namespaces or kube-fence's own; only the listed
@@ -186,6 +201,80 @@ impl Registration {
         if self.name == CONFIGURATION_NAME { STATUS_POLICY_NAME.to_string() } else { format!("{}-lease-status", self.name) }
     }
 
+    fn policy_path_name(&self) -> String {
+        format!("{}-policy-path", self.name)
+    }
+
+    fn params_policy_name(&self) -> String {
+        format!("{}-policy-params", self.name)
+    }
+
+    /// The policy path's policy (`super::policy_path`): UPDATEs of guarded objects that present
+    /// a token greater than the recorded one are judged `presented <= issued` against the
+    /// namespace's parameter ConfigMap; its binding reads that ConfigMap from the namespace of
+    /// the object (paramRef with a name and no namespace), and denies when it is absent. Pure.
+    pub fn policy_path_policy(&self) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+        let variables: Vec<serde_json::Value> = policy_path::variables()
+            .into_iter()
+            .map(|(name, expression)| serde_json::json!({"name": name, "expression": expression}))
+            .collect();
+        let (policy, mut binding) = self.policy(
+            &self.policy_path_name(),
+            serde_json::json!({
+                "failurePolicy": "Fail",
+                "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+                "matchConstraints": {
+                    "resourceRules": [{
+                        "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "operations": ["UPDATE"], "scope": "Namespaced",
+                    }],
+                    "objectSelector": self.object_selector(),
+                    "matchPolicy": "Equivalent",
+                },
+                "matchConditions": [{"name": "fresh-token-on-a-guarded-object", "expression": policy_path::fast_path()}],
+                "variables": variables,
+                "validations": [{"expression": policy_path::rule(), "messageExpression": policy_path::message(), "reason": "Forbidden"}],
+            }),
+        );
+        binding.spec.param_ref = Some(ParamRef {
+            name: Some(policy_path::PARAMS_NAME.into()),
+            namespace: None,
+            parameter_not_found_action: Some("Deny".into()),
+            selector: None,
+        });
+        (policy, binding)
+    }
+
+    /// The policy that lets only `writers` (and the namespace controller and garbage collector,
+    /// which delete what a namespace holds) write the policy path's parameter ConfigMaps: a
+    /// forged issued token would admit forged tokens. Pure.
+    pub fn params_policy(&self, writers: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+        let mut allowed = writers.to_vec();
+        allowed.extend(crate::admission::decision::DEFAULT_EXEMPT.map(String::from));
+        self.policy(
+            &self.params_policy_name(),
+            serde_json::json!({
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"], "operations": ["CREATE", "UPDATE", "DELETE"],
+                }]},
+                "matchConditions": [{"name": "the-parameter", "expression": format!("request.name == '{}'", policy_path::PARAMS_NAME)}],
+                "validations": [{
+                    "expression": requester_in(&allowed),
+                    "messageExpression": format!("'ConfigMap {} holds the issued fencing tokens the API server judges writes by: only the kube-fence controller writes it; ' + request.userInfo.username + ' may not'", policy_path::PARAMS_NAME),
+                    "reason": "Forbidden",
+                }],
+            }),
+        )
+    }
+
+    /// The object selector of guarded objects (plus the registration's extra labels).
+    fn object_selector(&self) -> LabelSelector {
+        LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement { key: LEASE_LABEL.into(), operator: "Exists".into(), values: None }]),
+            match_labels: (!self.extra_object_labels.is_empty()).then(|| self.extra_object_labels.clone()),
+        }
+    }
+
     fn identity_policy_name(&self) -> String {
         format!("{}-lease-identity", self.name)
     }
@@ -226,6 +315,24 @@ impl Registration {
             Api::<ValidatingAdmissionPolicy>::all(client.clone()).patch(&name, &params, &Patch::Apply(&policy)).await?;
             Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).patch(&name, &params, &Patch::Apply(&binding)).await?;
         }
+        if self.policy_path {
+            // Before the webhook's skip condition is registered (`apply`), so no write is skipped
+            // by the webhook before the policy judges it.
+            self.apply_policy_path(client, writers).await?;
+        }
+        Ok(())
+    }
+
+    /// Creates or updates the policy path's parameter guard (`writers` may write the parameters)
+    /// and its policy, in that order.
+    pub async fn apply_policy_path(&self, client: &kube::Client, writers: &[String]) -> Result<(), kube::Error> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for (name, (policy, binding)) in
+            [(self.params_policy_name(), self.params_policy(writers)), (self.policy_path_name(), self.policy_path_policy())]
+        {
+            Api::<ValidatingAdmissionPolicy>::all(client.clone()).patch(&name, &params, &Patch::Apply(&policy)).await?;
+            Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).patch(&name, &params, &Patch::Apply(&binding)).await?;
+        }
         Ok(())
     }
 
@@ -245,7 +352,7 @@ impl Registration {
             }
         }
         gone(Api::<ValidatingWebhookConfiguration>::all(client.clone()).delete(&self.name, &DeleteParams::default()).await)?;
-        for name in [self.status_policy_name(), self.identity_policy_name()] {
+        for name in [self.status_policy_name(), self.identity_policy_name(), self.policy_path_name(), self.params_policy_name()] {
             gone(Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).delete(&name, &DeleteParams::default()).await)?;
             gone(Api::<ValidatingAdmissionPolicy>::all(client.clone()).delete(&name, &DeleteParams::default()).await)?;
         }

@@ -33,6 +33,10 @@ pub struct ControllerArgs {
     /// name and process id).
     #[arg(long)]
     pub identity: Option<String>,
+    /// Keep the policy path's parameters: one ConfigMap kube-fence-tokens per namespace with
+    /// leases, mapping each lease to its newest issued token (see `kube-fence run --policy-path`).
+    #[arg(long, env = "KUBE_FENCE_POLICY_PATH")]
+    pub policy_path: bool,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }
@@ -43,6 +47,7 @@ pub async fn run(args: ControllerArgs) -> Result<(), Error> {
     let mut options = ControllerOptions::new(args.identity.unwrap_or_else(crate::process::identity)).leader_election(args.leader_election);
     options.namespace = args.namespace;
     options.leader_election_namespace = args.leader_election_namespace;
+    options.policy_params = args.policy_path;
 
     let stop = crate::process::shutdown_on_signal();
     let mut registry = Registry::default();

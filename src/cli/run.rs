@@ -55,6 +55,14 @@ pub struct RunArgs {
     #[arg(long, alias = "leader-elect")]
     pub leader_election: bool,
 
+    /// The policy path: the API server judges UPDATEs of guarded objects that present a fresh
+    /// token itself (a ValidatingAdmissionPolicy, no webhook call) and the webhook skips them.
+    /// The controller keeps its parameters (one ConfigMap kube-fence-tokens per namespace with
+    /// leases); with --local the policy and the webhook's skip condition are registered too (on
+    /// a cluster the chart's `policyPath.enabled` renders them).
+    #[arg(long, env = "KUBE_FENCE_POLICY_PATH")]
+    pub policy_path: bool,
+
     #[command(flatten)]
     pub webhook: WebhookArgs,
 }
@@ -73,6 +81,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
         ControllerOptions::new(args.identity.clone().unwrap_or_else(crate::process::identity)).leader_election(args.leader_election);
     options.namespace = args.watch_namespace.clone();
     options.leader_election_namespace = Some(args.webhook.namespace.clone());
+    options.policy_params = args.policy_path;
     let controller = crate::lease::controller::run(cluster.client.clone(), options, &mut registry, shutdown.clone().cancelled_owned());
     let metrics = Metrics::register(&mut registry);
     let registry = Arc::new(registry);
@@ -108,6 +117,7 @@ async fn local(
     options.port = args.local_port.unwrap_or(0);
     options.exempt = Exemptions::new(args.webhook.exempt.clone());
     options.only_namespaces = args.watch_namespace.clone().map(|ns| vec![ns]);
+    options.policy_path = args.policy_path;
     let local = LocalWebhook::start(cluster.client.clone(), options, metrics, registry)
         .await
         .map_err(|source| Error::StartLocalWebhook { server: cluster.server.clone(), source })?;

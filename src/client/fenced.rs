@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use super::{Error, Grant};
 use crate::admission::decision::Reason;
 use crate::admission::denial::Denial;
+use crate::admission::policy_path::PolicyDenial;
 use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token, WRITE_ANNOTATION};
 
 /// Stamps `obj` with the grant's lease label and token annotation.
@@ -33,12 +34,54 @@ pub fn write_id() -> String {
     format!("{nanos:x}-{:x}-{n:x}", std::process::id())
 }
 
+/// How long a write denied by the policy path for a token its parameter cache has not seen is
+/// retried (`crate::admission::policy_path`): a grant reaches the cache within milliseconds to
+/// a second (the controller writes the parameters after the grant; the API server's informer
+/// delivers them); a token still denied after this was never issued.
+pub const UNSEEN_TOKEN_BUDGET: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs `write` and, while the policy path denies it because the API server's parameter cache
+/// has not seen its token yet, runs it again (25 ms, doubling to 400 ms, for at most
+/// [`UNSEEN_TOKEN_BUDGET`]). The same request each time: admitted later is what admitted now
+/// would have been. Any other outcome is returned as it is.
+pub async fn retry_unseen_token<T, F, Fut>(mut write: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + UNSEEN_TOKEN_BUDGET;
+    let mut pause = std::time::Duration::from_millis(25);
+    loop {
+        match write().await {
+            Err(kube::Error::Api(status))
+                if PolicyDenial::from_status(&status).is_some() && tokio::time::Instant::now() + pause < deadline =>
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(400));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Maps an API error of a fenced write to the library's error, from the typed facts the
 /// webhook puts in `status.details` ([`Denial`]): a `StaleToken` denial to
 /// [`Error::StaleToken`], any other kube-fence denial to [`Error::Fenced`], the API server's own
 /// 409 (a failed precondition) to [`Error::Conflict`].
 fn classify(err: kube::Error) -> Error {
     let kube::Error::Api(status) = &err else { return Error::Kube(err) };
+    if let Some(denied) = PolicyDenial::from_status(status) {
+        // The policy path's denial, after [`retry_unseen_token`]: the token was never issued.
+        return Error::Fenced(Denial {
+            code: status.code,
+            reason: Reason::TokenNotIssued,
+            lease: Some(denied.lease),
+            presented: denied.presented,
+            recorded: denied.issued,
+            holder: None,
+            requester: None,
+        });
+    }
     match Denial::from_status(status) {
         Some(Denial { reason: Reason::StaleToken, presented: Some(presented), recorded: Some(recorded), .. }) => {
             Error::StaleToken { presented, recorded }
@@ -96,7 +139,8 @@ impl Grant {
         let mut obj = obj.clone();
         stamp(self, &mut obj);
         let name = obj.meta().name.clone().ok_or(Error::Missing("name"))?;
-        api.replace(&name, &PostParams::default(), &obj).await.map_err(classify)
+        let params = PostParams::default();
+        retry_unseen_token(|| api.replace(&name, &params, &obj)).await.map_err(classify)
     }
 
     /// Patches `name` with a merge, strategic-merge or apply patch, into whose `metadata` the
@@ -122,7 +166,7 @@ impl Grant {
             Patch::Apply(v) => Patch::Apply(self.stamp_patch(v)?),
             _ => return Err(Error::UnsupportedPatch("JSON patches cannot be stamped; use a merge or apply patch")),
         };
-        api.patch(name, params, &patch).await.map_err(classify)
+        retry_unseen_token(|| api.patch(name, params, &patch)).await.map_err(classify)
     }
 
     /// Deletes `obj` with a resourceVersion (and uid) precondition, so it deletes exactly the
@@ -232,6 +276,41 @@ mod tests {
         assert!(
             matches!(classify(kube::Error::Api(Box::new(not_holder))), Error::NotHolder { lease, holder: Some(h), requester: Some(r) } if lease == "ns/l" && h == "b" && r == "a")
         );
+    }
+
+    #[test]
+    fn a_policy_path_denial_is_a_typed_token_not_issued() {
+        let message = format!(
+            "ValidatingAdmissionPolicy 'kf-policy-path' with binding 'kf-policy-path' denied request: {} ns/l presented=9 issued=7: newer",
+            crate::admission::policy_path::DENIAL_HEAD
+        );
+        let err = classify(status(403, "Forbidden", &message));
+        assert!(
+            matches!(&err, Error::Fenced(Denial { reason: Reason::TokenNotIssued, lease: Some(l), presented: Some(p), recorded: Some(r), .. })
+                if l == "ns/l" && *p == t(9) && *r == t(7)),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unseen_token_is_retried_and_other_answers_are_not() {
+        let message = format!("{} ns/l presented=9 issued=7: newer", crate::admission::policy_path::DENIAL_HEAD);
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let admitted = retry_unseen_token(|| {
+            let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let message = message.clone();
+            async move { if n < 3 { Err(status(403, "Forbidden", &message)) } else { Ok(n) } }
+        })
+        .await;
+        assert_eq!(admitted.ok(), Some(3));
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let stale = retry_unseen_token(|| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async { Err::<(), _>(status(409, "StaleToken", "stale")) }
+        })
+        .await;
+        assert!(stale.is_err());
+        assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
     #[test]

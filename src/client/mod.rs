@@ -41,7 +41,7 @@
 mod fenced;
 mod lease;
 
-pub use fenced::stamp;
+pub use fenced::{UNSEEN_TOKEN_BUDGET, retry_unseen_token, stamp, write_id};
 pub use lease::{AcquireOptions, Grant, Holding, KeepAlive, KeepAliveOptions, Leases, Loss, Step, loss, next_step};
 
 use std::time::Duration;

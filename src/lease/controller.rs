@@ -72,6 +72,8 @@ pub struct ControllerOptions {
     pub lease_duration: Duration,
     pub renew_deadline: Duration,
     pub retry_period: Duration,
+    /// Keep the policy path's parameter ConfigMaps (`super::params`), while reconciling.
+    pub policy_params: bool,
 }
 
 impl ControllerOptions {
@@ -86,11 +88,17 @@ impl ControllerOptions {
             lease_duration: election.lease_duration,
             renew_deadline: election.renew_deadline,
             retry_period: election.retry_period,
+            policy_params: false,
         }
     }
 
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = Some(namespace.into());
+        self
+    }
+
+    pub fn policy_params(mut self, enabled: bool) -> Self {
+        self.policy_params = enabled;
         self
     }
 
@@ -279,6 +287,12 @@ async fn reconcile_until(client: Client, options: &ControllerOptions, metrics: M
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
+    // Stopped with this function, also when a lost leadership term drops it.
+    let _params = options.policy_params.then(|| {
+        let params = stop.child_token();
+        tokio::spawn(super::params::maintain(client.clone(), options.namespace.clone(), params.clone()));
+        params.drop_guard()
+    });
     // kube-runtime's `Controller` over a trimmed watch: the same applier (one reconcile per
     // Lease at a time, requeues, waiting for the first list), with a smaller cache.
     let (store, writer) = reflector::store();

@@ -5,4 +5,5 @@
 pub mod controller;
 pub mod events;
 pub mod leader;
+pub mod params;
 pub mod state;

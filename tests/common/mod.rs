@@ -176,3 +176,49 @@ pub async fn wait_fenced(client: &Client, ns: &str, labels: &BTreeMap<String, St
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Whether the tests run with the policy path on (`KF_POLICY_PATH=1`): the webhook is
+/// registered with its skip condition and the policy, and the parameters are kept. The fault
+/// suite and the webhook tests (the pause test among them) read it.
+pub fn policy_path() -> bool {
+    std::env::var("KF_POLICY_PATH").is_ok_and(|v| v == "1" || v == "true")
+}
+
+/// Waits until the API server judges fresh-token UPDATEs in `ns` with the policy path: a
+/// dry-run write of a never-issued token to a guarded probe object is denied by the policy
+/// (its parameter read, its binding active). Creates lease `kube-fence-probe-pp` (token 1) and
+/// the probe object, judged by the webhook; panics after `limit` with the last answer.
+pub async fn wait_policy_path(client: &Client, ns: &str, limit: Duration) {
+    use kube_fence::admission::policy_path::PolicyDenial;
+    use kube_fence::api::{Lease, LeaseSpec};
+    use kube_fence::token::TOKEN_ANNOTATION;
+    const PROBE: &str = "kube-fence-probe-pp";
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    if leases.get_opt(PROBE).await.expect("get the probe lease").is_none() {
+        leases.create(&PostParams::default(), &Lease::new(PROBE, LeaseSpec::default())).await.expect("create the probe lease");
+        let status = serde_json::json!({"status": {"phase": "Held", "holder": "probe", "token": 1}});
+        leases.patch_status(PROBE, &PatchParams::default(), &Patch::Merge(&status)).await.expect("probe lease status");
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let mut probe = guarded_configmap(PROBE, PROBE);
+    probe.metadata.annotations = Some([(TOKEN_ANNOTATION.to_string(), "1".to_string())].into());
+    let deadline = Instant::now() + limit;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        if cms.get_opt(PROBE).await.ok().flatten().is_none()
+            && let Err(e) = cms.create(&PostParams::default(), &probe).await
+        {
+            last = e.to_string();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        let never_issued = serde_json::json!({"metadata": {"annotations": {TOKEN_ANNOTATION: "4611686018427387904"}}});
+        match cms.patch(PROBE, &PatchParams { dry_run: true, ..Default::default() }, &Patch::Merge(&never_issued)).await {
+            Err(kube::Error::Api(e)) if PolicyDenial::from_status(&e).is_some() => return,
+            Err(e) => last = e.to_string(),
+            Ok(_) => last = "admitted (the policy is not active yet)".into(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the policy path does not judge writes in {ns} within {limit:?}; last answer: {last}");
+}

@@ -389,7 +389,7 @@ impl ControllerReplica {
         let stop = CancellationToken::new();
         let run = controller::run(
             client.clone(),
-            ControllerOptions::new(identity).namespace(ns),
+            ControllerOptions::new(identity).namespace(ns).policy_params(common::policy_path()),
             &mut Registry::default(),
             stop.clone().cancelled_owned(),
         );
@@ -417,6 +417,7 @@ impl Hook {
     async fn start(client: &Client, ns: &str) -> Hook {
         let mut options = LocalOptions::new(format!("kf-faults-{ns}"));
         options.only_namespaces = Some(vec![ns.to_string()]);
+        options.policy_path = common::policy_path();
         let mut hook = Hook { webhook: None, options };
         hook.serve(client).await;
         hook
@@ -756,6 +757,10 @@ pub async fn run(config: Config) -> Report {
     let mut faults = Faults { plane, controllers: vec![], hook: Hook::start(&client, &ns).await, generation: 0 };
     faults.new_controller(&world);
     common::wait_fenced(&client, &ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(60)).await;
+    if common::policy_path() {
+        common::wait_policy_path(&client, &ns, Duration::from_secs(60)).await;
+        eprintln!("[faults] policy path on: fresh-token updates are judged by the API server");
+    }
 
     // The leases, and the guarded objects each one binds, created with a first grant.
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
