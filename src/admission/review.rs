@@ -181,6 +181,7 @@ pub fn object_facts(obj: &Guardable) -> ObjectFacts {
         deleting: meta.deletion_timestamp.is_some(),
         finalizers: meta.finalizers.clone().unwrap_or_default(),
         content,
+        leader_lease: meta.labels.as_ref().and_then(|l| l.get(super::leader::LEADER_LEASE_LABEL)).cloned(),
     }
 }
 
