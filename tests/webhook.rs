@@ -8,6 +8,8 @@
 #[path = "webhook/attacks.rs"]
 mod attacks;
 mod common;
+#[path = "webhook/leader.rs"]
+mod leader;
 
 use common::Fencing;
 

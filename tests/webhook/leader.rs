@@ -1,0 +1,224 @@
+//! Fencing an unmodified leader-elected controller, on the real control plane: objects labelled
+//! `kubefence.io/leader-lease` are written only by the Pod holding that `coordination.k8s.io`
+//! Lease, and an opted-in Lease (`kubefence.io/holder-identity: Pod`) names as holder only the
+//! Pod that writes it. The Pods are never scheduled (no node): each client authenticates with a
+//! ServiceAccount token bound to its Pod, as the kubelet would mount it. Each test says which
+//! threat case it covers.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::Role;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use kube_fence::admission::decision::Reason;
+use kube_fence::admission::denial::Denial;
+use kube_fence::admission::leader::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, LEADER_LEASE_LABEL};
+use serde_json::json;
+
+use super::{Fixture, common};
+
+pub const WIDGET_CRD: &str = include_str!("../../examples/leader-go/widget-crd.yaml");
+
+/// The example's custom resource, installed once per test binary.
+pub async fn install_widget_crd(client: &Client) -> ApiResource {
+    let crd: CustomResourceDefinition = serde_yaml::from_str(WIDGET_CRD).expect("the Widget CRD parses");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.name_any();
+    crds.patch(&name, &PatchParams::apply("kube-fence-tests").force(), &Patch::Apply(&crd)).await.expect("apply the Widget CRD");
+    let established = kube::runtime::wait::await_condition(crds, &name, kube::runtime::wait::conditions::is_crd_established());
+    tokio::time::timeout(Duration::from_secs(30), established).await.expect("CRD established in 30s").expect("watch CRD");
+    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("example.kubefence.io", "v1", "Widget"), "widgets");
+    let widgets: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while widgets.list(&Default::default()).await.is_err() {
+        assert!(Instant::now() < deadline, "Widgets are not served 30 s after the CRD was established");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    resource
+}
+
+/// A controller's Pods: ServiceAccount `ctl` with what a leader-elected controller needs
+/// (`edit`, plus coordination Leases and Widgets with their status), and Pods `names` of it.
+pub async fn controller_pods(f: &Fixture, names: &[&str]) -> Vec<Pod> {
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "ctl"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &sa).await.expect("service account");
+    let user = format!("system:serviceaccount:{}:ctl", f.ns);
+    common::identity::grant_worker_rbac(&f.client, &f.ns, &user).await;
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "leader-elected", "namespace": f.ns},
+        "rules": [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["*"]},
+            {"apiGroups": ["example.kubefence.io"], "resources": ["widgets", "widgets/status"], "verbs": ["*"]},
+        ]
+    }))
+    .unwrap();
+    let pp = PatchParams::apply("kube-fence-tests").force();
+    Api::<Role>::namespaced(f.client.clone(), &f.ns).patch("leader-elected", &pp, &Patch::Apply(&role)).await.expect("role");
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "leader-elected", "namespace": f.ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "leader-elected"},
+        "subjects": [{"kind": "ServiceAccount", "name": "ctl", "namespace": f.ns}],
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(f.client.clone(), &f.ns)
+        .patch("leader-elected", &pp, &Patch::Apply(&binding))
+        .await
+        .expect("role binding");
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns);
+    let mut made = Vec::new();
+    for name in names {
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"serviceAccountName": "ctl", "containers": [{"name": "c", "image": "registry.invalid/none"}]}}))
+        .unwrap();
+        made.push(pods.create(&PostParams::default(), &pod).await.expect("pod"));
+    }
+    made
+}
+
+/// The leader-election Lease `name`, opted into holder binding, with no holder yet.
+pub async fn opted_in_lease(f: &Fixture, name: &str) {
+    let lease: LeaderLease =
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {HOLDER_IDENTITY_LABEL: HOLDER_IS_POD}}, "spec": {}})).unwrap();
+    Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &lease).await.expect("create the Lease");
+}
+
+/// What client-go's LeaseLock writes when it acquires, renews or takes over: the whole spec.
+async fn elect(client: &Client, ns: &str, lease: &str, holder: &str, renew: &str, transitions: i32) -> Result<LeaderLease, kube::Error> {
+    let leases: Api<LeaderLease> = Api::namespaced(client.clone(), ns);
+    let mut current = leases.get(lease).await?;
+    current.spec = Some(
+        serde_json::from_value(json!({"holderIdentity": holder, "leaseDurationSeconds": 4, "acquireTime": "2026-12-03T09:00:00.000000Z",
+            "renewTime": renew, "leaseTransitions": transitions}))
+        .unwrap(),
+    );
+    leases.replace(lease, &PostParams::default(), &current).await
+}
+
+fn not_holder(result: Result<impl std::fmt::Debug, kube::Error>, holder: &str, requester: &str) {
+    let status = common::rejected(result);
+    let denial = Denial::from_status(&status).unwrap_or_else(|| panic!("a kube-fence denial, got {status:?}"));
+    assert_eq!((denial.code, denial.reason), (409, Reason::NotHolder), "{status:?}");
+    assert_eq!(denial.holder.as_deref(), Some(holder));
+    assert_eq!(denial.requester.as_deref(), Some(requester));
+    assert!(status.message.contains(holder) && status.message.contains(requester), "{}", status.message);
+}
+
+fn forbidden(result: Result<LeaderLease, kube::Error>, says: &str) {
+    let status = common::rejected(result);
+    assert_eq!(status.code, 403, "{status:?}");
+    assert!(status.message.contains(says), "{says:?} not in {}", status.message);
+}
+
+/// Waits until the holder policy judges writes to opted-in Leases in the test's namespace (a
+/// policy takes effect a moment after it is created): a spoofed claim is refused.
+async fn wait_holder_policy(f: &Fixture, spoofer: &Client, lease: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while elect(spoofer, &f.ns, lease, "nobody-of-mine_x", "2026-12-03T09:00:00.000000Z", 0).await.is_ok() {
+        assert!(Instant::now() < deadline, "a claim under another Pod's name kept being admitted");
+        elect(&f.client, &f.ns, lease, "", "2026-12-03T09:00:00.000000Z", 0).await.expect("admin clears the spoofed claim");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Stale-but-honest writer: leader p1 was paused past its Lease; p2 took the Lease over and
+/// wrote. Every write p1 then sends — ConfigMap update and delete, a Widget's main resource and
+/// its `/status`, a create — is refused with 409 NotHolder naming the holder and the requester,
+/// and nothing p1 sent is stored. The holder's own writes (create, update, status, delete) are
+/// admitted before and after.
+#[tokio::test]
+async fn only_the_pod_holding_the_leader_lease_writes() {
+    let f = Fixture::new("leader-holder").await;
+    let widgets = install_widget_crd(&f.client).await;
+    let made = controller_pods(&f, &["p1", "p2"]).await;
+    let p1 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[0]).await;
+    let p2 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[1]).await;
+    opted_in_lease(&f, "ctl").await;
+    wait_holder_policy(&f, &p2, "ctl").await;
+    elect(&p1, &f.ns, "ctl", "p1_1111", "2026-12-03T09:00:01.000000Z", 1).await.expect("p1 acquires");
+
+    let cms = |c: &Client| Api::<ConfigMap>::namespaced(c.clone(), &f.ns);
+    let ws = |c: &Client| Api::<DynamicObject>::namespaced_with(c.clone(), &f.ns, &widgets);
+    let labelled = json!({LEADER_LEASE_LABEL: "ctl"});
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "state", "labels": labelled}, "data": {"writer": "p1"}})).unwrap();
+    common::accepted(cms(&p1).create(&PostParams::default(), &cm).await);
+    let widget: DynamicObject = serde_json::from_value(json!({"apiVersion": "example.kubefence.io/v1", "kind": "Widget",
+        "metadata": {"name": "w", "labels": labelled}, "spec": {"size": 1}}))
+    .unwrap();
+    common::accepted(ws(&p1).create(&PostParams::default(), &widget).await);
+    let status = |writer: &str| json!({"status": {"writer": writer}});
+    let data = |writer: &str| json!({"data": {"writer": writer}});
+    let pp = PatchParams::default();
+    common::accepted(ws(&p1).patch_status("w", &pp, &Patch::Merge(&status("p1"))).await);
+    common::accepted(cms(&p1).patch("state", &pp, &Patch::Merge(&data("p1"))).await);
+    // Not the holder: p2 cannot write while p1 leads.
+    not_holder(cms(&p2).patch("state", &pp, &Patch::Merge(&data("p2"))).await, "p1_1111", "p2");
+
+    // p1 is paused past its Lease; p2 takes over (client-go: a new holder, transitions + 1).
+    elect(&p2, &f.ns, "ctl", "p2_2222", "2026-12-03T09:00:10.000000Z", 2).await.expect("p2 takes over");
+    common::accepted(cms(&p2).patch("state", &pp, &Patch::Merge(&data("p2"))).await);
+    common::accepted(ws(&p2).patch_status("w", &pp, &Patch::Merge(&status("p2"))).await);
+
+    // p1 resumes and sends what it had prepared.
+    not_holder(cms(&p1).patch("state", &pp, &Patch::Merge(&data("p1-stale"))).await, "p2_2222", "p1");
+    not_holder(ws(&p1).patch_status("w", &pp, &Patch::Merge(&status("p1-stale"))).await, "p2_2222", "p1");
+    not_holder(ws(&p1).patch("w", &pp, &Patch::Merge(&json!({"spec": {"size": 9}}))).await, "p2_2222", "p1");
+    not_holder(cms(&p1).delete("state", &DeleteParams::default()).await, "p2_2222", "p1");
+    let another: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "other", "labels": labelled}})).unwrap();
+    not_holder(cms(&p1).create(&PostParams::default(), &another).await, "p2_2222", "p1");
+    // Dropping the label is a write too.
+    let unlabel = json!({"metadata": {"labels": {LEADER_LEASE_LABEL: null}}});
+    not_holder(cms(&p1).patch("state", &pp, &Patch::Merge(&unlabel)).await, "p2_2222", "p1");
+
+    let stored = cms(&f.client).get("state").await.expect("the ConfigMap is still there");
+    assert_eq!(stored.data.unwrap_or_default().get("writer").map(String::as_str), Some("p2"));
+    let stored = ws(&f.client).get("w").await.expect("the Widget");
+    assert_eq!(stored.data["status"]["writer"], "p2");
+    assert_eq!(stored.data["spec"]["size"], 1);
+    common::accepted(cms(&p2).delete("state", &DeleteParams::default()).await);
+    f.stop().await;
+}
+
+/// Worker with ordinary RBAC (any Pod of the controller's ServiceAccount can update its Lease):
+/// on an opted-in Lease, naming another Pod as holder, renewing another's hold, releasing it or
+/// dropping the opt-in label is refused (403) by the API server itself; a token bound to no Pod
+/// names nobody. client-go's own acquire, renew, release and take-over are admitted.
+#[tokio::test]
+async fn the_holder_of_an_opted_in_lease_cannot_be_spoofed() {
+    let f = Fixture::new("leader-spoof").await;
+    let made = controller_pods(&f, &["p1", "p2"]).await;
+    let p1 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[0]).await;
+    let p2 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[1]).await;
+    opted_in_lease(&f, "ctl").await;
+    wait_holder_policy(&f, &p2, "ctl").await;
+    let at = |s: u32| format!("2026-12-03T09:00:{s:02}.000000Z");
+
+    elect(&p1, &f.ns, "ctl", "p1_1111", &at(1), 1).await.expect("p1 acquires");
+    elect(&p1, &f.ns, "ctl", "p1_1111", &at(2), 1).await.expect("p1 renews");
+    forbidden(elect(&p2, &f.ns, "ctl", "p1_9999", &at(3), 2).await, "Pod p2 may hold it only as p2");
+    forbidden(elect(&p2, &f.ns, "ctl", "p1_1111", &at(3), 1).await, "Pod p2 may hold it only as p2");
+    forbidden(elect(&p2, &f.ns, "ctl", "p10_1111", &at(3), 2).await, "not as p10_1111");
+    forbidden(elect(&p2, &f.ns, "ctl", "", &at(3), 1).await, "released only by its holder p1_1111");
+    let bare = common::identity::client_as(&format!("system:serviceaccount:{}:ctl", f.ns)).await;
+    forbidden(elect(&bare, &f.ns, "ctl", "p2_2222", &at(3), 2).await, "carries no Pod identity");
+    let unlabel = json!({"metadata": {"labels": {HOLDER_IDENTITY_LABEL: null}}});
+    let leases = |c: &Client| Api::<LeaderLease>::namespaced(c.clone(), &f.ns);
+    forbidden(leases(&p2).patch("ctl", &PatchParams::default(), &Patch::Merge(&unlabel)).await, "removed only by an admin");
+    let stored = leases(&f.client).get("ctl").await.expect("lease");
+    assert_eq!(stored.spec.and_then(|s| s.holder_identity).as_deref(), Some("p1_1111"));
+
+    // client-go's release (ReleaseOnCancel), then another's acquisition, and a take-over after
+    // expiry (the policy judges names, not time: client-go judges expiry).
+    elect(&p1, &f.ns, "ctl", "", &at(4), 1).await.expect("p1 releases");
+    elect(&p2, &f.ns, "ctl", "p2_2222", &at(5), 2).await.expect("p2 acquires");
+    elect(&p1, &f.ns, "ctl", "p1_3333", &at(15), 3).await.expect("p1 takes over after p2's lease expired");
+    // A Lease created by client-go is opted in by name only (chart value leaderLeases); one that
+    // is not opted in is not judged.
+    let free: LeaderLease = serde_json::from_value(json!({"metadata": {"name": "free"}, "spec": {"holderIdentity": "p1_x"}})).unwrap();
+    common::accepted(leases(&p2).create(&PostParams::default(), &free).await);
+    f.stop().await;
+}
