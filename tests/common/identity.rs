@@ -63,10 +63,9 @@ pub async fn grant_worker_rbac(admin: &Client, ns: &str, user: &str) {
     }
 }
 
-/// A client that authenticates with a ServiceAccount token bound to Pod `pod` (as the kubelet
-/// gives a Pod): the API server then knows the requester's Pod name
-/// (`userInfo.extra["authentication.kubernetes.io/pod-name"]`).
-pub async fn client_as_pod(admin: &Client, ns: &str, service_account: &str, pod: &k8s_openapi::api::core::v1::Pod) -> Client {
+/// A ServiceAccount token bound to Pod `pod` (as the kubelet gives a Pod): the API server then
+/// knows the requester's Pod name (`userInfo.extra["authentication.kubernetes.io/pod-name"]`).
+pub async fn pod_token(admin: &Client, ns: &str, service_account: &str, pod: &k8s_openapi::api::core::v1::Pod) -> String {
     use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::core::v1::ServiceAccount;
     let request = TokenRequest {
@@ -86,12 +85,29 @@ pub async fn client_as_pod(admin: &Client, ns: &str, service_account: &str, pod:
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
     let issued =
         accounts.create_token_request(service_account, &kube::api::PostParams::default(), &request).await.expect("a Pod-bound token");
-    let token: String = issued.status.and_then(|s| s.token).expect("token in the TokenRequest status");
+    issued.status.and_then(|s| s.token).expect("token in the TokenRequest status")
+}
+
+/// The shared cluster's kubeconfig with `token` as its only credential.
+pub async fn kubeconfig_with_token(token: &str) -> Kubeconfig {
     let path = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("control plane thread");
-    let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
-    config.auth_info.token = Some(token.into());
-    config.auth_info.client_certificate_data = None;
-    config.auth_info.client_key_data = None;
+    let mut kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    for named in &mut kubeconfig.auth_infos {
+        if let Some(auth) = named.auth_info.as_mut() {
+            auth.token = Some(token.to_string().into());
+            auth.client_certificate_data = None;
+            auth.client_key_data = None;
+            auth.client_certificate = None;
+            auth.client_key = None;
+        }
+    }
+    kubeconfig
+}
+
+/// A client that authenticates with a ServiceAccount token bound to Pod `pod` ([`pod_token`]).
+pub async fn client_as_pod(admin: &Client, ns: &str, service_account: &str, pod: &k8s_openapi::api::core::v1::Pod) -> Client {
+    let token = pod_token(admin, ns, service_account, pod).await;
+    let kubeconfig = kubeconfig_with_token(&token).await;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
     Client::try_from(config).expect("client from kubeconfig")
 }
