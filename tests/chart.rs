@@ -91,7 +91,9 @@ fn the_chart_registers_what_local_mode_registers() {
         "admissionReviewVersions",
     ] {
         assert_eq!(chart["webhooks"][0][field], ours["webhooks"][0][field], "webhook field {field}");
+        assert_eq!(chart["webhooks"][1][field], ours["webhooks"][1][field], "leader webhook field {field}");
     }
+    assert_eq!(chart["webhooks"].as_array().map(Vec::len), Some(2), "the token webhook and the leader-lease webhook");
     let (policy, binding) = reg.status_policy(&["system:serviceaccount:kf-system:cmp-kube-fence".into()]);
     let (policy, binding) = (serde_json::to_value(policy).expect("policy"), serde_json::to_value(binding).expect("binding"));
     let chart_policy = docs
@@ -116,6 +118,15 @@ fn the_chart_registers_what_local_mode_registers() {
         .expect("the chart renders the identity policy");
     for field in ["failurePolicy", "matchConstraints", "matchConditions", "variables", "validations"] {
         assert_eq!(chart_identity["spec"][field], identity["spec"][field], "identity policy field {field}");
+    }
+    let (holder, _) = reg.holder_policy(&[]);
+    let holder = serde_json::to_value(holder).expect("holder policy");
+    let chart_holder = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-leader-holder")))
+        .expect("the chart renders the leader-holder policy");
+    for field in ["failurePolicy", "matchConstraints", "matchConditions", "variables", "validations"] {
+        assert_eq!(chart_holder["spec"][field], holder["spec"][field], "holder policy field {field}");
     }
 }
 
@@ -292,15 +303,18 @@ async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
     let expected_everywhere = [
         "events.events.k8s.io [] [] [create patch]",
         "leases.kubefence.io [] [] [get list watch]",
+        "leases.coordination.k8s.io [] [] [get]",
         "leases.kubefence.io/status [] [] [get update patch]",
         "validatingwebhookconfigurations.admissionregistration.k8s.io [] [rbac-kube-fence] [get update]",
     ];
     let mut expected_own: BTreeSet<String> = expected_everywhere.iter().map(|s| s.to_string()).collect();
+    // kubectl merges the verbs of one resource: leader election's create joins the webhook's get.
+    expected_own.remove("leases.coordination.k8s.io [] [] [get]");
     expected_own.extend(
         [
             "secrets [] [] [create]",
             "secrets [] [kube-fence-webhook-tls] [get]",
-            "leases.coordination.k8s.io [] [] [create]",
+            "leases.coordination.k8s.io [] [] [get create]",
             "leases.coordination.k8s.io [] [kube-fence-controller] [get update]",
         ]
         .iter()

@@ -10,6 +10,8 @@ mod attacks;
 mod common;
 #[path = "webhook/holders.rs"]
 mod holders;
+#[path = "webhook/leader.rs"]
+mod leader;
 
 use common::Fencing;
 

@@ -453,6 +453,68 @@ async fn guarded_vs_unguarded_registered(args: &Args, table: &mut Table, bench: 
         "≤ +1.5 ms p99",
         met(added99 <= Duration::from_micros(1500)),
     );
+    leader_guarded(args, table, bench).await
+}
+
+/// Section 3, the leader-election guard: one writer (a Pod-bound token, the Lease's holder)
+/// updating a ConfigMap labelled `kubefence.io/leader-lease` — judged by a quorum read of the
+/// Lease's holder — interleaved with updates of an unlabelled one.
+async fn leader_guarded(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube_fence::admission::leader::LEADER_LEASE_LABEL;
+    let (admin, ns) = (bench.client.clone(), bench.ns_hook.clone());
+    let pp = PostParams::default();
+    Api::<ServiceAccount>::namespaced(admin.clone(), &ns)
+        .create(&pp, &serde_json::from_value(json!({"metadata": {"name": "leader"}}))?)
+        .await?;
+    let role = json!({"metadata": {"name": "leader"}, "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["*"]}]});
+    Api::<Role>::namespaced(admin.clone(), &ns).create(&pp, &serde_json::from_value(role)?).await?;
+    let binding = json!({"metadata": {"name": "leader"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "leader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "leader", "namespace": ns}]});
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns).create(&pp, &serde_json::from_value(binding)?).await?;
+    let pod: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "leader-0"}, "spec": {"serviceAccountName": "leader", "containers": [{"name": "c", "image": "registry.invalid/none"}]}}),
+    )?;
+    let pod = Api::<Pod>::namespaced(admin.clone(), &ns).create(&pp, &pod).await?;
+    let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": "leader"}, "spec": {"holderIdentity": "leader-0_bench"}}))?;
+    Api::<LeaderLease>::namespaced(admin.clone(), &ns).create(&pp, &lease).await?;
+    let as_pod = common::identity::client_as_pod(&admin, &ns, "leader", &pod).await;
+    let cms: Api<ConfigMap> = Api::namespaced(as_pod, &ns);
+    let labels = |guarded: bool| guarded.then(|| [(LEADER_LEASE_LABEL.to_string(), "leader".to_string())].into());
+    for (name, guarded) in [("leader-guarded", true), ("leader-plain", false)] {
+        let cm = ConfigMap {
+            metadata: ObjectMeta { name: Some(name.into()), labels: labels(guarded), ..Default::default() },
+            ..Default::default()
+        };
+        // The Role takes a moment to reach the authorizer.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Err(err) = cms.create(&pp, &cm).await {
+            anyhow::ensure!(Instant::now() < deadline, "creating {name} as the Lease's holder: {err}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    eprintln!("[3] leader-lease guarded vs unguarded ConfigMap updates by the Lease's holder ({} each, 1 writer)", args.updates() / 2);
+    let (mut g, mut p) = (Samples::default(), Samples::default());
+    for i in 0..(args.updates() / 2) {
+        let patch = json!({"data": {"seq": i.to_string()}});
+        for (name, samples) in [("leader-guarded", &mut g), ("leader-plain", &mut p)] {
+            let t = Instant::now();
+            cms.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            samples.push(t.elapsed());
+        }
+    }
+    let added99 = g.p99().saturating_sub(p.p99());
+    table.add(
+        "3",
+        "… leader-lease guard (quorum read of the holder), 1 writer: p50 / p99 (added)",
+        format!("{} / {}", ms(g.p50()), ms(g.p99())),
+        format!("{} / {}", ms(p.p50()), ms(p.p99())),
+        format!("+{} / +{}", ms(g.p50().saturating_sub(p.p50())), ms(added99)),
+        "",
+        Met::Info,
+    );
     Ok(())
 }
 

@@ -58,6 +58,9 @@ pub struct ObjectFacts {
     /// every field outside `metadata`. `None` when it was not computed (then a finalizer removal
     /// is judged like any other write: the safe direction).
     pub content: Option<u64>,
+    /// Value of the `kubefence.io/leader-lease` label: the leader-election Lease whose holder
+    /// alone writes the object (judged by `super::leader`).
+    pub leader_lease: Option<String>,
 }
 
 impl ObjectFacts {
@@ -733,7 +736,7 @@ fn judge(lease: LeaseRef<'_>, rule: &Rule, writer: Option<Writer<'_>>, facts: Op
 }
 
 /// A Kubernetes object name (RFC 1123 subdomain): what a lease's name can be.
-fn is_dns_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= 253
         && s.split('.').all(|part| {
             !part.is_empty()

@@ -3,6 +3,8 @@
 //! - [`decision`]: the pure decision table (docs/design.md §5).
 //! - [`review`]: the wire — AdmissionReview in, decision facts out, AdmissionResponse back.
 //! - [`denial`]: the typed facts of a denial, written by the webhook, read by the client.
+//! - [`leader`]: fencing an unmodified leader-elected controller by who holds its
+//!   `coordination.k8s.io` Lease (pure, plus its one quorum read).
 //! - [`leases`]: reading the bound lease — watch cache, or a quorum read when the cache could be
 //!   stale in the unsafe direction.
 //! - [`server`]: the HTTPS server (`/validate`, `/healthz`, `/readyz`, `/metrics`) and its bounds.
@@ -15,6 +17,7 @@
 pub mod decision;
 pub mod denial;
 pub mod events;
+pub mod leader;
 pub mod leases;
 pub mod local;
 pub mod metrics;

@@ -22,12 +22,16 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
 
+use super::leader::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, LEADER_LEASE_LABEL};
 use super::policy_path;
 use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
 
 /// Name of the webhook inside the configuration; the API server quotes it in every denial:
 /// `admission webhook "fence.kubefence.io" denied the request: ...`.
 pub const WEBHOOK_NAME: &str = "fence.kubefence.io";
+/// Name of the webhook that judges objects bound to a leader-election Lease
+/// (`kubefence.io/leader-lease`).
+pub const LEADER_WEBHOOK_NAME: &str = "leader.kubefence.io";
 /// Name of the ValidatingWebhookConfiguration (local mode may add a suffix).
 pub const CONFIGURATION_NAME: &str = "kube-fence";
 /// Name of the webhook's match condition that skips subresource writes leaving the guard alone.
@@ -73,6 +77,9 @@ pub struct Registration {
     /// The policy path (`--policy-path`): the policy judges UPDATEs of already-guarded objects
     /// with a fresh token and the webhook skips them (`super::policy_path`).
     pub policy_path: bool,
+    /// Names of `coordination.k8s.io` Leases whose holder is bound to the requesting Pod, besides
+    /// those labelled `kubefence.io/holder-identity: Pod` (the holder policy).
+    pub leader_leases: Vec<String>,
 }
 
 impl Registration {
@@ -86,6 +93,7 @@ impl Registration {
             extra_object_labels: BTreeMap::new(),
             timeout_seconds: 5,
             policy_path: false,
+            leader_leases: Vec::new(),
         }
     }
 
@@ -131,13 +139,28 @@ impl Registration {
             admission_review_versions: vec!["v1".into()],
             match_conditions: Some(self.match_conditions()),
         };
+        // Objects bound to a leader-election Lease: every write, status included (the label is
+        // the opt-in, so no match condition skips any of them).
+        let leader = ValidatingWebhook {
+            name: LEADER_WEBHOOK_NAME.into(),
+            object_selector: Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: LEADER_LEASE_LABEL.into(),
+                    operator: "Exists".into(),
+                    values: None,
+                }]),
+                match_labels: (!self.extra_object_labels.is_empty()).then(|| self.extra_object_labels.clone()),
+            }),
+            match_conditions: None,
+            ..webhook.clone()
+        };
         ValidatingWebhookConfiguration {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
                 labels: Some([("app.kubernetes.io/managed-by".to_string(), "kube-fence".to_string())].into()),
                 ..Default::default()
             },
-            webhooks: Some(vec![webhook]),
+            webhooks: Some(vec![webhook, leader]),
         }
     }
 
@@ -305,13 +328,49 @@ impl Registration {
         )
     }
 
+    fn holder_policy_name(&self) -> String {
+        format!("{}-leader-holder", self.name)
+    }
+
+    /// The policy that binds the holder of an opted-in `coordination.k8s.io` Lease (labelled
+    /// `kubefence.io/holder-identity: Pod`, or named in `leader_leases`) to the requesting Pod:
+    /// a write that sets `holderIdentity` names the requester's own Pod (the [`super::leader::holds`]
+    /// rule), and only the holder clears it. client-go's acquire, renew, take-over and release
+    /// all write the writer's own identity (or clear it as the holder), so they pass. `admins`
+    /// (usernames) are exempt. Judged by the API server (CEL): no webhook call. Pure.
+    pub fn holder_policy(&self, admins: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+        let variables: Vec<serde_json::Value> =
+            HOLDER_VARIABLES.iter().map(|(name, expression)| serde_json::json!({"name": name, "expression": expression})).collect();
+        self.policy(
+            &self.holder_policy_name(),
+            serde_json::json!({
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["coordination.k8s.io"], "apiVersions": ["*"], "resources": ["leases"], "operations": ["CREATE", "UPDATE"],
+                }]},
+                "matchConditions": [
+                    {"name": "holder-bound", "expression": holder_bound(&self.leader_leases)},
+                    {"name": "not-an-admin", "expression": format!("!({})", requester_in(admins))},
+                ],
+                "variables": variables,
+                "validations": [
+                    {"expression": HOLDER_CLAIM_RULE, "messageExpression": HOLDER_CLAIM_MESSAGE, "reason": "Forbidden"},
+                    {"expression": HOLDER_RELEASE_RULE, "messageExpression": HOLDER_RELEASE_MESSAGE, "reason": "Forbidden"},
+                    {"expression": holder_label_kept(), "messageExpression": HOLDER_LABEL_MESSAGE, "reason": "Forbidden"},
+                ],
+            }),
+        )
+    }
+
     /// Creates or updates the lease-status policy (`writers` may write Lease status) and the
     /// identity policy (`admins` are exempt from it), with their bindings.
     pub async fn apply_policies(&self, client: &kube::Client, writers: &[String], admins: &[String]) -> Result<(), kube::Error> {
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        for (name, (policy, binding)) in
-            [(self.status_policy_name(), self.status_policy(writers)), (self.identity_policy_name(), self.identity_policy(admins))]
-        {
+        for (name, (policy, binding)) in [
+            (self.status_policy_name(), self.status_policy(writers)),
+            (self.identity_policy_name(), self.identity_policy(admins)),
+            (self.holder_policy_name(), self.holder_policy(admins)),
+        ] {
             Api::<ValidatingAdmissionPolicy>::all(client.clone()).patch(&name, &params, &Patch::Apply(&policy)).await?;
             Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).patch(&name, &params, &Patch::Apply(&binding)).await?;
         }
@@ -352,7 +411,13 @@ impl Registration {
             }
         }
         gone(Api::<ValidatingWebhookConfiguration>::all(client.clone()).delete(&self.name, &DeleteParams::default()).await)?;
-        for name in [self.status_policy_name(), self.identity_policy_name(), self.policy_path_name(), self.params_policy_name()] {
+        for name in [
+            self.status_policy_name(),
+            self.identity_policy_name(),
+            self.holder_policy_name(),
+            self.policy_path_name(),
+            self.params_policy_name(),
+        ] {
             gone(Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).delete(&name, &DeleteParams::default()).await)?;
             gone(Api::<ValidatingAdmissionPolicy>::all(client.clone()).delete(&name, &DeleteParams::default()).await)?;
         }
@@ -421,6 +486,47 @@ pub const IDENTITY_CLAIM_MESSAGE: &str = "'lease ' + object.metadata.name + ' bi
 pub const IDENTITY_RELEASE_RULE: &str = "variables.oldHolder == '' || variables.newHolder != '' || variables.oldHolder == variables.me";
 pub const IDENTITY_RELEASE_MESSAGE: &str = "'lease ' + object.metadata.name + ' is released only by its holder ' + variables.oldHolder + ' (spec.identity ' + object.spec.identity + '), not by ' + (variables.me == '' ? request.userInfo.username : variables.me)";
 
+/// CEL: whether `obj` (`object` or `oldObject`) carries the holder-identity opt-in label.
+fn holder_labelled(obj: &str) -> String {
+    format!(
+        "({obj} != null && has({obj}.metadata.labels) && '{HOLDER_IDENTITY_LABEL}' in {obj}.metadata.labels && {obj}.metadata.labels['{HOLDER_IDENTITY_LABEL}'] == '{HOLDER_IS_POD}')"
+    )
+}
+
+/// The holder policy's match condition: the Lease is opted in, by its label (before or after
+/// the write) or by name.
+pub fn holder_bound(names: &[String]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("'{}'", n.replace('\\', "\\\\").replace('\'', "\\'"))).collect();
+    format!("{} || {} || object.metadata.name in [{}]", holder_labelled("object"), holder_labelled("oldObject"), quoted.join(", "))
+}
+
+/// The opt-in label is removed only by an admin (else a worker could drop the binding first).
+pub fn holder_label_kept() -> String {
+    format!("!{} || {}", holder_labelled("oldObject"), holder_labelled("object"))
+}
+
+/// The holder policy's variables: the requesting Pod (`''` without a Pod-bound token), the
+/// holder before and after the write, and whether each names the requesting Pod.
+pub const HOLDER_VARIABLES: [(&str, &str); 5] = [
+    (
+        "me",
+        "(has(request.userInfo.extra) && 'authentication.kubernetes.io/pod-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/pod-name']) > 0) ? request.userInfo.extra['authentication.kubernetes.io/pod-name'][0] : ''",
+    ),
+    ("newHolder", "has(object.spec) && has(object.spec.holderIdentity) ? object.spec.holderIdentity : ''"),
+    ("oldHolder", "oldObject != null && has(oldObject.spec) && has(oldObject.spec.holderIdentity) ? oldObject.spec.holderIdentity : ''"),
+    ("newIsMe", "variables.me != '' && (variables.newHolder == variables.me || variables.newHolder.startsWith(variables.me + '_'))"),
+    ("oldIsMe", "variables.me != '' && (variables.oldHolder == variables.me || variables.oldHolder.startsWith(variables.me + '_'))"),
+];
+/// A write that names a holder names the requesting Pod, unless it leaves the spec as it was
+/// (a label or annotation change). A renewal of another's Lease is refused too.
+pub const HOLDER_CLAIM_RULE: &str = "variables.newHolder == '' || variables.newIsMe || (oldObject != null && has(oldObject.spec) && has(object.spec) && object.spec == oldObject.spec)";
+pub const HOLDER_CLAIM_MESSAGE: &str = "'Lease ' + object.metadata.name + ' binds its holderIdentity to the requesting Pod: ' + (variables.me == '' ? 'the request carries no Pod identity (use the Pod\\'s own ServiceAccount token)' : 'Pod ' + variables.me + ' may hold it only as ' + variables.me + ' or ' + variables.me + '_<suffix>, not as ' + variables.newHolder)";
+/// Clearing the holder (client-go's ReleaseOnCancel) is done by the holder itself.
+pub const HOLDER_RELEASE_RULE: &str = "variables.oldHolder == '' || variables.newHolder != '' || variables.oldIsMe";
+pub const HOLDER_RELEASE_MESSAGE: &str = "'Lease ' + object.metadata.name + ' is released only by its holder ' + variables.oldHolder + ', not by ' + (variables.me == '' ? request.userInfo.username : 'Pod ' + variables.me)";
+pub const HOLDER_LABEL_MESSAGE: &str =
+    "'the kubefence.io/holder-identity label of Lease ' + object.metadata.name + ' is removed only by an admin'";
+
 /// The lease-status policy's message.
 pub const STATUS_WRITER_MESSAGE: &str = "'the status of a kube-fence Lease (where fencing tokens are issued) is written only by the kube-fence controller; ' + request.userInfo.username + ' may not write it'";
 
@@ -455,6 +561,42 @@ mod tests {
         );
         assert_eq!(w["clientConfig"]["url"], "https://127.0.0.1:9443/validate");
         assert!(w["timeoutSeconds"].as_i64().unwrap() <= 10);
+    }
+
+    #[test]
+    fn leader_bound_objects_have_a_webhook_of_their_own_that_sees_every_write() {
+        let mut reg = Registration::new("kube-fence", Endpoint::Url("https://127.0.0.1:9443/validate".into()));
+        reg.extra_object_labels = [("test".to_string(), "t1".to_string())].into();
+        let json = serde_json::to_value(reg.configuration()).unwrap();
+        let (fence, leader) = (&json["webhooks"][0], &json["webhooks"][1]);
+        assert_eq!(leader["name"], LEADER_WEBHOOK_NAME);
+        assert_eq!(
+            leader["objectSelector"],
+            serde_json::json!({"matchExpressions": [{"key": "kubefence.io/leader-lease", "operator": "Exists"}], "matchLabels": {"test": "t1"}})
+        );
+        // The label is the opt-in: status writes are not skipped.
+        assert!(leader.get("matchConditions").is_none());
+        for same in ["rules", "namespaceSelector", "failurePolicy", "clientConfig", "timeoutSeconds", "sideEffects"] {
+            assert_eq!(leader[same], fence[same], "{same}");
+        }
+    }
+
+    #[test]
+    fn the_holder_policy_matches_opted_in_coordination_leases() {
+        let mut reg = Registration::new("kf", Endpoint::Url("https://127.0.0.1:9443/validate".into()));
+        reg.leader_leases = vec!["my-operator".into()];
+        let (policy, binding) = reg.holder_policy(&["admin".into()]);
+        let policy = serde_json::to_value(&policy).unwrap();
+        assert_eq!(policy["metadata"]["name"], "kf-leader-holder");
+        assert_eq!(binding.spec.policy_name, "kf-leader-holder");
+        let rule = &policy["spec"]["matchConstraints"]["resourceRules"][0];
+        assert_eq!(rule["apiGroups"], serde_json::json!(["coordination.k8s.io"]));
+        assert_eq!(rule["resources"], serde_json::json!(["leases"]));
+        let bound = policy["spec"]["matchConditions"][0]["expression"].as_str().unwrap_or_default();
+        assert!(bound.ends_with("object.metadata.name in ['my-operator']"), "{bound}");
+        assert!(bound.contains("'kubefence.io/holder-identity' in object.metadata.labels"), "{bound}");
+        assert_eq!(policy["spec"]["matchConditions"][1]["expression"], "!(request.userInfo.username in ['admin'])");
+        assert_eq!(policy["spec"]["validations"].as_array().map(Vec::len), Some(3));
     }
 
     #[test]

@@ -195,6 +195,7 @@ pub fn object_facts(obj: &Guardable) -> ObjectFacts {
         finalizers: meta.finalizers.clone().unwrap_or_default(),
         writer: meta.labels.as_ref().and_then(|l| l.get(WRITER_LABEL)).cloned(),
         content,
+        leader_lease: meta.labels.as_ref().and_then(|l| l.get(super::leader::LEADER_LEASE_LABEL)).cloned(),
     }
 }
 

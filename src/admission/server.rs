@@ -24,6 +24,7 @@ use tokio::sync::Semaphore;
 
 use super::decision::{self, Exemptions, Judged, Plan, QuorumRead, Reason, Verdict};
 use super::events::RejectionEvents;
+use super::leader::{self, HolderRead, LeaderPlan};
 use super::leases::LeaseDirectory;
 pub use super::metrics::Metrics;
 use super::metrics::{LeaseReadKind, Refusal};
@@ -56,8 +57,34 @@ impl Webhook {
         Webhook { exempt, leases, metrics, events, body_budget: Arc::new(Semaphore::new(BODY_BUDGET_BYTES)) }
     }
 
-    /// Judges one request: the plan, then at most one read of its lease.
+    /// Judges one request: by the leader-election Lease it is bound to, if any
+    /// ([`leader::plan`]), and by its kube-fence lease (an object may carry both guards: both
+    /// must admit the write).
     pub async fn judge(&self, req: &decision::Request) -> Verdict {
+        let by_holder = match leader::plan(req, &self.exempt) {
+            LeaderPlan::Done(verdict) => verdict,
+            LeaderPlan::Quorum(read) => self.judge_by_holder(read).await,
+        };
+        if !by_holder.is_allowed() {
+            return by_holder;
+        }
+        let by_token = self.judge_by_token(req).await;
+        if by_token.reason() == Reason::Unguarded { by_holder } else { by_token }
+    }
+
+    async fn judge_by_holder(&self, read: HolderRead<'_>) -> Verdict {
+        self.metrics.lease_read(LeaseReadKind::Linearizable);
+        let lease = read.lease();
+        match leader::read_holder(self.leases.client(), lease).await {
+            Ok(fresh) => read.judge(fresh),
+            Err(err) => {
+                Verdict::deny(500, Reason::LeaseReadFailed, format!("cannot read leader-election Lease {lease} (failing closed): {err}"))
+            }
+        }
+    }
+
+    /// The plan, then at most one read of the kube-fence lease.
+    async fn judge_by_token(&self, req: &decision::Request) -> Verdict {
         match decision::plan(req, &self.exempt) {
             Plan::Done(verdict) => verdict,
             Plan::Cache(read) => {

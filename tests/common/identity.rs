@@ -88,19 +88,26 @@ pub async fn pod_token(admin: &Client, ns: &str, service_account: &str, pod: &k8
     issued.status.and_then(|s| s.token).expect("token in the TokenRequest status")
 }
 
-/// The shared kubeconfig with its credentials replaced by `token`.
-async fn kubeconfig_with_token(token: &str) -> Kubeconfig {
+/// The shared cluster's kubeconfig with `token` as its only credential.
+pub async fn kubeconfig_with_token(token: &str) -> Kubeconfig {
     let path = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("control plane thread");
     let mut kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     for named in &mut kubeconfig.auth_infos {
-        named.auth_info = Some(kube::config::AuthInfo { token: Some(token.to_string().into()), ..Default::default() });
+        if let Some(auth) = named.auth_info.as_mut() {
+            auth.token = Some(token.to_string().into());
+            auth.client_certificate_data = None;
+            auth.client_key_data = None;
+            auth.client_certificate = None;
+            auth.client_key = None;
+        }
     }
     kubeconfig
 }
 
-/// A client that authenticates as Pod `pod` (a Pod-bound ServiceAccount token).
+/// A client that authenticates with a ServiceAccount token bound to Pod `pod` ([`pod_token`]).
 pub async fn client_as_pod(admin: &Client, ns: &str, service_account: &str, pod: &k8s_openapi::api::core::v1::Pod) -> Client {
-    let kubeconfig = kubeconfig_with_token(&pod_token(admin, ns, service_account, pod).await).await;
+    let token = pod_token(admin, ns, service_account, pod).await;
+    let kubeconfig = kubeconfig_with_token(&token).await;
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
     Client::try_from(config).expect("client from kubeconfig")
 }
