@@ -63,6 +63,31 @@ pub async fn grant_worker_rbac(admin: &Client, ns: &str, user: &str) {
     }
 }
 
+/// Pods `names` running as ServiceAccount `service_account` in `ns`. Nothing needs to run them:
+/// a Pod-bound token needs only the Pod object.
+pub async fn pods_of(admin: &Client, ns: &str, service_account: &str, names: &[&str]) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let mut made = Vec::new();
+    for name in names {
+        let pod: Pod = serde_json::from_value(serde_json::json!({"metadata": {"name": name},
+            "spec": {"serviceAccountName": service_account, "containers": [{"name": "c", "image": "registry.invalid/none"}]}}))
+        .expect("a Pod from a literal");
+        made.push(pods.create(&kube::api::PostParams::default(), &pod).await.expect("create the Pod"));
+    }
+    made
+}
+
+/// The ServiceAccount `worker` in `ns` with what a worker ordinarily has ([`grant_worker_rbac`]),
+/// and Pods `names` running as it.
+pub async fn worker_pods(admin: &Client, ns: &str, names: &[&str]) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let sa: ServiceAccount = serde_json::from_value(serde_json::json!({"metadata": {"name": "worker"}})).expect("a literal");
+    Api::<ServiceAccount>::namespaced(admin.clone(), ns).create(&kube::api::PostParams::default(), &sa).await.expect("create worker");
+    grant_worker_rbac(admin, ns, &format!("system:serviceaccount:{ns}:worker")).await;
+    pods_of(admin, ns, "worker", names).await
+}
+
 /// A ServiceAccount token bound to Pod `pod` (as the kubelet gives a Pod): the API server then
 /// knows the requester's Pod name (`userInfo.extra["authentication.kubernetes.io/pod-name"]`).
 pub async fn pod_token(admin: &Client, ns: &str, service_account: &str, pod: &k8s_openapi::api::core::v1::Pod) -> String {

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use kube_fence::api::{Lease, Phase};
@@ -139,17 +138,7 @@ async fn a_paused_holder_pod_cannot_write_status_after_losing_its_lease() {
     let rounds: u64 = std::env::var("KF_STATUS_PAUSE_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(100);
     let kf = KubeFence::start("e2e-status-pause").await;
     let (client, ns) = (kf.client.clone(), kf.ns.clone());
-    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "worker"}})).unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), &ns).create(&PostParams::default(), &sa).await.unwrap();
-    common::identity::grant_worker_rbac(&client, &ns, &format!("system:serviceaccount:{ns}:worker")).await;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let mut made = Vec::new();
-    for name in ["p1", "p2"] {
-        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name},
-            "spec": {"serviceAccountName": "worker", "containers": [{"name": "c", "image": "registry.invalid/none"}]}}))
-        .unwrap();
-        made.push(pods.create(&PostParams::default(), &pod).await.unwrap());
-    }
+    let made = common::identity::worker_pods(&client, &ns, &["p1", "p2"]).await;
     let p1_client = common::identity::client_as_pod(&client, &ns, "worker", &made[0]).await;
     common::identity::wait_authorized(&p1_client, &ns, "apps", "deployments", "create").await;
     let lease: Lease = serde_json::from_value(json!({"apiVersion": "kubefence.io/v1alpha1", "kind": "Lease",

@@ -549,19 +549,8 @@ async fn a_user_bound_lease_is_claimed_renewed_and_released_only_by_its_holder()
 /// nothing.
 #[tokio::test]
 async fn a_pod_bound_lease_is_claimed_renewed_and_released_only_by_its_pod() {
-    use k8s_openapi::api::core::v1::ServiceAccount;
     let f = Fixture::new("identity-pod").await;
-    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "worker"}})).unwrap();
-    Api::<ServiceAccount>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &sa).await.unwrap();
-    common::identity::grant_worker_rbac(&f.client, &f.ns, &format!("system:serviceaccount:{}:worker", f.ns)).await;
-    let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns);
-    let mut made = Vec::new();
-    for name in ["p1", "p2"] {
-        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name},
-            "spec": {"serviceAccountName": "worker", "containers": [{"name": "c", "image": "registry.invalid/none"}]}}))
-        .unwrap();
-        made.push(pods.create(&PostParams::default(), &pod).await.unwrap());
-    }
+    let made = common::identity::worker_pods(&f.client, &f.ns, &["p1", "p2"]).await;
     let p1 = common::identity::client_as_pod(&f.client, &f.ns, "worker", &made[0]).await;
     let p2 = common::identity::client_as_pod(&f.client, &f.ns, "worker", &made[1]).await;
     f.leases().create(&PostParams::default(), &bound_lease("bound", "Pod")).await.unwrap();

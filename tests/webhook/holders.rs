@@ -4,7 +4,7 @@
 //! holder, read linearizably. Each test says which case it covers.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 use kube_fence::admission::decision::Reason;
@@ -17,16 +17,8 @@ use super::{Fixture, TOKEN, common, configmap, deployment};
 /// Two Pods of one ServiceAccount with ordinary worker RBAC, and a client for each that
 /// authenticates as that Pod.
 async fn two_pods(f: &Fixture) -> (Client, Client) {
-    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "worker"}})).unwrap();
-    Api::<ServiceAccount>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &sa).await.unwrap();
-    common::identity::grant_worker_rbac(&f.client, &f.ns, &format!("system:serviceaccount:{}:worker", f.ns)).await;
-    let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns);
     let mut clients = Vec::new();
-    for name in ["p1", "p2"] {
-        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name},
-            "spec": {"serviceAccountName": "worker", "containers": [{"name": "c", "image": "registry.invalid/none"}]}}))
-        .unwrap();
-        let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    for pod in common::identity::worker_pods(&f.client, &f.ns, &["p1", "p2"]).await {
         clients.push(common::identity::client_as_pod(&f.client, &f.ns, "worker", &pod).await);
     }
     let p2 = clients.pop().unwrap();

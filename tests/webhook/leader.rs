@@ -73,15 +73,7 @@ pub async fn controller_pods(f: &Fixture, names: &[&str]) -> Vec<Pod> {
         .patch("leader-elected", &pp, &Patch::Apply(&binding))
         .await
         .expect("role binding");
-    let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns);
-    let mut made = Vec::new();
-    for name in names {
-        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name},
-            "spec": {"serviceAccountName": "ctl", "containers": [{"name": "c", "image": "registry.invalid/none"}]}}))
-        .unwrap();
-        made.push(pods.create(&PostParams::default(), &pod).await.expect("pod"));
-    }
-    made
+    common::identity::pods_of(&f.client, &f.ns, "ctl", names).await
 }
 
 /// The leader-election Lease `name`, opted into holder binding, with no holder yet.
