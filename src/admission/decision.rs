@@ -459,6 +459,12 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
     let writer = (writer_label(&req.old).is_some() || writer_label(&req.new).is_some())
         .then_some(Writer { user: &req.user, pod: req.pod.as_deref() });
     let lease = |name| LeaseRef { namespace: &req.namespace, name };
+    // A row that depends on the lease may be judged from the cache, except for a holder-only
+    // object: who holds the lease now is read with a quorum read.
+    let read = |pending: Pending<'r>| match pending.writer {
+        Some(_) => Plan::Quorum(QuorumRead(pending)),
+        None => Plan::Cache(CacheRead(pending)),
+    };
     // Rows admitted without a token: for a holder-only object, once the holder check passed
     // (a quorum read of its lease); for any other, at once.
     let by_holder = |reason: Reason| match (writer, old_lease.or(new_lease)) {
@@ -482,10 +488,7 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
         Operation::Connect => pass(Reason::Unguarded),
         Operation::Delete => match old_lease {
             Some(_) if req.delete_precondition => by_holder(Reason::DeletePreconditioned),
-            Some(name) if writer.is_some() => {
-                Plan::Quorum(QuorumRead(Pending { lease: lease(name), rule: Rule::UnconditionalDelete, writer }))
-            }
-            Some(name) => Plan::Cache(CacheRead(Pending { lease: lease(name), rule: Rule::UnconditionalDelete, writer: None })),
+            Some(name) => read(Pending { lease: lease(name), rule: Rule::UnconditionalDelete, writer }),
             None => pass(Reason::Unguarded),
         },
         Operation::Create | Operation::Update => {
@@ -523,9 +526,7 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
             let restated = new.write.is_some() && new.write.as_deref() != req.old.as_ref().and_then(|o| o.write.as_deref());
             let pending = |rule| Pending { lease: lease(name), rule, writer };
             match recorded {
-                // A holder-only object needs who holds the lease now: a quorum read.
-                Some(recorded) if writer.is_some() => Plan::Quorum(QuorumRead(pending(Rule::Successor { presented, recorded, restated }))),
-                Some(recorded) => Plan::Cache(CacheRead(pending(Rule::Successor { presented, recorded, restated }))),
+                Some(recorded) => read(pending(Rule::Successor { presented, recorded, restated })),
                 None => Plan::Quorum(QuorumRead(pending(Rule::Fresh { presented }))),
             }
         }
