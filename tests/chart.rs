@@ -256,6 +256,25 @@ async fn rendered_objects_pass_a_server_side_dry_run_in_both_tls_modes() {
     ] {
         assert!(out.contains(kind), "dry run covered {kind}:\n{out}");
     }
+    // The API server compiles the holder policy's CEL under the other shape of the identity rule
+    // too (the Pod's name exactly).
+    let exact = ok(
+        "helm",
+        &[
+            "template",
+            "dry",
+            CHART,
+            "-n",
+            &ns,
+            "--set",
+            &format!("webhook.onlyNamespaces={{{ns}-nothing}}"),
+            "--set",
+            "leaderIdentity.separator=none",
+        ],
+        None,
+    );
+    let out = ok("kubectl", &["apply", "--dry-run=server", "-n", &ns, "-f", "-"], Some(exact.as_bytes()));
+    assert!(out.contains("validatingadmissionpolicy.admissionregistration.k8s.io/dry-kube-fence-leader-holder"), "{out}");
     // cert-manager mode renders the injection annotation and a Certificate for the Service names.
     let cm = ok("helm", &["template", "dry", CHART, "-n", &ns, "--set", "tls.mode=certManager"], None);
     assert!(cm.contains(&format!("cert-manager.io/inject-ca-from: {ns}/dry-kube-fence-webhook")), "{cm}");
