@@ -339,9 +339,10 @@ impl Registration {
     /// The policy that binds the holder of an opted-in `coordination.k8s.io` Lease (labelled
     /// `kubefence.io/holder-identity: Pod`, or named in `leader_leases`) to the requesting Pod:
     /// a write that sets `holderIdentity` names the requester's own Pod (by `leader_identity`, the
-    /// rule the webhook judges by), and only the holder clears it. client-go's acquire, renew, take-over and release
-    /// all write the writer's own identity (or clear it as the holder), so they pass. `admins`
-    /// (usernames) are exempt. Judged by the API server (CEL): no webhook call. Pure.
+    /// rule the webhook judges by), and only the holder clears it. client-go's acquire, renew,
+    /// take-over and release all write the writer's own identity (or clear it as the holder), so
+    /// they pass. `admins` (usernames) are exempt. Judged by the API server (CEL): no webhook
+    /// call. Pure.
     pub fn holder_policy(&self, admins: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
         let variables: Vec<serde_json::Value> = holder_variables(&self.leader_identity)
             .iter()

@@ -76,7 +76,7 @@ pub struct WebhookArgs {
     /// exactly. SEP must not start with a character Pod names contain (a-z, 0-9, '-', '.'): with
     /// '-', Pod p1 would match Pod p1-x's identities. The holder policy (chart value
     /// leaderIdentity.separator; registered by `run --local`) must use the same rule.
-    #[arg(long = "leader-identity-separator", value_name = "SEP", default_value = IdentityRule::DEFAULT_SEPARATOR, env = "KUBE_FENCE_LEADER_IDENTITY_SEPARATOR")]
+    #[arg(long = "leader-identity-separator", value_name = "SEP", default_value = IdentityRule::DEFAULT_SEPARATOR)]
     pub leader_identity: IdentityRule,
 
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
