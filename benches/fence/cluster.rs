@@ -527,17 +527,20 @@ pub(crate) fn meta(name: &str, lease: Option<&str>, token: Option<u64>) -> Objec
     }
 }
 
-/// `total` merge-patch updates from `writers` writers, each on its own ConfigMap
-/// (`{prefix}guarded-{w}` / `{prefix}plain-{w}`; guarded ones stamped with a fresh, greater token,
+/// `total` merge-patch updates from `writers` writers, each on its own object (a ConfigMap, or a
+/// custom resource with a `data` map: `{prefix}guarded-{w}` / `{prefix}plain-{w}`; guarded ones stamped with a fresh, greater token,
 /// unguarded ones with an annotation of the same size).
-pub(crate) async fn updates(
-    cms: &Api<ConfigMap>,
+pub(crate) async fn updates<K>(
+    cms: &Api<K>,
     writers: usize,
     total: usize,
     guarded: bool,
     tokens: &Arc<AtomicU64>,
     prefix: &'static str,
-) -> anyhow::Result<load::Load> {
+) -> anyhow::Result<load::Load>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
     let started = Instant::now();
     let per = total.div_ceil(writers);
     let tasks: Vec<_> = (0..writers)

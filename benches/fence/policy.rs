@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube_fence::admission::registration::{Endpoint, Registration};
 use kube_fence::api::{Lease, LeaseSpec};
 use kube_fence::token::TOKEN_ANNOTATION;
@@ -89,6 +89,8 @@ pub async fn run(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::R
     webhook_path.remove(&client).await?;
     policy_path.remove(&client).await?;
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone()).delete(&ns_policy, &kube::api::DeleteParams::default()).await;
+    let crds = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(client.clone());
+    let _ = crds.delete(BENCH_CRD, &kube::api::DeleteParams::default()).await;
     result
 }
 
@@ -117,6 +119,22 @@ async fn measure(args: &Args, table: &mut Table, bench: &mut Bench, ns_policy: &
             }
         }
     }
+    // The same objects as a custom resource: the API server holds those as unstructured objects,
+    // so its CEL needs no conversion of them by reflection (a built-in kind's does).
+    let resource = bench_crd(&bench.client).await?;
+    let hook_crs: Api<DynamicObject> = Api::namespaced_with(bench.client.clone(), &bench.ns_hook, &resource);
+    let policy_crs: Api<DynamicObject> = Api::namespaced_with(bench.client.clone(), ns_policy, &resource);
+    for w in 0..max_writers {
+        for crs in [&hook_crs, &policy_crs] {
+            for (name, lease, token) in [(format!("pp-guarded-{w}"), Some(LEASE), Some(first)), (format!("pp-plain-{w}"), None, None)] {
+                if crs.get_opt(&name).await?.is_none() {
+                    let mut object = DynamicObject::new(&name, &resource).data(json!({"data": {"seq": "0"}}));
+                    object.metadata = meta(&name, lease, token);
+                    crs.create(&PostParams::default(), &object).await?;
+                }
+            }
+        }
+    }
     // Room for every update's token (t > recorded, t <= issued) on both leases.
     set_issued(&hook_leases, first * 2).await?;
     set_issued(&policy_leases, first * 2).await?;
@@ -138,92 +156,38 @@ async fn measure(args: &Args, table: &mut Table, bench: &mut Bench, ns_policy: &
         Met::Info,
     );
 
-    for writers in [1, max_writers] {
-        let total = args.updates();
-        eprintln!("[3p] webhook path vs policy path vs unguarded: {total} updates each, {writers} writer(s), API server pid {apiserver}");
-        // Warm up all three.
-        for (cms, guarded) in [(&hook_cms, true), (&policy_cms, true), (&policy_cms, false)] {
-            updates(cms, writers, writers * 5, guarded, &tokens, "pp-").await?;
-        }
-        let (mut hook, mut policy, mut plain) = (Kind::default(), Kind::default(), Kind::default());
-        let rounds = 3;
-        for _ in 0..rounds {
-            for (kind, cms, guarded) in [(&mut hook, &hook_cms, true), (&mut policy, &policy_cms, true), (&mut plain, &policy_cms, false)] {
-                let (api_before, hook_before) = (cpu(apiserver), cpu(bench.webhook.pid()));
-                kind.loads.push(updates(cms, writers, total / rounds, guarded, &tokens, "pp-").await?);
-                kind.apiserver_cpu += cpu(apiserver) - api_before;
-                kind.webhook_cpu += cpu(bench.webhook.pid()) - hook_before;
-            }
-        }
-        let (h, p, u) = (hook.merged(), policy.merged(), plain.merged());
-        let per = |cpu: Duration, load: &load::Load| cpu / load.ok.max(1) as u32;
-        // Net of the idle background over the same time (an estimate: the background under load
-        // need not be the idle one).
-        let net = |cpu: Duration, load: &load::Load| per(cpu.saturating_sub(idle.mul_f64(load.elapsed.as_secs_f64())), load);
-        let u_cpu = per(plain.apiserver_cpu, &u);
-        let u_net = net(plain.apiserver_cpu, &u);
-        for (label, kind, load, target) in [("webhook path", &hook, &h, None), ("policy path", &policy, &p, Some(0.9))] {
-            let ratio = load.per_sec() / u.per_sec();
-            table.add(
-                "3p",
-                format!("{label}, {writers} writer(s): throughput (vs unguarded)"),
-                rate(load.per_sec(), "upd"),
-                rate(u.per_sec(), "upd"),
-                format!("{ratio:.2}×"),
-                target.map(|t| format!("≥ {t:.2}×")).unwrap_or_default(),
-                target.map(|t| met(ratio >= t)).unwrap_or(Met::Info),
-            );
-            table.add(
-                "3p",
-                format!("… {label}, {writers} writer(s): p50 / p99 (added)"),
-                format!("{} / {}", ms(load.latency.p50()), ms(load.latency.p99())),
-                format!("{} / {}", ms(u.latency.p50()), ms(u.latency.p99())),
-                format!(
-                    "+{} / +{}",
-                    ms(load.latency.p50().saturating_sub(u.latency.p50())),
-                    ms(load.latency.p99().saturating_sub(u.latency.p99()))
-                ),
-                "",
-                Met::Info,
-            );
-            let (api_cpu, api_net) = (per(kind.apiserver_cpu, load), net(kind.apiserver_cpu, load));
-            table.add(
-                "3p",
-                format!("… {label}, {writers} writer(s): API server CPU per write, net of idle (webhook process CPU per write)"),
-                format!("{}, net {} ({})", ms(api_cpu), ms(api_net), ms(per(kind.webhook_cpu, load))),
-                format!("{}, net {}", ms(u_cpu), ms(u_net)),
-                format!(
-                    "{:.2}×, net {:.2}×",
-                    api_cpu.as_secs_f64() / u_cpu.as_secs_f64().max(1e-9),
-                    api_net.as_secs_f64() / u_net.as_secs_f64().max(1e-9)
-                ),
-                "",
-                Met::Info,
-            );
-        }
-    }
+    compare(args, table, bench, apiserver, idle, "ConfigMaps", &hook_cms, &policy_cms, &tokens).await?;
+    compare(args, table, bench, apiserver, idle, "custom resources", &hook_crs, &policy_crs, &tokens).await?;
     if let Some(dir) = &args.profile_apiserver {
         std::fs::create_dir_all(dir)?;
-        for (label, cms, guarded) in
-            [("webhook-path", &hook_cms, true), ("policy-path", &policy_cms, true), ("unguarded", &policy_cms, false)]
-        {
-            let file = dir.join(format!("apiserver-{label}-{max_writers}w.pprof"));
-            profile_under_load(&bench.client, &file, cms, max_writers, guarded, &tokens).await?;
-            eprintln!("[3p] kube-apiserver CPU profile under {label} writes: {} (go tool pprof -top {})", file.display(), file.display());
+        for (label, guarded, hook) in [("webhook-path", true, true), ("policy-path", true, false), ("unguarded", false, false)] {
+            let file = dir.join(format!("apiserver-configmaps-{label}-{max_writers}w.pprof"));
+            let cms = if hook { &hook_cms } else { &policy_cms };
+            let writes = profile_under_load(&bench.client, &file, cms, max_writers, guarded, &tokens).await?;
+            eprintln!("[3p] kube-apiserver CPU profile over {writes} ConfigMap {label} writes (about 11 s): {}", file.display());
+            let file = dir.join(format!("apiserver-custom-{label}-{max_writers}w.pprof"));
+            let crs = if hook { &hook_crs } else { &policy_crs };
+            let writes = profile_under_load(&bench.client, &file, crs, max_writers, guarded, &tokens).await?;
+            eprintln!("[3p] kube-apiserver CPU profile over {writes} custom resource {label} writes (about 11 s): {}", file.display());
         }
+        eprintln!("[3p] read them with: go tool pprof -top FILE");
     }
     fresh_grant(args, table, &policy_cms, &policy_leases, first * 2 + 1).await
 }
 
-/// Writes the kube-apiserver's CPU profile over `PROFILE_SECS` of one kind of write into `file`.
-async fn profile_under_load(
+/// Writes the kube-apiserver's CPU profile over `PROFILE_SECS` of one kind of write into `file`;
+/// returns how many writes were made meanwhile.
+async fn profile_under_load<K>(
     client: &kube::Client,
     file: &Path,
-    cms: &Api<ConfigMap>,
+    cms: &Api<K>,
     writers: usize,
     guarded: bool,
     tokens: &Arc<AtomicU64>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<usize>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
     const PROFILE_SECS: u64 = 10;
     let request = http::Request::get(format!("/debug/pprof/profile?seconds={PROFILE_SECS}")).body(Vec::new())?;
     let profile = {
@@ -236,11 +200,12 @@ async fn profile_under_load(
         })
     };
     let stop = Instant::now() + Duration::from_secs(PROFILE_SECS + 1);
+    let mut writes = 0;
     while Instant::now() < stop {
-        updates(cms, writers, writers * 20, guarded, tokens, "pp-").await?;
+        writes += updates(cms, writers, writers * 20, guarded, tokens, "pp-").await?.ok;
     }
     std::fs::write(file, profile.await??)?;
-    Ok(())
+    Ok(writes)
 }
 
 /// The fresh-token case: a grant (the Lease status written), then at once a write with its token.
@@ -281,4 +246,117 @@ async fn fresh_grant(args: &Args, table: &mut Table, cms: &Api<ConfigMap>, lease
         Met::Info,
     );
     Ok(())
+}
+
+/// One kind of object, guarded on the webhook path (`hook_objects`), guarded on the policy path
+/// and unguarded (`policy_objects`), round by round, for 1 and `--writers` writers.
+#[allow(clippy::too_many_arguments)]
+async fn compare<K>(
+    args: &Args,
+    table: &mut Table,
+    bench: &Bench,
+    apiserver: u32,
+    idle: Duration,
+    what: &str,
+    hook_cms: &Api<K>,
+    policy_cms: &Api<K>,
+    tokens: &Arc<AtomicU64>,
+) -> anyhow::Result<()>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let max_writers = args.writers.max(1);
+    for writers in [1, max_writers] {
+        let total = args.updates();
+        eprintln!(
+            "[3p] {what}: webhook path vs policy path vs unguarded: {total} updates each, {writers} writer(s), API server pid {apiserver}"
+        );
+        // Warm up all three.
+        for (cms, guarded) in [(hook_cms, true), (policy_cms, true), (policy_cms, false)] {
+            updates(cms, writers, writers * 5, guarded, &tokens, "pp-").await?;
+        }
+        let (mut hook, mut policy, mut plain) = (Kind::default(), Kind::default(), Kind::default());
+        let rounds = 3;
+        for _ in 0..rounds {
+            for (kind, cms, guarded) in [(&mut hook, hook_cms, true), (&mut policy, policy_cms, true), (&mut plain, policy_cms, false)] {
+                let (api_before, hook_before) = (cpu(apiserver), cpu(bench.webhook.pid()));
+                kind.loads.push(updates(cms, writers, total / rounds, guarded, &tokens, "pp-").await?);
+                kind.apiserver_cpu += cpu(apiserver) - api_before;
+                kind.webhook_cpu += cpu(bench.webhook.pid()) - hook_before;
+            }
+        }
+        let (h, p, u) = (hook.merged(), policy.merged(), plain.merged());
+        let per = |cpu: Duration, load: &load::Load| cpu / load.ok.max(1) as u32;
+        // Net of the idle background over the same time (an estimate: the background under load
+        // need not be the idle one).
+        let net = |cpu: Duration, load: &load::Load| per(cpu.saturating_sub(idle.mul_f64(load.elapsed.as_secs_f64())), load);
+        let u_cpu = per(plain.apiserver_cpu, &u);
+        let u_net = net(plain.apiserver_cpu, &u);
+        for (label, kind, load, target) in [("webhook path", &hook, &h, None), ("policy path", &policy, &p, Some(0.9))] {
+            let ratio = load.per_sec() / u.per_sec();
+            table.add(
+                "3p",
+                format!("{what}, {label}, {writers} writer(s): throughput (vs unguarded)"),
+                rate(load.per_sec(), "upd"),
+                rate(u.per_sec(), "upd"),
+                format!("{ratio:.2}×"),
+                target.map(|t| format!("≥ {t:.2}×")).unwrap_or_default(),
+                target.map(|t| met(ratio >= t)).unwrap_or(Met::Info),
+            );
+            table.add(
+                "3p",
+                format!("… {what}, {label}, {writers} writer(s): p50 / p99 (added)"),
+                format!("{} / {}", ms(load.latency.p50()), ms(load.latency.p99())),
+                format!("{} / {}", ms(u.latency.p50()), ms(u.latency.p99())),
+                format!(
+                    "+{} / +{}",
+                    ms(load.latency.p50().saturating_sub(u.latency.p50())),
+                    ms(load.latency.p99().saturating_sub(u.latency.p99()))
+                ),
+                "",
+                Met::Info,
+            );
+            let (api_cpu, api_net) = (per(kind.apiserver_cpu, load), net(kind.apiserver_cpu, load));
+            table.add(
+                "3p",
+                format!("… {what}, {label}, {writers} writer(s): API server CPU per write, net of idle (webhook process CPU per write)"),
+                format!("{}, net {} ({})", ms(api_cpu), ms(api_net), ms(per(kind.webhook_cpu, load))),
+                format!("{}, net {}", ms(u_cpu), ms(u_net)),
+                format!(
+                    "{:.2}×, net {:.2}×",
+                    api_cpu.as_secs_f64() / u_cpu.as_secs_f64().max(1e-9),
+                    api_net.as_secs_f64() / u_net.as_secs_f64().max(1e-9)
+                ),
+                "",
+                Met::Info,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The bench's custom resource (removed at the end of section 3p).
+const BENCH_CRD: &str = "records.bench.kubefence.io";
+
+/// A namespaced custom resource with a `data` map of strings, like a ConfigMap's.
+async fn bench_crd(client: &kube::Client) -> anyhow::Result<ApiResource> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": BENCH_CRD},
+        "spec": {"group": "bench.kubefence.io", "scope": "Namespaced",
+                 "names": {"kind": "Record", "plural": "records", "singular": "record"},
+                 "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                     "type": "object",
+                     "properties": {"data": {"type": "object", "additionalProperties": {"type": "string"}}}}}}]}
+    }))?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.patch(BENCH_CRD, &PatchParams::apply("kube-fence-bench").force(), &Patch::Apply(&crd)).await?;
+    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("bench.kubefence.io", "v1", "Record"), "records");
+    let records: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while records.list(&Default::default()).await.is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "the bench's custom resource is not served 30 s after it was created");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(resource)
 }

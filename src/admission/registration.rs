@@ -281,10 +281,12 @@ impl Registration {
             &self.params_policy_name(),
             serde_json::json!({
                 "failurePolicy": "Fail",
+                // By name in the rule, not by a match condition: the API server then evaluates no
+                // CEL for the writes of every other ConfigMap.
                 "matchConstraints": {"resourceRules": [{
                     "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"], "operations": ["CREATE", "UPDATE", "DELETE"],
+                    "resourceNames": [policy_path::PARAMS_NAME],
                 }]},
-                "matchConditions": [{"name": "the-parameter", "expression": format!("request.name == '{}'", policy_path::PARAMS_NAME)}],
                 "validations": [{
                     "expression": requester_in(&allowed),
                     "messageExpression": format!("'ConfigMap {} holds the issued fencing tokens the API server judges writes by: only the kube-fence controller writes it; ' + request.userInfo.username + ' may not'", policy_path::PARAMS_NAME),
