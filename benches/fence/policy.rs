@@ -273,14 +273,14 @@ where
         );
         // Warm up all three.
         for (cms, guarded) in [(hook_cms, true), (policy_cms, true), (policy_cms, false)] {
-            updates(cms, writers, writers * 5, guarded, &tokens, "pp-").await?;
+            updates(cms, writers, writers * 5, guarded, tokens, "pp-").await?;
         }
         let (mut hook, mut policy, mut plain) = (Kind::default(), Kind::default(), Kind::default());
         let rounds = 3;
         for _ in 0..rounds {
             for (kind, cms, guarded) in [(&mut hook, hook_cms, true), (&mut policy, policy_cms, true), (&mut plain, policy_cms, false)] {
                 let (api_before, hook_before) = (cpu(apiserver), cpu(bench.webhook.pid()));
-                kind.loads.push(updates(cms, writers, total / rounds, guarded, &tokens, "pp-").await?);
+                kind.loads.push(updates(cms, writers, total / rounds, guarded, tokens, "pp-").await?);
                 kind.apiserver_cpu += cpu(apiserver) - api_before;
                 kind.webhook_cpu += cpu(bench.webhook.pid()) - hook_before;
             }

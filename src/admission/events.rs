@@ -12,11 +12,10 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use kube::core::admission::AdmissionRequest;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 use super::decision::Reason;
-use super::review::Guardable;
+use super::review::Admission;
 
 /// Per-source rate limit for rejection Events. Pure: the clock is passed in.
 #[derive(Debug, Default)]
@@ -66,21 +65,21 @@ impl RejectionEvents {
     }
 
     /// Publishes the rejection of `request`, sent from `source`; whether it was within budget.
-    pub fn publish(&self, source: IpAddr, request: &AdmissionRequest<Guardable>, reason: Reason, message: &str) -> bool {
+    pub fn publish(&self, source: IpAddr, request: &Admission<'_>, reason: Reason, message: &str) -> bool {
         let admitted = self.budget.lock().map(|mut b| b.admit(source, Instant::now())).unwrap_or(false);
         if !admitted {
             return false;
         }
-        let group = request.kind.group.as_str();
+        let (group, version) = (request.kind.group.as_ref(), request.kind.version.as_ref());
         let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some(if group.is_empty() { request.kind.version.clone() } else { format!("{group}/{}", request.kind.version) }),
-            kind: Some(request.kind.kind.clone()),
-            namespace: request.namespace.clone(),
-            name: Some(request.name.clone()),
+            api_version: Some(if group.is_empty() { version.to_string() } else { format!("{group}/{version}") }),
+            kind: Some(request.kind.kind.to_string()),
+            namespace: request.namespace.as_deref().map(str::to_string),
+            name: Some(request.name.to_string()),
             uid: request.old_object.as_ref().and_then(|o| o.metadata.uid.clone()),
             ..Default::default()
         };
-        let user = request.user_info.username.clone().unwrap_or_default();
+        let user = request.user_info.username.as_deref().unwrap_or_default();
         let event = Event {
             type_: EventType::Warning,
             reason: reason.as_str().to_string(),

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation as KubeOperation};
-use kube::core::{DynamicResourceScope, ObjectMeta, Resource};
+use kube::core::admission::Operation as KubeOperation;
+use kube::core::{DynamicResourceScope, ObjectMeta, Resource, Status};
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use super::decision::{ObjectFacts, Operation, Reason, Request, Verdict};
@@ -24,15 +24,119 @@ pub enum Unreadable {
     Malformed { uid: String, message: String },
 }
 
-/// Reads an AdmissionReview body in one pass. Only when that fails is the body read again,
-/// loosely, to find the uid a denial must carry — the common path builds no intermediate
-/// `serde_json::Value` (for a 1 MiB object that copy was a large part of the decision's cost).
-pub fn decode(body: &[u8]) -> Result<AdmissionRequest<Guardable>, Unreadable> {
-    let error = match serde_json::from_slice::<AdmissionReview<Guardable>>(body) {
-        Ok(review) => match TryInto::<AdmissionRequest<Guardable>>::try_into(review) {
-            Ok(request) => return Ok(request),
-            Err(err) => err.to_string(),
-        },
+/// The request of an AdmissionReview as the webhook reads it: only what judging, logging and
+/// Events need, its strings borrowed from the body (copied only when they hold JSON escapes),
+/// and the objects reduced to [`Guardable`]. Every other field is skipped unread.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Admission<'a> {
+    #[serde(borrow)]
+    pub uid: Cow<'a, str>,
+    #[serde(borrow)]
+    pub kind: Kind<'a>,
+    #[serde(default, borrow)]
+    pub sub_resource: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub name: Cow<'a, str>,
+    #[serde(default, borrow)]
+    pub namespace: Option<Cow<'a, str>>,
+    pub operation: KubeOperation,
+    #[serde(borrow)]
+    pub user_info: User<'a>,
+    #[serde(default)]
+    pub object: Option<Guardable>,
+    #[serde(default)]
+    pub old_object: Option<Guardable>,
+    #[serde(default, borrow)]
+    options: Option<Options<'a>>,
+}
+
+/// The kind of the object under admission.
+#[derive(Debug, serde::Deserialize)]
+pub struct Kind<'a> {
+    #[serde(default, borrow)]
+    pub group: Cow<'a, str>,
+    #[serde(default, borrow)]
+    pub version: Cow<'a, str>,
+    #[serde(default, borrow)]
+    pub kind: Cow<'a, str>,
+}
+
+/// Who asked: the username, and the Pod a ServiceAccount token was bound to.
+#[derive(Debug, serde::Deserialize)]
+pub struct User<'a> {
+    #[serde(default, borrow)]
+    pub username: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    extra: Extra<'a>,
+}
+
+/// `userInfo.extra`, of which only the bound Pod's name is kept.
+#[derive(Debug, Default)]
+struct Extra<'a> {
+    pod: Option<Cow<'a, str>>,
+}
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Extra<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Extra<'a>, D::Error> {
+        struct ExtraVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for ExtraVisitor<'a> {
+            type Value = Extra<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of string lists")
+            }
+            fn visit_unit<E>(self) -> Result<Extra<'a>, E> {
+                Ok(Extra::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Extra<'a>, A::Error> {
+                let mut extra = Extra::default();
+                while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+                    if key == super::registration::POD_NAME_EXTRA {
+                        let names: Vec<Key<'de>> = map.next_value()?;
+                        extra.pod = names.into_iter().next().map(|Key(name)| name);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(extra)
+            }
+        }
+        deserializer.deserialize_any(ExtraVisitor(std::marker::PhantomData))
+    }
+}
+
+/// The operation's options: only a DELETE's resourceVersion precondition is read.
+#[derive(Debug, serde::Deserialize)]
+struct Options<'a> {
+    #[serde(default, borrow)]
+    preconditions: Option<Preconditions<'a>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Preconditions<'a> {
+    #[serde(default, borrow)]
+    resource_version: Option<Cow<'a, str>>,
+}
+
+/// A string borrowed from the body unless it holds escapes (a bare `Cow<str>` is always copied).
+#[derive(serde::Deserialize)]
+struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
+
+#[derive(serde::Deserialize)]
+struct ReviewWire<'a> {
+    #[serde(borrow)]
+    request: Option<Admission<'a>>,
+}
+
+/// Reads an AdmissionReview body in one pass, borrowing from it. Only when that fails is the
+/// body read again, loosely, to find the uid a denial must carry — the common path builds no
+/// intermediate `serde_json::Value` (for a 1 MiB object that copy was a large part of the
+/// decision's cost) and no owned copy of the request's strings.
+pub fn decode(body: &[u8]) -> Result<Admission<'_>, Unreadable> {
+    let error = match serde_json::from_slice::<ReviewWire<'_>>(body) {
+        Ok(ReviewWire { request: Some(request) }) => return Ok(request),
+        Ok(ReviewWire { request: None }) => "the review has no request".to_string(),
         Err(err) => err.to_string(),
     };
     let value: serde_json::Value =
@@ -45,28 +149,55 @@ pub fn decode(body: &[u8]) -> Result<AdmissionRequest<Guardable>, Unreadable> {
     }
 }
 
+/// An AdmissionReview carrying a response, as the webhook writes it (admission.k8s.io/v1, the
+/// only version it registers for).
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Answer<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    pub response: Response<'a>,
+}
+
+/// The response: the request's uid, the verdict, and for a denial its `Status`.
+#[derive(Debug, serde::Serialize)]
+pub struct Response<'a> {
+    pub uid: &'a str,
+    pub allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    pub warnings: &'a [String],
+}
+
+impl<'a> Answer<'a> {
+    fn new(uid: &'a str, allowed: bool, status: Option<Status>, warnings: &'a [String]) -> Answer<'a> {
+        Answer { api_version: "admission.k8s.io/v1", kind: "AdmissionReview", response: Response { uid, allowed, status, warnings } }
+    }
+
+    /// The JSON body.
+    pub fn to_vec(&self) -> Vec<u8> {
+        // Strings, a bool and a Status: serializing them cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
 /// The AdmissionResponse that carries `verdict`; a denial's facts go to `status.details`
 /// ([`denial::status`]).
-pub fn response<K: Resource>(request: &AdmissionRequest<K>, verdict: &Verdict) -> AdmissionResponse {
-    let mut response = AdmissionResponse::from(request);
+pub fn response<'a>(request: &'a Admission<'_>, verdict: &'a Verdict) -> Answer<'a> {
     match verdict {
-        Verdict::Allow { .. } => {}
-        Verdict::AllowWithWarning { message, .. } => response.warnings = Some(vec![message.clone()]),
+        Verdict::Allow { .. } => Answer::new(&request.uid, true, None, &[]),
+        Verdict::AllowWithWarning { message, .. } => Answer::new(&request.uid, true, None, std::slice::from_ref(message)),
         Verdict::Deny { code, reason, message, facts } => {
-            response.allowed = false;
-            response.result = denial::status(*code, *reason, message, facts);
+            Answer::new(&request.uid, false, Some(denial::status(*code, *reason, message, facts)), &[])
         }
     }
-    response
 }
 
 /// The response to a review whose request could not be read: denied (fail closed), code 400.
-pub fn malformed(uid: String, message: String) -> AdmissionResponse {
-    let mut response = AdmissionResponse::invalid(message);
-    response.uid = uid;
-    response.result = response.result.with_code(400);
-    response.result.reason = Reason::MalformedRequest.as_str().into();
-    response
+pub fn malformed<'a>(uid: &'a str, message: &str) -> Answer<'a> {
+    let status = Status::failure(message, Reason::MalformedRequest.as_str()).with_code(400);
+    Answer::new(uid, false, Some(status), &[])
 }
 
 /// An object under admission as fencing reads it: its metadata (name, namespace, uid, labels,
@@ -119,7 +250,7 @@ impl<'de> Visitor<'de> for GuardableVisitor {
         // deleted (they are apiVersion and kind from the API server, but any field may come
         // first, e.g. `data` in a client's sorted JSON); after it, they are hashed only when it is.
         let mut before_metadata: Vec<(Cow<'de, str>, Box<serde_json::value::RawValue>)> = Vec::new();
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
             if key == "metadata" {
                 let meta: MetadataWire = map.next_value()?;
                 if meta.deletion_timestamp.is_some() {
@@ -200,12 +331,12 @@ pub fn object_facts(obj: &Guardable) -> ObjectFacts {
 }
 
 /// Reduces a review to the facts the decision needs.
-pub fn request_facts(request: &AdmissionRequest<Guardable>) -> Request {
+pub fn request_facts(request: &Admission<'_>) -> Request {
     let delete_precondition = request
         .options
         .as_ref()
-        .and_then(|o| o.0.pointer("/preconditions/resourceVersion"))
-        .and_then(|rv| rv.as_str())
+        .and_then(|o| o.preconditions.as_ref())
+        .and_then(|p| p.resource_version.as_deref())
         .is_some_and(|rv| !rv.is_empty());
     Request {
         operation: match request.operation {
@@ -214,19 +345,12 @@ pub fn request_facts(request: &AdmissionRequest<Guardable>) -> Request {
             KubeOperation::Delete => Operation::Delete,
             KubeOperation::Connect => Operation::Connect,
         },
-        namespace: request.namespace.clone().unwrap_or_default(),
-        subresource: request.sub_resource.clone().filter(|s| !s.is_empty()),
+        namespace: request.namespace.as_deref().unwrap_or_default().to_string(),
+        subresource: request.sub_resource.as_deref().filter(|s| !s.is_empty()).map(str::to_string),
         old: request.old_object.as_ref().map(object_facts),
         new: request.object.as_ref().map(object_facts),
-        user: request.user_info.username.clone().unwrap_or_default(),
-        pod: request
-            .user_info
-            .extra
-            .as_ref()
-            .and_then(|extra| extra.get(super::registration::POD_NAME_EXTRA))
-            .and_then(|names| names.first())
-            .filter(|name| !name.is_empty())
-            .cloned(),
+        user: request.user_info.username.as_deref().unwrap_or_default().to_string(),
+        pod: request.user_info.extra.pod.as_deref().filter(|name| !name.is_empty()).map(str::to_string),
         delete_precondition,
     }
 }
@@ -258,9 +382,36 @@ mod tests {
         let facts = request_facts(&request);
         assert_eq!(facts.new, Some(ObjectFacts::guarded("work", Some("7"))));
         assert_eq!(facts.subresource, None);
-        let response = response(&request, &Verdict::Allow { reason: Reason::Fenced });
-        assert!(response.allowed);
-        assert_eq!(response.uid, "u-1");
+        let verdict = Verdict::Allow { reason: Reason::Fenced };
+        let answer = response(&request, &verdict);
+        assert!(answer.response.allowed);
+        assert_eq!(answer.response.uid, "u-1");
+        let json: serde_json::Value = serde_json::from_slice(&answer.to_vec()).unwrap_or_default();
+        assert_eq!(
+            json,
+            serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {"uid": "u-1", "allowed": true}})
+        );
+    }
+
+    /// The borrowed request reads what the API server sends for a Pod's ServiceAccount: the
+    /// bound Pod among the other `extra` keys, a DELETE's precondition, and strings with escapes.
+    #[test]
+    fn decode_reads_the_pod_the_precondition_and_escaped_strings() {
+        let body = br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":"u-\u0031","kind":{"group":"apps","version":"v1","kind":"Deployment"},"resource":{"group":"apps","version":"v1","resource":"deployments"},"name":"we\"b","namespace":"ns","operation":"DELETE","userInfo":{"username":"system:serviceaccount:ns:worker","groups":["system:serviceaccounts"],"extra":{"authentication.kubernetes.io/credential-id":["JTI=1"],"authentication.kubernetes.io/pod-name":["worker-0"],"authentication.kubernetes.io/pod-uid":["9"]}},"oldObject":{"kind":"Deployment","metadata":{"name":"we\"b"}},"options":{"kind":"DeleteOptions","apiVersion":"meta.k8s.io/v1","preconditions":{"resourceVersion":"42"}}}}"#;
+        let request = decode(body).map_err(|e| format!("{e:?}")).unwrap();
+        assert_eq!(request.uid, "u-1");
+        assert_eq!(request.name, "we\"b");
+        assert_eq!(request.kind.group, "apps");
+        let facts = request_facts(&request);
+        assert_eq!(facts.pod.as_deref(), Some("worker-0"));
+        assert!(facts.delete_precondition);
+        assert_eq!(facts.operation, Operation::Delete);
+        assert_eq!(facts.user, "system:serviceaccount:ns:worker");
+        // A user without extra, and an extra without the Pod.
+        let plain = String::from_utf8_lossy(body).replace(r#","extra":{"authentication.kubernetes.io/credential-id":["JTI=1"],"authentication.kubernetes.io/pod-name":["worker-0"],"authentication.kubernetes.io/pod-uid":["9"]}"#, "");
+        assert_eq!(request_facts(&decode(plain.as_bytes()).map_err(|e| format!("{e:?}")).unwrap()).pod, None);
+        let null = String::from_utf8_lossy(body).replace(r#"["worker-0"]"#, "[]");
+        assert_eq!(request_facts(&decode(null.as_bytes()).map_err(|e| format!("{e:?}")).unwrap()).pod, None);
     }
 
     #[test]
@@ -343,7 +494,8 @@ mod tests {
             serde_json::from_slice(&review("UPDATE", serde_json::json!({"metadata": {}}), serde_json::json!({"metadata": {}})))
                 .unwrap_or_default();
         value["request"]["subResource"] = "status".into();
-        let request = decode(&serde_json::to_vec(&value).unwrap_or_default()).map_err(|e| format!("{e:?}")).unwrap();
+        let body = serde_json::to_vec(&value).unwrap_or_default();
+        let request = decode(&body).map_err(|e| format!("{e:?}")).unwrap();
         assert_eq!(request_facts(&request).subresource.as_deref(), Some("status"));
     }
 }

@@ -161,14 +161,13 @@ async fn validate(State(webhook): State<Arc<Webhook>>, ConnectInfo(peer): Connec
             let verdict = Verdict::deny(400, Reason::MalformedRequest, message.clone());
             webhook.metrics.decided(&verdict, started.elapsed().as_secs_f64());
             tracing::warn!(uid, error = %message, "malformed AdmissionReview denied");
-            return axum::Json(review::malformed(uid, message).into_review()).into_response();
+            return json(review::malformed(&uid, &message).to_vec());
         }
     };
-    drop(body);
     let verdict = webhook.judge(&review::request_facts(&request)).await;
-    let response = review::response(&request, &verdict);
+    let answer = review::response(&request, &verdict).to_vec();
     webhook.metrics.decided(&verdict, started.elapsed().as_secs_f64());
-    let (kind, ns, name) = (request.kind.kind.as_str(), request.namespace.as_deref().unwrap_or(""), request.name.as_str());
+    let (kind, ns, name) = (request.kind.kind.as_ref(), request.namespace.as_deref().unwrap_or(""), request.name.as_ref());
     let (user, op, sub) =
         (request.user_info.username.as_deref().unwrap_or(""), &request.operation, request.sub_resource.as_deref().unwrap_or(""));
     match &verdict {
@@ -185,7 +184,12 @@ async fn validate(State(webhook): State<Arc<Webhook>>, ConnectInfo(peer): Connec
             }
         }
     }
-    axum::Json(response.into_review()).into_response()
+    json(answer)
+}
+
+/// A JSON response body.
+fn json(body: Vec<u8>) -> Response {
+    ([(http::header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// The routes.
