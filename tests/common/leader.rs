@@ -81,14 +81,10 @@ pub fn pod_of(identity: &str) -> &str {
     identity.split('_').next().unwrap_or_default()
 }
 
-/// Writes `identity` sent that were refused because it no longer held the Lease.
+/// Writes `identity` sent that were refused because it no longer held the Lease (409 NotHolder).
 pub fn refused(lines: &[Value], identity: &str) -> usize {
-    lines
-        .iter()
-        .filter(|l| {
-            l["event"] == "write" && l["identity"] == identity && l["accepted"] == false && l["reason"] == Reason::NotHolder.as_str()
-        })
-        .count()
+    let not_holder = |l: &Value| l["accepted"] == false && l["code"] == 409 && l["reason"] == Reason::NotHolder.as_str();
+    lines.iter().filter(|l| l["event"] == "write" && l["identity"] == identity && not_holder(l)).count()
 }
 
 /// Writes a replica printed as accepted.
