@@ -178,6 +178,56 @@ fn the_chart_registers_the_policy_path_as_local_mode_does() {
     assert!(!default.contains("policy-path") && !default.contains("not-judged-by-policy"));
 }
 
+/// The leader identity rule (`leaderIdentity.separator`) is one rule in three places: the chart
+/// admits exactly the separators `--leader-identity-separator` parses, renders the holder policy
+/// that local mode registers for that rule (worker with ordinary RBAC: the CEL that refuses a
+/// spoofed holder), and passes the webhook (stale-but-honest writer: the rule that judges a
+/// leader-guarded write) the flag that parses to the same rule.
+#[test]
+fn the_chart_renders_the_leader_identity_rule_as_local_mode_and_the_webhook_read_it() {
+    use clap::Parser;
+    use kube_fence::admission::leader::IdentityRule;
+    use kube_fence::admission::registration::{Endpoint, Registration};
+    use kube_fence::cli::{Cli, Command};
+    let dir = tempfile::tempdir().expect("temp dir");
+    for separator in ["_", "none", ":", "@pod:", "~", "/", "#", "X", "-", ".", "p", "7", "", "_'", "\\", " ", "·", "none_"] {
+        let values = dir.path().join("values.yaml");
+        let yaml = serde_yaml::to_string(&serde_json::json!({"leaderIdentity": {"separator": separator}})).expect("values");
+        std::fs::write(&values, yaml).expect("write values");
+        let out = run("helm", &["template", "cmp", CHART, "-n", "kf-system", "-f", values.to_str().expect("path")], None);
+        let parsed = separator.parse::<IdentityRule>();
+        assert_eq!(out.status.success(), parsed.is_ok(), "separator {separator:?}: chart {}, flag {parsed:?}", out.status);
+        let Ok(rule) = parsed else { continue };
+        let docs: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+            .split("\n---")
+            .filter_map(|doc| serde_yaml::from_str::<serde_json::Value>(doc).ok())
+            .filter(|doc| doc.is_object())
+            .collect();
+        let named = |kind: &str, suffix: &str| {
+            docs.iter()
+                .find(|d| d["kind"] == kind && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(suffix)))
+                .cloned()
+                .unwrap_or_else(|| panic!("the chart renders a {kind} named *{suffix}"))
+        };
+        let mut reg = Registration::new("cmp-kube-fence", Endpoint::Service { namespace: "kf-system".into(), name: "x".into(), port: 443 });
+        reg.leader_identity = rule.clone();
+        let ours = serde_json::to_value(reg.holder_policy(&[]).0).expect("holder policy");
+        let chart = named("ValidatingAdmissionPolicy", "-leader-holder");
+        for field in ["variables", "validations"] {
+            assert_eq!(chart["spec"][field], ours["spec"][field], "separator {separator:?}: holder policy field {field}");
+        }
+        let deployment = named("Deployment", "kube-fence");
+        let args: Vec<String> =
+            serde_json::from_value(deployment["spec"]["template"]["spec"]["containers"][0]["args"].clone()).expect("args");
+        let cli = Cli::try_parse_from(std::iter::once("kube-fence".to_string()).chain(args.clone()))
+            .unwrap_or_else(|e| panic!("the chart's args {args:?} parse: {e}"));
+        match cli.command {
+            Command::Run(run) => assert_eq!(run.webhook.leader_identity, rule, "separator {separator:?}: {args:?}"),
+            _ => panic!("the chart runs `kube-fence run`: {args:?}"),
+        }
+    }
+}
+
 #[test]
 fn chart_lints_and_the_schema_rejects_bad_values() {
     ok("helm", &["lint", "--strict", CHART], None);
@@ -206,6 +256,25 @@ async fn rendered_objects_pass_a_server_side_dry_run_in_both_tls_modes() {
     ] {
         assert!(out.contains(kind), "dry run covered {kind}:\n{out}");
     }
+    // The API server compiles the holder policy's CEL under the other shape of the identity rule
+    // too (the Pod's name exactly).
+    let exact = ok(
+        "helm",
+        &[
+            "template",
+            "dry",
+            CHART,
+            "-n",
+            &ns,
+            "--set",
+            &format!("webhook.onlyNamespaces={{{ns}-nothing}}"),
+            "--set",
+            "leaderIdentity.separator=none",
+        ],
+        None,
+    );
+    let out = ok("kubectl", &["apply", "--dry-run=server", "-n", &ns, "-f", "-"], Some(exact.as_bytes()));
+    assert!(out.contains("validatingadmissionpolicy.admissionregistration.k8s.io/dry-kube-fence-leader-holder"), "{out}");
     // cert-manager mode renders the injection annotation and a Certificate for the Service names.
     let cm = ok("helm", &["template", "dry", CHART, "-n", &ns, "--set", "tls.mode=certManager"], None);
     assert!(cm.contains(&format!("cert-manager.io/inject-ca-from: {ns}/dry-kube-fence-webhook")), "{cm}");

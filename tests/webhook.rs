@@ -702,8 +702,16 @@ async fn rotated_certificate_is_picked_up_without_a_failed_admission() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
-    let server =
-        tokio::spawn(server::run(leases, listener, tls, Exemptions::default(), metrics, registry.clone(), stop.clone().cancelled_owned()));
+    let server = tokio::spawn(server::run(
+        leases,
+        listener,
+        tls,
+        Exemptions::default(),
+        Default::default(),
+        metrics,
+        registry.clone(),
+        stop.clone().cancelled_owned(),
+    ));
     let mut registration = Registration::new(format!("kf-test-{ns}"), Endpoint::Url(format!("https://{addr}/validate")));
     registration.ca_bundle = Some(made.ca_cert.clone());
     registration.only_namespaces = Some(vec![ns.clone()]);

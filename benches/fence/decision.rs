@@ -23,43 +23,36 @@ pub const LEASE: &str = "work";
 pub const ISSUED: u64 = 1_000_000_000;
 
 /// A ConfigMap of about `size` bytes as JSON: many 64-byte values, like real configuration (one
-/// giant string would flatter the parser).
-pub fn configmap(name: &str, namespace: &str, size: usize, token: u64) -> serde_json::Value {
-    let mut data = serde_json::Map::new();
+/// giant string would flatter the parser). Its fields come in the order the API server writes
+/// them (its Go types': `kind`, `apiVersion`, `metadata` with `managedFields`, then `data`), not
+/// sorted: a decoder that meets `data` before `metadata` has to keep it, and sorted JSON would
+/// make the bench measure a body no API server sends.
+pub fn configmap(name: &str, namespace: &str, size: usize, token: u64) -> String {
+    let mut data = Vec::new();
     let value = "v".repeat(64);
     let mut i = 0;
     while (i + 1) * 80 < size.saturating_sub(300) || i == 0 {
-        data.insert(format!("key-{i:06}"), json!(value));
+        data.push(format!(r#""key-{i:06}":"{value}""#));
         i += 1;
     }
-    json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": namespace, "resourceVersion": "12345", "uid": "0f0e0d0c-0b0a-0908-0706-050403020100",
-                     "labels": {LEASE_LABEL: LEASE, "app": "bench"}, "annotations": {TOKEN_ANNOTATION: token.to_string()}},
-        "data": data,
-    })
+    let metadata = format!(
+        r#"{{"name":{name},"namespace":{namespace},"uid":"0f0e0d0c-0b0a-0908-0706-050403020100","resourceVersion":"12345","creationTimestamp":"2026-12-03T08:00:00Z","labels":{{"{LEASE_LABEL}":"{LEASE}","app":"bench"}},"annotations":{{"{TOKEN_ANNOTATION}":"{token}"}},"managedFields":[{{"manager":"worker","operation":"Update","apiVersion":"v1","time":"2026-12-03T08:00:00Z","fieldsType":"FieldsV1","fieldsV1":{{"f:data":{{}},"f:metadata":{{"f:annotations":{{".":{{}},"f:{TOKEN_ANNOTATION}":{{}}}},"f:labels":{{".":{{}},"f:app":{{}},"f:{LEASE_LABEL}":{{}}}}}}}}}}]}}"#,
+        name = json!(name),
+        namespace = json!(namespace),
+    );
+    format!(r#"{{"kind":"ConfigMap","apiVersion":"v1","metadata":{metadata},"data":{{{}}}}}"#, data.join(","))
 }
 
 /// An UPDATE review of a guarded ConfigMap of about `size` bytes (old and new object), whose new
-/// token is valid: the common, admitted case.
+/// token is valid: the common, admitted case. Written field by field in the API server's order.
 pub fn review(namespace: &str, size: usize) -> Vec<u8> {
-    let review = json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {
-            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
-            "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
-            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
-            "requestKind": {"group": "", "version": "v1", "kind": "ConfigMap"},
-            "requestResource": {"group": "", "version": "v1", "resource": "configmaps"},
-            "name": "bench", "namespace": namespace, "operation": "UPDATE",
-            "userInfo": {"username": "system:serviceaccount:bench:worker", "groups": ["system:serviceaccounts", "system:authenticated"]},
-            "object": configmap("bench", namespace, size, 1_001),
-            "oldObject": configmap("bench", namespace, size, 1_000),
-            "dryRun": false,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "UpdateOptions"},
-        }
-    });
-    serde_json::to_vec(&review).unwrap_or_default()
+    let request = format!(
+        r#"{{"uid":"705ab4f5-6393-11e8-b7cc-42010a800002","kind":{{"group":"","version":"v1","kind":"ConfigMap"}},"resource":{{"group":"","version":"v1","resource":"configmaps"}},"requestKind":{{"group":"","version":"v1","kind":"ConfigMap"}},"requestResource":{{"group":"","version":"v1","resource":"configmaps"}},"name":"bench","namespace":{namespace},"operation":"UPDATE","userInfo":{{"username":"system:serviceaccount:bench:worker","uid":"5a5f9d55-0c4c-4a9e-9b2e-2f1f3c4d5e6f","groups":["system:serviceaccounts","system:serviceaccounts:bench","system:authenticated"]}},"object":{object},"oldObject":{old},"dryRun":false,"options":{{"kind":"UpdateOptions","apiVersion":"meta.k8s.io/v1"}}}}"#,
+        namespace = json!(namespace),
+        object = configmap("bench", namespace, size, 1_001),
+        old = configmap("bench", namespace, size, 1_000),
+    );
+    format!(r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{request}}}"#).into_bytes()
 }
 
 fn lookup() -> Option<LeaseFacts> {

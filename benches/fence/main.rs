@@ -75,6 +75,10 @@ pub struct Args {
     /// Concurrent churning clients in the scale test.
     #[arg(long, default_value_t = 32)]
     churners: usize,
+    /// Section 3p: also take a CPU profile of the kube-apiserver (its /debug/pprof, 10 s) under
+    /// each kind of write with --writers writers, into this directory (read with `go tool pprof`).
+    #[arg(long, value_name = "DIR")]
+    profile_apiserver: Option<std::path::PathBuf>,
     /// Internal: serve the no-op webhook (the limit) on this address, with these PEM files.
     #[arg(long, num_args = 3, value_names = ["ADDR", "CERT", "KEY"], hide = true)]
     noop_server: Option<Vec<String>>,

@@ -202,7 +202,45 @@ async fn measure(args: &Args, table: &mut Table, bench: &mut Bench, ns_policy: &
             );
         }
     }
+    if let Some(dir) = &args.profile_apiserver {
+        std::fs::create_dir_all(dir)?;
+        for (label, cms, guarded) in
+            [("webhook-path", &hook_cms, true), ("policy-path", &policy_cms, true), ("unguarded", &policy_cms, false)]
+        {
+            let file = dir.join(format!("apiserver-{label}-{max_writers}w.pprof"));
+            profile_under_load(&bench.client, &file, cms, max_writers, guarded, &tokens).await?;
+            eprintln!("[3p] kube-apiserver CPU profile under {label} writes: {} (go tool pprof -top {})", file.display(), file.display());
+        }
+    }
     fresh_grant(args, table, &policy_cms, &policy_leases, first * 2 + 1).await
+}
+
+/// Writes the kube-apiserver's CPU profile over `PROFILE_SECS` of one kind of write into `file`.
+async fn profile_under_load(
+    client: &kube::Client,
+    file: &Path,
+    cms: &Api<ConfigMap>,
+    writers: usize,
+    guarded: bool,
+    tokens: &Arc<AtomicU64>,
+) -> anyhow::Result<()> {
+    const PROFILE_SECS: u64 = 10;
+    let request = http::Request::get(format!("/debug/pprof/profile?seconds={PROFILE_SECS}")).body(Vec::new())?;
+    let profile = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            use futures::AsyncReadExt;
+            let mut bytes = Vec::new();
+            client.request_stream(request).await?.read_to_end(&mut bytes).await?;
+            anyhow::Ok(bytes)
+        })
+    };
+    let stop = Instant::now() + Duration::from_secs(PROFILE_SECS + 1);
+    while Instant::now() < stop {
+        updates(cms, writers, writers * 20, guarded, tokens, "pp-").await?;
+    }
+    std::fs::write(file, profile.await??)?;
+    Ok(())
 }
 
 /// The fresh-token case: a grant (the Lease status written), then at once a write with its token.

@@ -9,9 +9,11 @@
 //!
 //! Who holds it: client-go names a holder by its identity, in practice `<hostname>_<uuid>`, and
 //! a Pod's hostname is its name. The requester's Pod name comes from its Pod-bound
-//! ServiceAccount token (`Request::pod`). The rule ([`holds`]): the holder identity is the Pod's
-//! name, or starts with the Pod's name and `_` (Pod names cannot contain `_`, so Pod `web-1`
-//! never matches `web-10_…`).
+//! ServiceAccount token (`Request::pod`). The rule is an [`IdentityRule`]
+//! (`--leader-identity-separator`, chart value `leaderIdentity.separator`): by default the holder
+//! identity is the Pod's name, or starts with the Pod's name and `_` (Pod names cannot contain
+//! `_`, so Pod `web-1` never matches `web-10_…`); the holder policy's CEL applies the same rule
+//! (`registration::Registration::holder_policy`).
 //!
 //! Why this fences a stale leader: for UPDATE and DELETE the API server runs validating
 //! admission inside its compare-and-swap on the object, and a write that loses the swap is
@@ -35,9 +37,97 @@ pub const HOLDER_IDENTITY_LABEL: &str = "kubefence.io/holder-identity";
 /// The value of [`HOLDER_IDENTITY_LABEL`] that binds the holder to the requesting Pod.
 pub const HOLDER_IS_POD: &str = "Pod";
 
-/// Whether `holder` (a Lease's `holderIdentity`) names Pod `pod`: equal, or `pod` + `_` + any.
-pub fn holds(holder: &str, pod: &str) -> bool {
-    !pod.is_empty() && holder.strip_prefix(pod).is_some_and(|rest| rest.is_empty() || rest.starts_with('_'))
+/// How a leader-election Lease's `holderIdentity` names a Pod: the Pod's name exactly, or the
+/// Pod's name followed by a separator and anything (client-go's `<hostname>_<uuid>`). Parsed
+/// from `--leader-identity-separator`: a separator, or [`IdentityRule::EXACT`] for the Pod's
+/// name alone.
+///
+/// A separator never starts with a character a Pod name can contain (Pod names are DNS
+/// subdomains: `a-z`, `0-9`, `-`, `.`), so each identity names at most one Pod: with `-`, Pod
+/// `web` would also hold what Pod `web-1` holds. It is visible ASCII without `'` or `\`, so it
+/// is written into CEL (and the chart's YAML) as it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IdentityRule {
+    /// The identity is the Pod's name.
+    Exact,
+    /// The identity is the Pod's name, or the Pod's name, this separator and anything.
+    Separated(String),
+}
+
+impl IdentityRule {
+    /// The flag value (and chart value) that means "the Pod's name exactly".
+    pub const EXACT: &str = "none";
+    /// client-go's usual separator: `<hostname>_<uuid>`.
+    pub const DEFAULT_SEPARATOR: &str = "_";
+
+    /// Whether `holder` (a Lease's `holderIdentity`) names Pod `pod`.
+    pub fn holds(&self, holder: &str, pod: &str) -> bool {
+        let Some(rest) = holder.strip_prefix(pod).filter(|_| !pod.is_empty()) else { return false };
+        match self {
+            IdentityRule::Exact => rest.is_empty(),
+            IdentityRule::Separated(separator) => rest.is_empty() || rest.starts_with(separator.as_str()),
+        }
+    }
+
+    /// The separator, `None` for [`IdentityRule::Exact`].
+    pub fn separator(&self) -> Option<&str> {
+        match self {
+            IdentityRule::Exact => None,
+            IdentityRule::Separated(separator) => Some(separator),
+        }
+    }
+
+    /// The identities Pod `pod` holds under, for messages: `web-0 or web-0_<suffix>`.
+    pub fn forms(&self, pod: &str) -> String {
+        match self {
+            IdentityRule::Exact => pod.to_string(),
+            IdentityRule::Separated(separator) => format!("{pod} or {pod}{separator}<suffix>"),
+        }
+    }
+}
+
+impl Default for IdentityRule {
+    fn default() -> IdentityRule {
+        IdentityRule::Separated(IdentityRule::DEFAULT_SEPARATOR.to_string())
+    }
+}
+
+/// Why a leader identity separator was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityRuleError {
+    #[error("the separator is empty: give one (client-go uses `_`), or `{}` for the Pod name exactly", IdentityRule::EXACT)]
+    Empty,
+    #[error(
+        "the separator {0:?} starts with {1:?}, which a Pod name can contain (a-z, 0-9, `-`, `.`): Pod `p1` would also match the identities of Pod `p1{1}…`; use a character Pod names never contain, such as `_`"
+    )]
+    StartsLikePodName(String, char),
+    #[error("the separator {0:?} contains {1:?}: use visible ASCII characters other than `'` and `\\`")]
+    Unsupported(String, char),
+}
+
+impl std::str::FromStr for IdentityRule {
+    type Err = IdentityRuleError;
+
+    fn from_str(value: &str) -> Result<IdentityRule, IdentityRuleError> {
+        if value == IdentityRule::EXACT {
+            return Ok(IdentityRule::Exact);
+        }
+        let Some(first) = value.chars().next() else { return Err(IdentityRuleError::Empty) };
+        if let Some(bad) = value.chars().find(|c| !c.is_ascii_graphic() || matches!(c, '\'' | '\\')) {
+            return Err(IdentityRuleError::Unsupported(value.to_string(), bad));
+        }
+        if first.is_ascii_lowercase() || first.is_ascii_digit() || matches!(first, '-' | '.') {
+            return Err(IdentityRuleError::StartsLikePodName(value.to_string(), first));
+        }
+        Ok(IdentityRule::Separated(value.to_string()))
+    }
+}
+
+impl std::fmt::Display for IdentityRule {
+    /// The flag value it parses from.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.separator().unwrap_or(IdentityRule::EXACT))
+    }
 }
 
 /// The leader-election Lease as a quorum read returned it: `None` when there is no such Lease,
@@ -60,10 +150,12 @@ pub enum LeaderPlan<'r> {
 pub struct HolderRead<'r> {
     lease: LeaseRef<'r>,
     pod: &'r str,
+    identity: &'r IdentityRule,
 }
 
-/// The first step of judging `req` by its leader-election Lease.
-pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> LeaderPlan<'r> {
+/// The first step of judging `req` by its leader-election Lease, whose holder names a Pod by
+/// `identity`.
+pub fn plan<'r>(req: &'r Request, exempt: &Exemptions, identity: &'r IdentityRule) -> LeaderPlan<'r> {
     let label = |side: &'r Option<ObjectFacts>| side.as_ref().and_then(|o| o.leader_lease.as_deref());
     let (old_lease, new_lease) = (label(&req.old), label(&req.new));
     let done = LeaderPlan::Done;
@@ -110,7 +202,7 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> LeaderPlan<'r> {
     }
     let lease = LeaseRef { namespace: &req.namespace, name };
     match req.pod.as_deref() {
-        Some(pod) => LeaderPlan::Quorum(HolderRead { lease, pod }),
+        Some(pod) => LeaderPlan::Quorum(HolderRead { lease, pod, identity }),
         None => done(Verdict::Deny {
             code: 403,
             reason: Reason::NotHolder,
@@ -139,7 +231,7 @@ impl<'r> HolderRead<'r> {
 
     /// Judges with the Lease's holder as a quorum read returned it.
     pub fn judge(self, fresh: HolderQuorum) -> Verdict {
-        let HolderRead { lease, pod } = self;
+        let HolderRead { lease, pod, identity } = self;
         let facts = |holder: Option<&str>| Facts {
             lease: Some(lease.to_string()),
             holder: holder.filter(|h| !h.is_empty()).map(str::to_string),
@@ -155,7 +247,7 @@ impl<'r> HolderRead<'r> {
                 ),
                 facts: facts(None),
             },
-            Some(holder) if holds(holder, pod) => Verdict::Allow { reason: Reason::Fenced },
+            Some(holder) if identity.holds(holder, pod) => Verdict::Allow { reason: Reason::Fenced },
             Some("") => Verdict::Deny {
                 code: 409,
                 reason: Reason::NotHolder,
@@ -163,6 +255,17 @@ impl<'r> HolderRead<'r> {
                     "write by Pod {pod} denied: leader-election Lease {lease} has no holder now, and only its holder writes this object"
                 ),
                 facts: facts(None),
+            },
+            // Looks like this Pod's identity, yet the rule says otherwise: say which rule, as the
+            // controller's identity and the configured rule may disagree.
+            Some(holder) if holder.starts_with(pod) => Verdict::Deny {
+                code: 409,
+                reason: Reason::NotHolder,
+                message: format!(
+                    "write by Pod {pod} denied: leader-election Lease {lease} is held by {holder}, which is not Pod {pod} by the leader identity rule (Pod {pod} holds it only as {forms}; see --leader-identity-separator, chart value leaderIdentity.separator), and only its holder writes this object",
+                    forms = identity.forms(pod)
+                ),
+                facts: facts(Some(holder)),
             },
             Some(holder) => Verdict::Deny {
                 code: 409,

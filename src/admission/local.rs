@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::decision::Exemptions;
+use super::leader::IdentityRule;
 use super::leases::LeaseDirectory;
 use super::registration::{Endpoint, PATH, Registration};
 use super::server::{self, Metrics};
@@ -31,6 +32,9 @@ pub struct LocalOptions {
     /// Register the policy path too (`super::policy_path`); its parameters are kept by a lease
     /// controller running with `ControllerOptions::policy_params`.
     pub policy_path: bool,
+    /// How a leader-election Lease's holder names a Pod: the webhook judges guarded writes and
+    /// the holder policy judges claims by this one rule.
+    pub leader_identity: IdentityRule,
 }
 
 impl LocalOptions {
@@ -42,6 +46,7 @@ impl LocalOptions {
             extra_object_labels: BTreeMap::new(),
             exempt: Exemptions::default(),
             policy_path: false,
+            leader_identity: IdentityRule::default(),
         }
     }
 }
@@ -92,6 +97,7 @@ impl LocalWebhook {
             listener,
             tls,
             options.exempt.clone(),
+            options.leader_identity.clone(),
             metrics.clone(),
             registry,
             stop.clone().cancelled_owned(),
@@ -108,6 +114,7 @@ impl LocalWebhook {
         registration.only_namespaces = options.only_namespaces;
         registration.extra_object_labels = options.extra_object_labels;
         registration.policy_path = options.policy_path;
+        registration.leader_identity = options.leader_identity;
         // Lease status is written by this process's controller, under this process's identity.
         let registered = async {
             let me = super::registration::whoami(&client).await?;

@@ -22,7 +22,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
 
-use super::leader::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, LEADER_LEASE_LABEL};
+use super::leader::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, IdentityRule, LEADER_LEASE_LABEL};
 use super::policy_path;
 use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
 
@@ -80,6 +80,9 @@ pub struct Registration {
     /// Names of `coordination.k8s.io` Leases whose holder is bound to the requesting Pod, besides
     /// those labelled `kubefence.io/holder-identity: Pod` (the holder policy).
     pub leader_leases: Vec<String>,
+    /// How a holder identity names a Pod in the holder policy: the rule the webhook judges
+    /// leader-guarded writes by (`--leader-identity-separator`).
+    pub leader_identity: IdentityRule,
 }
 
 impl Registration {
@@ -94,6 +97,7 @@ impl Registration {
             timeout_seconds: 5,
             policy_path: false,
             leader_leases: Vec::new(),
+            leader_identity: IdentityRule::default(),
         }
     }
 
@@ -334,13 +338,16 @@ impl Registration {
 
     /// The policy that binds the holder of an opted-in `coordination.k8s.io` Lease (labelled
     /// `kubefence.io/holder-identity: Pod`, or named in `leader_leases`) to the requesting Pod:
-    /// a write that sets `holderIdentity` names the requester's own Pod (the [`super::leader::holds`]
-    /// rule), and only the holder clears it. client-go's acquire, renew, take-over and release
-    /// all write the writer's own identity (or clear it as the holder), so they pass. `admins`
-    /// (usernames) are exempt. Judged by the API server (CEL): no webhook call. Pure.
+    /// a write that sets `holderIdentity` names the requester's own Pod (by `leader_identity`, the
+    /// rule the webhook judges by), and only the holder clears it. client-go's acquire, renew,
+    /// take-over and release all write the writer's own identity (or clear it as the holder), so
+    /// they pass. `admins` (usernames) are exempt. Judged by the API server (CEL): no webhook
+    /// call. Pure.
     pub fn holder_policy(&self, admins: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-        let variables: Vec<serde_json::Value> =
-            HOLDER_VARIABLES.iter().map(|(name, expression)| serde_json::json!({"name": name, "expression": expression})).collect();
+        let variables: Vec<serde_json::Value> = holder_variables(&self.leader_identity)
+            .iter()
+            .map(|(name, expression)| serde_json::json!({"name": name, "expression": expression}))
+            .collect();
         self.policy(
             &self.holder_policy_name(),
             serde_json::json!({
@@ -354,7 +361,7 @@ impl Registration {
                 ],
                 "variables": variables,
                 "validations": [
-                    {"expression": HOLDER_CLAIM_RULE, "messageExpression": HOLDER_CLAIM_MESSAGE, "reason": "Forbidden"},
+                    {"expression": HOLDER_CLAIM_RULE, "messageExpression": holder_claim_message(&self.leader_identity), "reason": "Forbidden"},
                     {"expression": HOLDER_RELEASE_RULE, "messageExpression": HOLDER_RELEASE_MESSAGE, "reason": "Forbidden"},
                     {"expression": holder_label_kept(), "messageExpression": HOLDER_LABEL_MESSAGE, "reason": "Forbidden"},
                 ],
@@ -506,21 +513,50 @@ pub fn holder_label_kept() -> String {
 }
 
 /// The holder policy's variables: the requesting Pod (`''` without a Pod-bound token), the
-/// holder before and after the write, and whether each names the requesting Pod.
-pub const HOLDER_VARIABLES: [(&str, &str); 5] = [
-    (
-        "me",
-        "(has(request.userInfo.extra) && 'authentication.kubernetes.io/pod-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/pod-name']) > 0) ? request.userInfo.extra['authentication.kubernetes.io/pod-name'][0] : ''",
-    ),
-    ("newHolder", "has(object.spec) && has(object.spec.holderIdentity) ? object.spec.holderIdentity : ''"),
-    ("oldHolder", "oldObject != null && has(oldObject.spec) && has(oldObject.spec.holderIdentity) ? oldObject.spec.holderIdentity : ''"),
-    ("newIsMe", "variables.me != '' && (variables.newHolder == variables.me || variables.newHolder.startsWith(variables.me + '_'))"),
-    ("oldIsMe", "variables.me != '' && (variables.oldHolder == variables.me || variables.oldHolder.startsWith(variables.me + '_'))"),
-];
+/// holder before and after the write, and whether each names the requesting Pod by `identity`.
+pub fn holder_variables(identity: &IdentityRule) -> [(&'static str, String); 5] {
+    [
+        (
+            "me",
+            "(has(request.userInfo.extra) && 'authentication.kubernetes.io/pod-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/pod-name']) > 0) ? request.userInfo.extra['authentication.kubernetes.io/pod-name'][0] : ''".into(),
+        ),
+        ("newHolder", "has(object.spec) && has(object.spec.holderIdentity) ? object.spec.holderIdentity : ''".into()),
+        ("oldHolder", "oldObject != null && has(oldObject.spec) && has(oldObject.spec.holderIdentity) ? oldObject.spec.holderIdentity : ''".into()),
+        ("newIsMe", names_me(identity, "variables.newHolder")),
+        ("oldIsMe", names_me(identity, "variables.oldHolder")),
+    ]
+}
+
+/// CEL: whether `holder` names the requesting Pod by `identity` ([`IdentityRule::holds`]).
+/// The chart's leader-holder policy renders the same text from `leaderIdentity.separator`.
+fn names_me(identity: &IdentityRule, holder: &str) -> String {
+    match identity.separator() {
+        None => format!("variables.me != '' && {holder} == variables.me"),
+        Some(separator) => {
+            format!("variables.me != '' && ({holder} == variables.me || {holder}.startsWith(variables.me + {}))", cel_string(separator))
+        }
+    }
+}
+
+/// A CEL string literal. (A parsed separator has neither `'` nor `\`, so the chart, which
+/// does not escape, writes the same text.)
+fn cel_string(text: &str) -> String {
+    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
 /// A write that names a holder names the requesting Pod, unless it leaves the spec as it was
 /// (a label or annotation change). A renewal of another's Lease is refused too.
 pub const HOLDER_CLAIM_RULE: &str = "variables.newHolder == '' || variables.newIsMe || (oldObject != null && has(oldObject.spec) && has(object.spec) && object.spec == oldObject.spec)";
-pub const HOLDER_CLAIM_MESSAGE: &str = "'Lease ' + object.metadata.name + ' binds its holderIdentity to the requesting Pod: ' + (variables.me == '' ? 'the request carries no Pod identity (use the Pod\\'s own ServiceAccount token)' : 'Pod ' + variables.me + ' may hold it only as ' + variables.me + ' or ' + variables.me + '_<suffix>, not as ' + variables.newHolder)";
+/// The claim rule's message: who asks, and the identities the rule lets it hold under.
+pub fn holder_claim_message(identity: &IdentityRule) -> String {
+    let forms = match identity.separator() {
+        None => "variables.me".to_string(),
+        Some(separator) => format!("variables.me + ' or ' + variables.me + {}", cel_string(&format!("{separator}<suffix>"))),
+    };
+    format!(
+        "'Lease ' + object.metadata.name + ' binds its holderIdentity to the requesting Pod: ' + (variables.me == '' ? 'the request carries no Pod identity (use the Pod\\'s own ServiceAccount token)' : 'Pod ' + variables.me + ' may hold it only as ' + {forms} + ', not as ' + variables.newHolder)"
+    )
+}
 /// Clearing the holder (client-go's ReleaseOnCancel) is done by the holder itself.
 pub const HOLDER_RELEASE_RULE: &str = "variables.oldHolder == '' || variables.newHolder != '' || variables.oldIsMe";
 pub const HOLDER_RELEASE_MESSAGE: &str = "'Lease ' + object.metadata.name + ' is released only by its holder ' + variables.oldHolder + ', not by ' + (variables.me == '' ? request.userInfo.username : 'Pod ' + variables.me)";
@@ -597,6 +633,41 @@ mod tests {
         assert!(bound.contains("'kubefence.io/holder-identity' in object.metadata.labels"), "{bound}");
         assert_eq!(policy["spec"]["matchConditions"][1]["expression"], "!(request.userInfo.username in ['admin'])");
         assert_eq!(policy["spec"]["validations"].as_array().map(Vec::len), Some(3));
+    }
+
+    /// The holder policy and the webhook name a Pod by one rule: the CEL for each rule, and its
+    /// message.
+    #[test]
+    fn the_holder_policy_names_the_pod_by_the_configured_rule() {
+        let spec = |rule: &str| {
+            let mut reg = Registration::new("kf", Endpoint::Url("https://127.0.0.1:9443/validate".into()));
+            reg.leader_identity = rule.parse().unwrap_or_else(|e| panic!("{rule}: {e}"));
+            serde_json::to_value(reg.holder_policy(&[]).0).unwrap()["spec"].clone()
+        };
+        let variable = |spec: &serde_json::Value, name: &str| {
+            let variables = spec["variables"].as_array().cloned().unwrap_or_default();
+            variables.iter().find(|v| v["name"] == name).map(|v| v["expression"].clone()).unwrap_or_default()
+        };
+        let default = spec("_");
+        assert_eq!(
+            variable(&default, "newIsMe"),
+            "variables.me != '' && (variables.newHolder == variables.me || variables.newHolder.startsWith(variables.me + '_'))"
+        );
+        assert_eq!(
+            variable(&spec(":uid="), "oldIsMe"),
+            "variables.me != '' && (variables.oldHolder == variables.me || variables.oldHolder.startsWith(variables.me + ':uid='))"
+        );
+        let exact = spec("none");
+        assert_eq!(variable(&exact, "newIsMe"), "variables.me != '' && variables.newHolder == variables.me");
+        assert_eq!(variable(&exact, "oldIsMe"), "variables.me != '' && variables.oldHolder == variables.me");
+        let message = |spec: &serde_json::Value| spec["validations"][0]["messageExpression"].as_str().unwrap_or_default().to_string();
+        assert!(message(&default).contains("' may hold it only as ' + variables.me + ' or ' + variables.me + '_<suffix>' + ', not as '"));
+        assert!(message(&exact).contains("' may hold it only as ' + variables.me + ', not as '"), "{}", message(&exact));
+    }
+
+    #[test]
+    fn a_cel_string_escapes_quotes_and_backslashes() {
+        assert_eq!(cel_string(r"a'b\c"), r"'a\'b\\c'");
     }
 
     #[test]

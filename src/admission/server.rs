@@ -24,7 +24,7 @@ use tokio::sync::Semaphore;
 
 use super::decision::{self, Exemptions, Judged, Plan, QuorumRead, Reason, Verdict};
 use super::events::RejectionEvents;
-use super::leader::{self, HolderRead, LeaderPlan};
+use super::leader::{self, HolderRead, IdentityRule, LeaderPlan};
 use super::leases::LeaseDirectory;
 pub use super::metrics::Metrics;
 use super::metrics::{LeaseReadKind, Refusal};
@@ -44,6 +44,8 @@ pub const BODY_BUDGET_BYTES: usize = 64 * 1024 * 1024;
 /// Judges admission reviews.
 pub struct Webhook {
     pub exempt: Exemptions,
+    /// How a leader-election Lease's holder names a Pod (`--leader-identity-separator`).
+    pub identity: IdentityRule,
     pub leases: LeaseDirectory,
     pub metrics: Metrics,
     /// Events on the guarded objects for rejected writes (`None`: no Events, e.g. benchmarks).
@@ -53,15 +55,21 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    pub fn new(exempt: Exemptions, leases: LeaseDirectory, metrics: Metrics, events: Option<RejectionEvents>) -> Webhook {
-        Webhook { exempt, leases, metrics, events, body_budget: Arc::new(Semaphore::new(BODY_BUDGET_BYTES)) }
+    pub fn new(
+        exempt: Exemptions,
+        identity: IdentityRule,
+        leases: LeaseDirectory,
+        metrics: Metrics,
+        events: Option<RejectionEvents>,
+    ) -> Webhook {
+        Webhook { exempt, identity, leases, metrics, events, body_budget: Arc::new(Semaphore::new(BODY_BUDGET_BYTES)) }
     }
 
     /// Judges one request: by the leader-election Lease it is bound to, if any
     /// ([`leader::plan`]), and by its kube-fence lease (an object may carry both guards: both
     /// must admit the write).
     pub async fn judge(&self, req: &decision::Request) -> Verdict {
-        let by_holder = match leader::plan(req, &self.exempt) {
+        let by_holder = match leader::plan(req, &self.exempt, &self.identity) {
             LeaderPlan::Done(verdict) => verdict,
             LeaderPlan::Quorum(read) => self.judge_by_holder(read).await,
         };
@@ -237,17 +245,19 @@ pub async fn serve(
 }
 
 /// Everything one webhook process serves, given its lease directory (whose cache future the
-/// caller runs). Returns when `shutdown` resolves.
+/// caller runs), judging leader-election holders by `identity`. Returns when `shutdown` resolves.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     leases: LeaseDirectory,
     listener: TcpListener,
     tls: RustlsConfig,
     exempt: Exemptions,
+    identity: IdentityRule,
     metrics: Metrics,
     registry: Arc<Registry>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let events = Some(RejectionEvents::new(leases.client(), crate::process::identity()));
-    let webhook = Arc::new(Webhook::new(exempt, leases, metrics, events));
+    let webhook = Arc::new(Webhook::new(exempt, identity, leases, metrics, events));
     serve(listener, tls, router(webhook, registry), shutdown).await
 }

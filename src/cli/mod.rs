@@ -117,6 +117,21 @@ mod tests {
     }
 
     #[test]
+    fn the_leader_identity_rule_defaults_to_client_gos_and_refuses_an_ambiguous_separator() {
+        use crate::admission::leader::IdentityRule;
+        let rule = |args: &[&str]| match parse(args).map(|cli| cli.command) {
+            Ok(Command::Run(run)) => run.webhook.leader_identity,
+            Ok(Command::Webhook(webhook)) => webhook.leader_identity,
+            other => panic!("{args:?}: {other:?}"),
+        };
+        assert_eq!(rule(&["run", "--local"]), IdentityRule::Separated("_".into()));
+        assert_eq!(rule(&["webhook", "--leader-identity-separator", "none"]), IdentityRule::Exact);
+        assert_eq!(rule(&["run", "--leader-identity-separator=:"]), IdentityRule::Separated(":".into()));
+        let err = parse(&["webhook", "--leader-identity-separator", "-"]).err().map(|e| usage_error(&e).to_string()).unwrap_or_default();
+        assert!(err.contains("--leader-identity-separator") && err.contains("a Pod name can contain"), "{err}");
+    }
+
+    #[test]
     fn usage_errors_are_one_line() {
         let err = parse(&["lease", "acquire", "l"]).err().map(|e| usage_error(&e).to_string()).unwrap_or_default();
         assert_eq!(err, "the following required arguments were not provided: --holder <HOLDER> (see --help)");

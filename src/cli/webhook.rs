@@ -9,6 +9,7 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::decision::{DEFAULT_EXEMPT, Exemptions};
+use crate::admission::leader::IdentityRule;
 use crate::admission::leases::LeaseDirectory;
 use crate::admission::registration::CONFIGURATION_NAME;
 use crate::admission::server::{self, Metrics};
@@ -68,6 +69,15 @@ pub struct WebhookArgs {
     /// defaults: the garbage collector and the namespace controller).
     #[arg(long = "exempt", value_name = "USER", default_values_t = DEFAULT_EXEMPT.map(String::from))]
     pub exempt: Vec<String>,
+
+    /// How the holderIdentity of a client-go leader-election Lease names a Pod (objects labelled
+    /// kubefence.io/leader-lease are written only by the holder's Pod): the Pod's name, or the
+    /// Pod's name, SEP and anything (client-go's usual <hostname>_<uuid>). `none`: the Pod's name
+    /// exactly. SEP must not start with a character Pod names contain (a-z, 0-9, '-', '.'): with
+    /// '-', Pod p1 would match Pod p1-x's identities. The holder policy (chart value
+    /// leaderIdentity.separator; registered by `run --local`) must use the same rule.
+    #[arg(long = "leader-identity-separator", value_name = "SEP", default_value = IdentityRule::DEFAULT_SEPARATOR)]
+    pub leader_identity: IdentityRule,
 
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -143,8 +153,9 @@ pub async fn serve(
     let listener = std::net::TcpListener::bind(args.addr).map_err(|source| Error::Listen { addr: args.addr, source })?;
     let (leases, cache) = LeaseDirectory::new(client);
     spawn_until(cache, shutdown.clone());
-    tracing::info!(addr = %args.addr, exempt = ?args.exempt, "fencing webhook serving");
-    server::run(leases, listener, tls, Exemptions::new(args.exempt), metrics, registry, shutdown.cancelled_owned())
+    tracing::info!(addr = %args.addr, exempt = ?args.exempt, leader_identity_separator = %args.leader_identity, "fencing webhook serving");
+    let exempt = Exemptions::new(args.exempt);
+    server::run(leases, listener, tls, exempt, args.leader_identity, metrics, registry, shutdown.cancelled_owned())
         .await
         .map_err(|source| Error::ServeWebhook { source })
 }

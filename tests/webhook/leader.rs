@@ -94,6 +94,59 @@ async fn wait_holder_policy(f: &Fixture, spoofer: &Client, lease: &str) {
     }
 }
 
+/// The identity rule is configured (`--leader-identity-separator :`, chart value
+/// `leaderIdentity.separator`), and the webhook and the holder policy both judge by it, not by
+/// client-go's default `_`. Worker with ordinary RBAC: p2 cannot claim the Lease as p1 (`p1:…`),
+/// and even p1 cannot claim it as `p1_…`, which names no Pod under this rule. Stale-but-honest
+/// writer: once p2 holds the Lease as `p2:…`, p1's write to a guarded object is refused (409) and
+/// p2's admitted; and a holder in the default form (`p1_…`, set by an admin) lets no Pod write,
+/// p1 included, with a denial that names the rule.
+#[tokio::test]
+async fn the_configured_identity_rule_is_what_the_webhook_and_the_holder_policy_judge_by() {
+    use kube_fence::admission::local::LocalOptions;
+    let client = common::client().await;
+    let ns = common::namespace(&client, "leader-rule").await;
+    let mut options = LocalOptions::new(format!("kf-test-{ns}"));
+    options.only_namespaces = Some(vec![ns.clone()]);
+    options.leader_identity = ":".parse().expect("a separator");
+    let f = Fixture::with_options(client, ns, options).await;
+    let made = controller_pods(&f, &["p1", "p2"]).await;
+    let p1 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[0]).await;
+    let p2 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[1]).await;
+    leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
+    wait_holder_policy(&f, &p2, "ctl").await;
+    let at = |s: u32| format!("2026-12-03T09:00:{s:02}.000000Z");
+
+    // The holder policy, by the rule.
+    forbidden(elect(&p1, &f.ns, "ctl", "p1_1111", &at(1), 1).await, "Pod p1 may hold it only as p1 or p1:<suffix>, not as p1_1111");
+    forbidden(elect(&p2, &f.ns, "ctl", "p1:9999", &at(1), 1).await, "Pod p2 may hold it only as p2 or p2:<suffix>");
+    elect(&p1, &f.ns, "ctl", "p1:1111", &at(1), 1).await.expect("p1 acquires as p1:1111");
+    elect(&p1, &f.ns, "ctl", "p1:1111", &at(2), 1).await.expect("p1 renews");
+
+    // The webhook, by the same rule.
+    let cms = |c: &Client| Api::<ConfigMap>::namespaced(c.clone(), &f.ns);
+    let labelled = json!({LEADER_LEASE_LABEL: "ctl"});
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "state", "labels": labelled}, "data": {"writer": "p1"}})).unwrap();
+    common::accepted(cms(&p1).create(&PostParams::default(), &cm).await);
+    let data = |writer: &str| json!({"data": {"writer": writer}});
+    let pp = PatchParams::default();
+    not_holder(cms(&p2).patch("state", &pp, &Patch::Merge(&data("p2"))).await, "p1:1111", "p2");
+    elect(&p2, &f.ns, "ctl", "p2:2222", &at(10), 2).await.expect("p2 takes over as p2:2222");
+    common::accepted(cms(&p2).patch("state", &pp, &Patch::Merge(&data("p2"))).await);
+    not_holder(cms(&p1).patch("state", &pp, &Patch::Merge(&data("p1-stale"))).await, "p2:2222", "p1");
+
+    // A holder in client-go's default form names no Pod under this rule.
+    elect(&f.client, &f.ns, "ctl", "p1_3333", &at(20), 3).await.expect("an admin sets the holder");
+    let status = common::rejected(cms(&p1).patch("state", &pp, &Patch::Merge(&data("p1"))).await);
+    assert_eq!(status.code, 409, "{status:?}");
+    assert!(status.message.contains("Pod p1 holds it only as p1 or p1:<suffix>"), "{}", status.message);
+
+    let stored = cms(&f.client).get("state").await.expect("the ConfigMap");
+    assert_eq!(stored.data.unwrap_or_default().get("writer").map(String::as_str), Some("p2"));
+    f.stop().await;
+}
+
 /// Stale-but-honest writer: leader p1 was paused past its Lease; p2 took the Lease over and
 /// wrote. Every write p1 then sends — ConfigMap update and delete, a Widget's main resource and
 /// its `/status`, a create — is refused with 409 NotHolder naming the holder and the requester,

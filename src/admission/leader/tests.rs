@@ -20,12 +20,20 @@ fn by_pod(operation: Operation, old: Option<ObjectFacts>, new: Option<ObjectFact
 }
 
 /// Judges as the server does: the plan, then the quorum read it asks for, from a Lease whose
-/// holderIdentity is `holder` (`None`: no such Lease).
+/// holderIdentity is `holder` (`None`: no such Lease), under the default identity rule.
 fn judge(req: &Request, holder: Option<&str>) -> Verdict {
-    match plan(req, &Exemptions::default()) {
+    judge_by(&IdentityRule::default(), req, holder)
+}
+
+fn judge_by(identity: &IdentityRule, req: &Request, holder: Option<&str>) -> Verdict {
+    match plan(req, &Exemptions::default(), identity) {
         LeaderPlan::Done(verdict) => verdict,
         LeaderPlan::Quorum(read) => read.judge(HolderQuorum(holder.map(str::to_string))),
     }
+}
+
+fn rule(value: &str) -> IdentityRule {
+    value.parse().unwrap_or_else(|e| panic!("{value:?}: {e}"))
 }
 
 fn outcome(verdict: &Verdict) -> Result<Reason, (u16, Reason)> {
@@ -35,16 +43,68 @@ fn outcome(verdict: &Verdict) -> Result<Reason, (u16, Reason)> {
     }
 }
 
+// Which identity names which Pod, by rule. A wrong `true` lets another Pod write (worker with
+// ordinary RBAC, and a stale-but-honest writer whose successor's identity it matches); a wrong
+// `false` fences the real leader out.
 #[rstest]
-#[case::exact("web-0", "web-0", true)]
-#[case::client_go_identity("web-0_4f1c2a", "web-0", true)]
-#[case::another_pod("web-1_4f1c2a", "web-0", false)]
-#[case::a_longer_name("web-10_4f1c2a", "web-1", false)]
-#[case::a_prefix_without_underscore("web-0x", "web-0", false)]
-#[case::empty_holder("", "web-0", false)]
-#[case::empty_pod("_x", "", false)]
-fn the_holder_is_the_pod_or_the_pod_and_an_underscore(#[case] holder: &str, #[case] pod: &str, #[case] expected: bool) {
-    assert_eq!(holds(holder, pod), expected);
+// The default: client-go's `<hostname>_<uuid>`.
+#[case::exact("_", "web-0", "web-0", true)]
+#[case::client_go_identity("_", "web-0_4f1c2a", "web-0", true)]
+#[case::another_pod("_", "web-1_4f1c2a", "web-0", false)]
+#[case::a_longer_name("_", "web-10_4f1c2a", "web-1", false)]
+#[case::a_prefix_without_underscore("_", "web-0x", "web-0", false)]
+#[case::another_separator("_", "web-0:4f1c2a", "web-0", false)]
+#[case::empty_holder("_", "", "web-0", false)]
+#[case::empty_pod("_", "_x", "", false)]
+// The Pod's name exactly.
+#[case::exact_only("none", "web-0", "web-0", true)]
+#[case::exact_only_refuses_a_suffix("none", "web-0_4f1c2a", "web-0", false)]
+#[case::exact_only_another_pod("none", "web-1", "web-0", false)]
+#[case::exact_only_empty_pod("none", "", "", false)]
+// Another separator, of one or more characters.
+#[case::colon("::", "web-0::4f1c2a", "web-0", true)]
+#[case::colon_is_not_underscore("::", "web-0_4f1c2a", "web-0", false)]
+#[case::colon_half_a_separator("::", "web-0:4f1c2a", "web-0", false)]
+#[case::colon_a_longer_name("::", "web-10::4f1c2a", "web-1", false)]
+#[case::at_exact("@", "web-0", "web-0", true)]
+#[case::uppercase("X", "web-0X1", "web-0", true)]
+fn the_holder_names_the_pod_by_the_rule(#[case] separator: &str, #[case] holder: &str, #[case] pod: &str, #[case] expected: bool) {
+    assert_eq!(rule(separator).holds(holder, pod), expected);
+}
+
+#[rstest]
+#[case::default("_", IdentityRule::Separated("_".into()))]
+#[case::exact("none", IdentityRule::Exact)]
+#[case::longer(":uid=", IdentityRule::Separated(":uid=".into()))]
+#[case::uppercase_first("ID", IdentityRule::Separated("ID".into()))]
+fn a_separator_parses_into_a_rule_and_prints_as_it_was_given(#[case] value: &str, #[case] expected: IdentityRule) {
+    assert_eq!(rule(value), expected);
+    assert_eq!(rule(value).to_string(), value);
+}
+
+/// A separator that could continue a Pod name makes one identity name two Pods (`-`: Pod `web`
+/// would hold what Pod `web-1` holds): refused, as is what cannot be written into CEL as it is.
+#[rstest]
+#[case::empty("", IdentityRuleError::Empty)]
+#[case::dash("-", IdentityRuleError::StartsLikePodName("-".into(), '-'))]
+#[case::dot(".", IdentityRuleError::StartsLikePodName(".".into(), '.'))]
+#[case::letter("x_", IdentityRuleError::StartsLikePodName("x_".into(), 'x'))]
+#[case::digit("0", IdentityRuleError::StartsLikePodName("0".into(), '0'))]
+#[case::none_with_more("none_", IdentityRuleError::StartsLikePodName("none_".into(), 'n'))]
+#[case::quote("_'", IdentityRuleError::Unsupported("_'".into(), '\''))]
+#[case::backslash("\\", IdentityRuleError::Unsupported("\\".into(), '\\'))]
+#[case::space(" ", IdentityRuleError::Unsupported(" ".into(), ' '))]
+#[case::not_ascii("·", IdentityRuleError::Unsupported("·".into(), '·'))]
+fn a_separator_that_is_ambiguous_or_unquotable_is_refused(#[case] value: &str, #[case] expected: IdentityRuleError) {
+    assert_eq!(value.parse::<IdentityRule>(), Err(expected));
+}
+
+#[test]
+fn the_refusal_names_the_problem() {
+    let err = "-".parse::<IdentityRule>().err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("a Pod name can contain") && err.contains("`p1-…`"), "{err}");
+    let err = "".parse::<IdentityRule>().err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("`none`"), "{err}");
 }
 
 #[rstest]
@@ -127,8 +187,23 @@ fn exempt_identities_and_finalizer_removal_need_no_holder() {
 
 #[test]
 fn only_the_request_that_needs_the_holder_reads_it() {
-    let reads = |req: &Request| matches!(plan(req, &Exemptions::default()), LeaderPlan::Quorum(_));
+    let reads = |req: &Request| matches!(plan(req, &Exemptions::default(), &IdentityRule::default()), LeaderPlan::Quorum(_));
     assert!(reads(&by_pod(Operation::Update, bound("ctl"), bound("ctl"), Some("web-0"))));
     assert!(!reads(&by_pod(Operation::Update, plain(), plain(), Some("web-0"))));
     assert!(!reads(&by_pod(Operation::Update, bound("ctl"), bound("ctl"), None)));
+}
+
+/// Stale-but-honest writer and worker with ordinary RBAC, under a configured rule: the webhook
+/// judges by the rule it was given, not by the default.
+#[test]
+fn the_webhook_judges_by_the_configured_rule() {
+    let req = by_pod(Operation::Update, bound("ctl"), bound("ctl"), Some("web-0"));
+    assert_eq!(outcome(&judge_by(&rule(":"), &req, Some("web-0:a"))), Ok(Reason::Fenced));
+    assert_eq!(outcome(&judge_by(&rule(":"), &req, Some("web-1:a"))), Err((409, Reason::NotHolder)));
+    assert_eq!(outcome(&judge_by(&rule("none"), &req, Some("web-0"))), Ok(Reason::Fenced));
+    // The default form names no Pod under another rule; the denial says which rule judged.
+    let Verdict::Deny { code: 409, message, .. } = judge_by(&rule("none"), &req, Some("web-0_a")) else { panic!("denied") };
+    assert!(message.contains("Pod web-0 holds it only as web-0;") && message.contains("--leader-identity-separator"), "{message}");
+    let Verdict::Deny { message, .. } = judge_by(&rule(":"), &req, Some("web-0_a")) else { panic!("denied") };
+    assert!(message.contains("only as web-0 or web-0:<suffix>;"), "{message}");
 }
