@@ -6,7 +6,7 @@
 #
 # Usage: hack/build-leader-go.sh [--image]
 #   --image  also package it as an image (hack/make-image.sh) and print the tarball's path on a
-#            second line; its ref is localhost/kube-fence/leader-go:<version>
+#            second line and its ref, localhost/kube-fence/leader-go:<version>, on a third
 #   KUBE_FENCE_CACHE   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/kube-fence)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +35,8 @@ fi
 echo "$bin"
 if $image; then
   tar="$(dirname "$bin")/leader-go-image.tar"
-  [[ -f $tar ]] || hack/make-image.sh --binary "$bin" --ref "localhost/kube-fence/leader-go:$version" --out "$tar"
+  ref="localhost/kube-fence/leader-go:$version"
+  [[ -f $tar ]] || hack/make-image.sh --binary "$bin" --ref "$ref" --out "$tar"
   echo "$tar"
+  echo "$ref"
 fi

@@ -2,7 +2,9 @@
 # kube-fence installed for real on a local node, no Docker: a node (hack/test-node.sh), the image
 # built from the static binary and imported, the CRDs applied with kubectl, the chart installed
 # with helm — then the end-to-end suite (tests/e2e.rs) against the Pods, and the operations
-# tests (tests/operations.rs). Everything is torn down afterwards, also on failure.
+# tests (tests/operations.rs), and an unmodified client-go controller (examples/leader-go, its
+# image imported too) fenced as 2 replicas on the node (tests/e2e/leader.rs). Everything is torn
+# down afterwards, also on failure.
 #
 #   hack/e2e-node.sh          (root; KUBE_FENCE_IMAGE_PROFILE=debug for a faster image build)
 set -euo pipefail
@@ -31,6 +33,16 @@ say "running the end-to-end suite against the installed Pods"
 # SIGSTOP/SIGCONT rounds here, the full 100 in the local suite (hack/test.sh).
 cargo build --locked --example status_writer
 KUBE_FENCE_E2E_INSTALLED=1 KF_STATUS_PAUSE_ROUNDS=20 cargo test --locked --test e2e -- --test-threads 2 --nocapture
+say "building the leader-go image (examples/leader-go, cached by version) and importing it"
+built=$(hack/build-leader-go.sh --image)   # binary, image tarball, image ref
+mapfile -t leader_go <<<"$built"
+ctr --address "$CONTAINERD_ADDRESS" -n "$CONTAINERD_NAMESPACE" images import "${leader_go[1]}" >&2
+export LEADER_GO_IMAGE=${leader_go[2]}
+say "running the leader-go pause cycles on the node (2 replicas, image $LEADER_GO_IMAGE)"
+# 20 SIGSTOP/SIGCONT cycles here; the 100-cycle figure in the README was measured with
+# LEADER_GO_CYCLES=100.
+KUBE_FENCE_E2E_INSTALLED=1 LEADER_GO_CYCLES=${LEADER_GO_CYCLES:-20} cargo test --locked --test e2e \
+  leader::a_paused_leader_pod_is_fenced_when_it_resumes -- --ignored --exact --nocapture
 say "running the operations tests"
 KUBE_FENCE_E2E_INSTALLED=1 cargo test --locked --test operations -- --ignored --test-threads 1 --nocapture
 

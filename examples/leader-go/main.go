@@ -8,8 +8,14 @@
 // fencing a leader that was paused past its lease and resumed would overwrite its successor's
 // work. Every write's outcome is printed as one JSON line on stdout, for the tests.
 //
-// When it stops leading, RunOrDie returns and the program exits (its Pod restarts it), as most
-// controllers do.
+// When it stops leading, RunOrDie returns; most controllers then exit and their Pod restarts
+// them. This one campaigns again in the same process, under a fresh identity (<pod>_<new uuid>,
+// as a restarted process would have), until SIGTERM: under restartPolicy Always a process that
+// exits after every lost election meets the kubelet's restart back-off (10 s, doubling up to
+// 5 min), which a test of a hundred hand-overs cannot wait out. Each campaign is still one
+// ordinary leaderelection.RunOrDie. Before campaigning again it waits until the writes of the
+// lost term have stopped, as a process's exit would stop them: a pending write of the old term
+// sent after this Pod led again would be admitted (the guard knows Pods, not processes).
 //
 // Environment: KUBECONFIG (outside a Pod), POD_NAME (outside a Pod: the name its identity
 // starts with), NAMESPACE, LEASE (the Lease's name), CONFIGMAP, RESOURCE (name of the custom
@@ -85,8 +91,6 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	// controller-runtime's identity: the Pod's hostname (its name), "_", a fresh UUID.
-	identity := hostname + "_" + string(uuid.NewUUID())
 	namespace := env("NAMESPACE", "default")
 	core := kubernetes.NewForConfigOrDie(config)
 	dyn := dynamic.NewForConfigOrDie(config)
@@ -100,11 +104,24 @@ func main() {
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer cancel()
+	for ctx.Err() == nil {
+		// controller-runtime's identity: the Pod's hostname (its name), "_", a fresh UUID.
+		identity := hostname + "_" + string(uuid.NewUUID())
+		campaign(ctx, core, dyn, resource, namespace, identity, leaseDuration, interval)
+	}
+}
+
+// campaign runs one leader election under identity until it stops leading (or ctx ends), and
+// returns once the writes of its term, if it led, have stopped.
+func campaign(ctx context.Context, core kubernetes.Interface, dyn dynamic.Interface, resource schema.GroupVersionResource, namespace, identity string, leaseDuration, interval time.Duration) {
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Name: env("LEASE", "leader-go"), Namespace: namespace},
 		Client:     core.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
 	}
+	// RunOrDie starts OnStartedLeading in a goroutine of its own and returns without waiting
+	// for it; written to when that goroutine's writes have stopped.
+	term := make(chan struct{}, 1)
 	report(map[string]any{"event": "started", "identity": identity})
 	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
 		Lock:            lock,
@@ -117,6 +134,7 @@ func main() {
 			OnStartedLeading: func(ctx context.Context) {
 				report(map[string]any{"event": "leading", "identity": identity})
 				lead(ctx, core, dyn, resource, namespace, identity, interval)
+				term <- struct{}{}
 			},
 			OnStoppedLeading: func() {
 				report(map[string]any{"event": "stopped-leading", "identity": identity})
@@ -126,6 +144,10 @@ func main() {
 			},
 		},
 	})
+	// RunOrDie returns before ctx ends only after it led (it campaigns until it acquires).
+	if ctx.Err() == nil {
+		<-term
+	}
 }
 
 // lead writes the ConfigMap and the custom resource's status every interval while ctx lasts.

@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod identity;
+pub mod leader;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

@@ -10,39 +10,19 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::Role;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_fence::admission::decision::Reason;
 use kube_fence::admission::denial::Denial;
-use kube_fence::admission::leader::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, LEADER_LEASE_LABEL};
+use kube_fence::admission::leader::{HOLDER_IDENTITY_LABEL, LEADER_LEASE_LABEL};
 use serde_json::json;
 
 use super::{Fixture, common};
+use common::leader;
 
 /// The identity that sets up guarded objects in the end-to-end test, exempt there (an operator's
 /// admin would be).
 const SETUP: &str = "leader-go-setup";
-
-pub const WIDGET_CRD: &str = include_str!("../../examples/leader-go/widget-crd.yaml");
-
-/// The example's custom resource, installed once per test binary.
-pub async fn install_widget_crd(client: &Client) -> ApiResource {
-    let crd: CustomResourceDefinition = serde_yaml::from_str(WIDGET_CRD).expect("the Widget CRD parses");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = crd.name_any();
-    crds.patch(&name, &PatchParams::apply("kube-fence-tests").force(), &Patch::Apply(&crd)).await.expect("apply the Widget CRD");
-    let established = kube::runtime::wait::await_condition(crds, &name, kube::runtime::wait::conditions::is_crd_established());
-    tokio::time::timeout(Duration::from_secs(30), established).await.expect("CRD established in 30s").expect("watch CRD");
-    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("example.kubefence.io", "v1", "Widget"), "widgets");
-    let widgets: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while widgets.list(&Default::default()).await.is_err() {
-        assert!(Instant::now() < deadline, "Widgets are not served 30 s after the CRD was established");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    resource
-}
 
 /// A controller's Pods: ServiceAccount `ctl` with what a leader-elected controller needs
 /// (`edit`, plus coordination Leases and Widgets with their status), and Pods `names` of it.
@@ -74,13 +54,6 @@ pub async fn controller_pods(f: &Fixture, names: &[&str]) -> Vec<Pod> {
         .await
         .expect("role binding");
     common::identity::pods_of(&f.client, &f.ns, "ctl", names).await
-}
-
-/// The leader-election Lease `name`, opted into holder binding, with no holder yet.
-pub async fn opted_in_lease(f: &Fixture, name: &str) {
-    let lease: LeaderLease =
-        serde_json::from_value(json!({"metadata": {"name": name, "labels": {HOLDER_IDENTITY_LABEL: HOLDER_IS_POD}}, "spec": {}})).unwrap();
-    Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &lease).await.expect("create the Lease");
 }
 
 /// What client-go's LeaseLock writes when it acquires, renews or takes over: the whole spec.
@@ -140,7 +113,7 @@ async fn the_configured_identity_rule_is_what_the_webhook_and_the_holder_policy_
     let made = controller_pods(&f, &["p1", "p2"]).await;
     let p1 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[0]).await;
     let p2 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[1]).await;
-    opted_in_lease(&f, "ctl").await;
+    leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
     wait_holder_policy(&f, &p2, "ctl").await;
     let at = |s: u32| format!("2026-12-03T09:00:{s:02}.000000Z");
 
@@ -182,11 +155,11 @@ async fn the_configured_identity_rule_is_what_the_webhook_and_the_holder_policy_
 #[tokio::test]
 async fn only_the_pod_holding_the_leader_lease_writes() {
     let f = Fixture::new("leader-holder").await;
-    let widgets = install_widget_crd(&f.client).await;
+    let widgets = leader::install_widget_crd(&f.client).await;
     let made = controller_pods(&f, &["p1", "p2"]).await;
     let p1 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[0]).await;
     let p2 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[1]).await;
-    opted_in_lease(&f, "ctl").await;
+    leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
     wait_holder_policy(&f, &p2, "ctl").await;
     elect(&p1, &f.ns, "ctl", "p1_1111", "2026-12-03T09:00:01.000000Z", 1).await.expect("p1 acquires");
 
@@ -243,7 +216,7 @@ async fn the_holder_of_an_opted_in_lease_cannot_be_spoofed() {
     let made = controller_pods(&f, &["p1", "p2"]).await;
     let p1 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[0]).await;
     let p2 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[1]).await;
-    opted_in_lease(&f, "ctl").await;
+    leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
     wait_holder_policy(&f, &p2, "ctl").await;
     let at = |s: u32| format!("2026-12-03T09:00:{s:02}.000000Z");
 
@@ -290,9 +263,9 @@ impl Replica {
             .env("KUBECONFIG", dir.join(format!("{pod}.kubeconfig")))
             .env("POD_NAME", pod)
             .env("NAMESPACE", ns)
-            .env("LEASE", "ctl")
-            .env("CONFIGMAP", "state")
-            .env("RESOURCE", "w")
+            .env("LEASE", leader::LEASE)
+            .env("CONFIGMAP", leader::CONFIGMAP)
+            .env("RESOURCE", leader::WIDGET)
             .env("LEASE_DURATION", "2s")
             .env("WRITE_INTERVAL", "100ms")
             .stdout(std::process::Stdio::piped())
@@ -315,126 +288,35 @@ impl Replica {
         let status = std::process::Command::new("kill").args([signal, &self.child.id().to_string()]).status().expect("kill");
         assert!(status.success(), "kill {signal} {}", self.child.id());
     }
+}
 
-    /// Writes this process sent that were refused because it no longer held the Lease.
-    fn refused(&self) -> usize {
-        let lines = self.lines.lock().expect("lines");
-        lines.iter().filter(|l| l["event"] == "write" && l["accepted"] == false && l["reason"] == Reason::NotHolder.as_str()).count()
-    }
+/// The replicas as processes of this machine: signalled by their process id.
+struct Processes(Vec<Replica>);
 
-    fn accepted(&self) -> usize {
-        let lines = self.lines.lock().expect("lines");
-        lines.iter().filter(|l| l["event"] == "write" && l["accepted"] == true).count()
+impl Processes {
+    fn replica(&self, pod: &str) -> &Replica {
+        self.0.iter().find(|r| r.pod == pod).unwrap_or_else(|| panic!("the holder's Pod {pod} is one of ours"))
     }
 }
 
-/// What the watch saw, by resourceVersion: Lease holders, and each guarded object's writer.
-#[derive(Default)]
-struct Seen {
-    /// (resourceVersion, holderIdentity, leaseTransitions)
-    holders: Vec<(u64, String, i32)>,
-    /// (resourceVersion, object, writer identity)
-    writes: Vec<(u64, String, String)>,
-}
-
-/// Watches the Lease, the ConfigMap and the Widget into `seen` until aborted.
-fn record(f: &Fixture, widgets: &ApiResource, seen: std::sync::Arc<std::sync::Mutex<Seen>>) -> tokio::task::JoinHandle<()> {
-    use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
-    let rv = |meta: &kube::api::ObjectMeta| meta.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    let by_name = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let leases = watcher(Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns), by_name("ctl")).applied_objects().map(move |l| {
-        l.map(|l: LeaderLease| {
-            let spec = l.spec.clone().unwrap_or_default();
-            (rv(&l.metadata), None, spec.holder_identity.unwrap_or_default(), spec.lease_transitions.unwrap_or(0))
-        })
-    });
-    let cms = watcher(Api::<ConfigMap>::namespaced(f.client.clone(), &f.ns), by_name("state")).applied_objects().map(move |c| {
-        c.map(|c: ConfigMap| {
-            let writer = c.data.as_ref().and_then(|d| d.get("writer")).cloned().unwrap_or_default();
-            (rv(&c.metadata), Some("configmap/state".to_string()), writer, 0)
-        })
-    });
-    let ws =
-        watcher(Api::<DynamicObject>::namespaced_with(f.client.clone(), &f.ns, widgets), by_name("w")).applied_objects().map(move |w| {
-            w.map(|w: DynamicObject| {
-                let writer = w.data["status"]["writer"].as_str().unwrap_or_default().to_string();
-                (rv(&w.metadata), Some("widget/w".to_string()), writer, 0)
-            })
-        });
-    tokio::spawn(async move {
-        let mut all = futures::stream::select_all([leases.boxed(), cms.boxed(), ws.boxed()]);
-        while let Some(event) = all.next().await {
-            let Ok((rv, object, who, transitions)) = event else { continue };
-            let mut seen = seen.lock().expect("seen");
-            match object {
-                None => seen.holders.push((rv, who, transitions)),
-                Some(object) if !who.is_empty() => seen.writes.push((rv, object, who)),
-                Some(_) => {}
-            }
-        }
-    })
-}
-
-/// The history checker's view: a grant per holder (token = leaseTransitions + 1, which
-/// client-go raises whenever the holder changes), and each accepted write under the newest grant
-/// its writer had at that resourceVersion. Returns the observations and the writes whose writer
-/// held no grant the watch saw (none are expected).
-fn observations(seen: &Seen) -> (Vec<kube_fence::history::Observation>, usize) {
-    use kube_fence::history::Observation;
-    use kube_fence::token::Token;
-    let token = |transitions: i32| Token::new(u64::try_from(transitions).unwrap_or(0) + 1).expect("a token");
-    let mut out = Vec::new();
-    let mut holders = seen.holders.clone();
-    holders.sort();
-    for (rv, holder, transitions) in &holders {
-        if !holder.is_empty() {
-            out.push(Observation::Grant { lease: "ctl".into(), holder: holder.clone(), token: token(*transitions), resource_version: *rv });
-        }
+impl leader::Replicas for Processes {
+    fn signal(&mut self, pod: &str, signal: &str) {
+        self.replica(pod).signal(signal);
     }
-    let mut unmatched = 0;
-    for (rv, object, writer) in &seen.writes {
-        match holders.iter().rev().find(|(at, holder, _)| at < rv && holder == writer) {
-            Some((_, _, transitions)) => out.push(Observation::Write {
-                object: object.clone(),
-                lease: "ctl".into(),
-                token: token(*transitions),
-                resource_version: *rv,
-            }),
-            None => unmatched += 1,
-        }
-    }
-    (out, unmatched)
-}
 
-/// The holder identity of Lease `ctl` now, and whether `writer` is the last writer of both
-/// guarded objects.
-async fn holder_now(f: &Fixture) -> String {
-    let lease = Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns).get("ctl").await.expect("lease");
-    lease.spec.and_then(|s| s.holder_identity).unwrap_or_default()
-}
-
-async fn both_written_by(f: &Fixture, widgets: &ApiResource, writer: &str) -> bool {
-    let cm = Api::<ConfigMap>::namespaced(f.client.clone(), &f.ns).get("state").await.expect("configmap");
-    let w = Api::<DynamicObject>::namespaced_with(f.client.clone(), &f.ns, widgets).get("w").await.expect("widget");
-    cm.data.unwrap_or_default().get("writer").map(String::as_str) == Some(writer) && w.data["status"]["writer"] == writer
-}
-
-async fn until(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done().await {
-        assert!(Instant::now() < deadline, "{what} within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    fn with_lines<R>(&self, pod: &str, f: impl FnOnce(&[serde_json::Value]) -> R) -> R {
+        f(&self.replica(pod).lines.lock().expect("lines"))
     }
 }
 
 /// Stale-but-honest writer, end to end: two replicas of an unmodified client-go
-/// leader-elected controller (examples/leader-go, built from the Go module proxy) write a
-/// guarded ConfigMap and a guarded Widget's status. Each cycle SIGSTOPs the leader past its
-/// Lease; the other replica takes over and writes; the old leader gets SIGCONT and sends its
-/// pending writes, which are refused (409 NotHolder); it then loses leadership, exits and is
-/// restarted. A watch records the Lease's holders and every accepted write, and the history
-/// checker finds no stale write accepted. Cycles: LEADER_GO_CYCLES (default 3).
+/// leader-elected controller (examples/leader-go, built from the Go module proxy), as processes
+/// authenticated with their Pods' bound tokens, write a guarded ConfigMap and a guarded Widget's
+/// status. Each cycle SIGSTOPs the leader past its Lease; the other replica takes over and
+/// writes; the old leader gets SIGCONT and sends its pending writes, which are refused (409
+/// NotHolder); it then stops leading and campaigns again. A watch records the Lease's holders and
+/// every accepted write, and the history checker finds no stale write accepted. Cycles:
+/// LEADER_GO_CYCLES (default 3). The same cycle with Pods on a real node: tests/e2e/leader.rs.
 #[tokio::test]
 async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
     use kube_fence::admission::decision::{DEFAULT_EXEMPT, Exemptions};
@@ -454,15 +336,15 @@ async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
     options.only_namespaces = Some(vec![ns.clone()]);
     options.exempt = Exemptions::new(DEFAULT_EXEMPT.iter().map(|u| u.to_string()).chain([SETUP.to_string()]));
     let f = Fixture::with_options(client, ns, options).await;
-    let widgets = install_widget_crd(&f.client).await;
+    let widgets = leader::install_widget_crd(&f.client).await;
     let pods = controller_pods(&f, &["p1", "p2"]).await;
-    opted_in_lease(&f, "ctl").await;
+    leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
     let setup = common::identity::client_as(SETUP).await;
-    let labelled = json!({LEADER_LEASE_LABEL: "ctl"});
-    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "state", "labels": labelled}})).unwrap();
+    let labelled = json!({LEADER_LEASE_LABEL: leader::LEASE});
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": leader::CONFIGMAP, "labels": labelled}})).unwrap();
     common::accepted(Api::<ConfigMap>::namespaced(setup.clone(), &f.ns).create(&PostParams::default(), &cm).await);
     let widget: DynamicObject = serde_json::from_value(json!({"apiVersion": "example.kubefence.io/v1", "kind": "Widget",
-        "metadata": {"name": "w", "labels": labelled}, "spec": {}}))
+        "metadata": {"name": leader::WIDGET, "labels": labelled}, "spec": {}}))
     .unwrap();
     common::accepted(Api::<DynamicObject>::namespaced_with(setup, &f.ns, &widgets).create(&PostParams::default(), &widget).await);
 
@@ -473,71 +355,22 @@ async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
         let yaml = serde_yaml::to_string(&kubeconfig).expect("kubeconfig yaml");
         std::fs::write(dir.path().join(format!("{}.kubeconfig", pod.name_any())), yaml).expect("write kubeconfig");
     }
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
-    let recorder = record(&f, &widgets, seen.clone());
-    let mut replicas: Vec<Replica> = ["p1", "p2"].iter().map(|pod| Replica::start(&bin, dir.path(), pod, &f.ns)).collect();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(leader::Seen::default()));
+    let recorder = leader::record(&f.client, &f.ns, &widgets, seen.clone());
+    let mut replicas = Processes(["p1", "p2"].iter().map(|pod| Replica::start(&bin, dir.path(), pod, &f.ns)).collect());
 
-    let started = Instant::now();
-    let (mut refused, mut accepted) = (Vec::new(), 0);
-    for cycle in 0..cycles {
-        // A leader that has written both objects.
-        let mut leader = String::new();
-        until(&format!("cycle {cycle}: a leader writes"), Duration::from_secs(60), async || {
-            leader = holder_now(&f).await;
-            !leader.is_empty() && both_written_by(&f, &widgets, &leader).await
-        })
-        .await;
-        let pod = leader.split('_').next().unwrap_or_default().to_string();
-        let old = replicas.iter().position(|r| r.pod == pod).unwrap_or_else(|| panic!("the holder {leader} is one of ours"));
-        replicas[old].signal("-STOP");
-        // The other replica takes over once the Lease expires, and writes.
-        let mut successor = String::new();
-        until(&format!("cycle {cycle}: the other replica takes over and writes"), Duration::from_secs(60), async || {
-            successor = holder_now(&f).await;
-            !successor.is_empty() && successor != leader && both_written_by(&f, &widgets, &successor).await
-        })
-        .await;
-        assert!(!successor.starts_with(&format!("{pod}_")), "the stopped replica cannot have renewed");
-        replicas[old].signal("-CONT");
-        // It sends its pending writes, learns it lost the Lease, and exits (its Pod restarts it).
-        let exited = {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                if let Some(status) = replicas[old].child.try_wait().expect("wait") {
-                    break status;
-                }
-                assert!(Instant::now() < deadline, "cycle {cycle}: the resumed leader did not stop within 60 s");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        };
-        assert!(exited.success(), "cycle {cycle}: the resumed leader exited with {exited}");
-        refused.push(replicas[old].refused());
-        accepted += replicas[old].accepted();
-        replicas[old] = Replica::start(&bin, dir.path(), &pod, &f.ns);
-    }
-    let took = started.elapsed();
-    for mut replica in replicas {
-        accepted += replica.accepted();
+    let run = leader::pause_cycles(&f.client, &f.ns, &widgets, cycles, &mut replicas).await;
+    let mut accepted = 0;
+    for mut replica in replicas.0 {
         replica.signal("-TERM");
-        let _ = replica.child.wait();
+        let exited = replica.child.wait().expect("wait");
+        assert!(exited.success(), "{} exited with {exited} on SIGTERM", replica.pod);
+        accepted += leader::accepted(&replica.lines.lock().expect("lines"));
     }
     // Let the watch catch up with the last writes.
     tokio::time::sleep(Duration::from_secs(1)).await;
     recorder.abort();
     let seen = std::mem::take(&mut *seen.lock().expect("seen"));
-    let (history, unmatched) = observations(&seen);
-    // Every write under one grant carries that grant's token: equal tokens are the same leader.
-    let violations = kube_fence::history::check(&history, |_| true);
-    let with_refusals = refused.iter().filter(|r| **r > 0).count();
-    println!(
-        "leader-go: {cycles} cycles in {took:.1?} ({:.2?} per cycle); {accepted} writes accepted, {} watched; stale writes refused per cycle: {refused:?} ({with_refusals}/{cycles} cycles had a pending write refused); violations: {}",
-        took / cycles.max(1) as u32,
-        seen.writes.len(),
-        violations.len()
-    );
-    assert!(violations.is_empty(), "stale writes accepted: {}", violations.iter().map(|v| v.to_string()).collect::<Vec<_>>().join("; "));
-    assert_eq!(unmatched, 0, "every accepted write was made by a holder the watch saw");
-    assert!(seen.writes.len() >= 2 * cycles, "each cycle's writes were watched");
-    assert!(with_refusals > 0, "a resumed leader's pending write was refused in some cycle");
+    run.check("leader-go", &seen, accepted);
     f.stop().await;
 }
