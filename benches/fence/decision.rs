@@ -147,7 +147,7 @@ pub fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
             format!("decision in-process, {label} object (review {} KiB)", body.len() / 1024),
             format!("{} ({} each, {mb_s:.0} MB/s)", rate(per_sec, "req"), us(each)),
             format!("kube's owned AdmissionRequest: {} ({})", rate(before, "req"), us(before_each)),
-            format!("{:.2}× faster", per_sec / before),
+            format!("{:.2}×", per_sec / before),
             "",
             crate::report::Met::Info,
         );
