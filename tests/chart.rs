@@ -50,6 +50,19 @@ fn ok(name: &str, args: &[&str], stdin: Option<&[u8]>) -> String {
 /// Values that keep a test release from fencing anything but a namespace no test uses: the
 /// chart's webhook fails closed and has no running Pods here (no node), so it must not judge
 /// other tests' guarded objects.
+/// The objects of a rendered chart (`helm template` output), as JSON.
+fn documents(rendered: &str) -> Vec<serde_json::Value> {
+    rendered.split("\n---").filter_map(|doc| serde_yaml::from_str::<serde_json::Value>(doc).ok()).filter(|doc| doc.is_object()).collect()
+}
+
+/// The rendered object of `kind` whose name ends with `suffix`.
+fn named(docs: &[serde_json::Value], kind: &str, suffix: &str) -> serde_json::Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(suffix)))
+        .cloned()
+        .unwrap_or_else(|| panic!("the chart renders a {kind} named *{suffix}"))
+}
+
 fn isolated(ns: &str) -> Vec<String> {
     vec!["--set".into(), format!("webhook.onlyNamespaces={{{ns}-nothing}}")]
 }
@@ -68,11 +81,7 @@ fn chart_crds_are_the_generated_crds() {
 fn the_chart_registers_what_local_mode_registers() {
     use kube_fence::admission::registration::{Endpoint, Registration};
     let rendered = ok("helm", &["template", "cmp", CHART, "-n", "kf-system", "--set", "webhook.onlyNamespaces={a,b}"], None);
-    let docs: Vec<serde_json::Value> = rendered
-        .split("\n---")
-        .filter_map(|doc| serde_yaml::from_str::<serde_json::Value>(doc).ok())
-        .filter(|doc| doc.is_object())
-        .collect();
+    let docs = documents(&rendered);
     let find = |kind: &str| docs.iter().find(|d| d["kind"] == kind).cloned().unwrap_or_else(|| panic!("the chart renders a {kind}"));
     let mut reg = Registration::new("cmp-kube-fence", Endpoint::Service { namespace: "kf-system".into(), name: "x".into(), port: 443 });
     reg.operator_namespace = Some("kf-system".into());
@@ -137,27 +146,17 @@ fn the_chart_registers_what_local_mode_registers() {
 fn the_chart_registers_the_policy_path_as_local_mode_does() {
     use kube_fence::admission::registration::{Endpoint, Registration};
     let rendered = ok("helm", &["template", "cmp", CHART, "-n", "kf-system", "--set", "policyPath.enabled=true"], None);
-    let docs: Vec<serde_json::Value> = rendered
-        .split("\n---")
-        .filter_map(|doc| serde_yaml::from_str::<serde_json::Value>(doc).ok())
-        .filter(|doc| doc.is_object())
-        .collect();
-    let named = |kind: &str, suffix: &str| {
-        docs.iter()
-            .find(|d| d["kind"] == kind && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(suffix)))
-            .cloned()
-            .unwrap_or_else(|| panic!("the chart renders a {kind} named *{suffix}"))
-    };
+    let docs = documents(&rendered);
     let mut reg = Registration::new("cmp-kube-fence", Endpoint::Service { namespace: "kf-system".into(), name: "x".into(), port: 443 });
     reg.operator_namespace = Some("kf-system".into());
     reg.policy_path = true;
     let ours = serde_json::to_value(reg.configuration()).expect("configuration");
-    let chart = named("ValidatingWebhookConfiguration", "kube-fence");
+    let chart = named(&docs, "ValidatingWebhookConfiguration", "kube-fence");
     assert_eq!(chart["webhooks"][0]["matchConditions"], ours["webhooks"][0]["matchConditions"]);
     let (policy, binding) = reg.policy_path_policy();
     let (policy, binding) = (serde_json::to_value(policy).expect("policy"), serde_json::to_value(binding).expect("binding"));
     let (chart_policy, chart_binding) =
-        (named("ValidatingAdmissionPolicy", "-policy-path"), named("ValidatingAdmissionPolicyBinding", "-policy-path"));
+        (named(&docs, "ValidatingAdmissionPolicy", "-policy-path"), named(&docs, "ValidatingAdmissionPolicyBinding", "-policy-path"));
     for field in ["failurePolicy", "paramKind", "matchConstraints", "matchConditions", "variables", "validations"] {
         assert_eq!(chart_policy["spec"][field], policy["spec"][field], "policy-path field {field}");
     }
@@ -166,11 +165,11 @@ fn the_chart_registers_the_policy_path_as_local_mode_does() {
     }
     let (params, _) = reg.params_policy(&["system:serviceaccount:kf-system:cmp-kube-fence".into()]);
     let params = serde_json::to_value(params).expect("params policy");
-    let chart_params = named("ValidatingAdmissionPolicy", "-policy-params");
+    let chart_params = named(&docs, "ValidatingAdmissionPolicy", "-policy-params");
     for field in ["failurePolicy", "matchConstraints", "matchConditions", "validations"] {
         assert_eq!(chart_params["spec"][field], params["spec"][field], "parameter guard field {field}");
     }
-    let deployment = named("Deployment", "kube-fence");
+    let deployment = named(&docs, "Deployment", "kube-fence");
     let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
     assert!(args.as_array().is_some_and(|a| a.iter().any(|x| x == "--policy-path")), "{args}");
     // Off by default: nothing of it is rendered.
@@ -198,25 +197,15 @@ fn the_chart_renders_the_leader_identity_rule_as_local_mode_and_the_webhook_read
         let parsed = separator.parse::<IdentityRule>();
         assert_eq!(out.status.success(), parsed.is_ok(), "separator {separator:?}: chart {}, flag {parsed:?}", out.status);
         let Ok(rule) = parsed else { continue };
-        let docs: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-            .split("\n---")
-            .filter_map(|doc| serde_yaml::from_str::<serde_json::Value>(doc).ok())
-            .filter(|doc| doc.is_object())
-            .collect();
-        let named = |kind: &str, suffix: &str| {
-            docs.iter()
-                .find(|d| d["kind"] == kind && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(suffix)))
-                .cloned()
-                .unwrap_or_else(|| panic!("the chart renders a {kind} named *{suffix}"))
-        };
+        let docs = documents(&String::from_utf8_lossy(&out.stdout));
         let mut reg = Registration::new("cmp-kube-fence", Endpoint::Service { namespace: "kf-system".into(), name: "x".into(), port: 443 });
         reg.leader_identity = rule.clone();
         let ours = serde_json::to_value(reg.holder_policy(&[]).0).expect("holder policy");
-        let chart = named("ValidatingAdmissionPolicy", "-leader-holder");
+        let chart = named(&docs, "ValidatingAdmissionPolicy", "-leader-holder");
         for field in ["variables", "validations"] {
             assert_eq!(chart["spec"][field], ours["spec"][field], "separator {separator:?}: holder policy field {field}");
         }
-        let deployment = named("Deployment", "kube-fence");
+        let deployment = named(&docs, "Deployment", "kube-fence");
         let args: Vec<String> =
             serde_json::from_value(deployment["spec"]["template"]["spec"]["containers"][0]["args"].clone()).expect("args");
         let cli = Cli::try_parse_from(std::iter::once("kube-fence".to_string()).chain(args.clone()))

@@ -94,6 +94,17 @@ async fn wait_holder_policy(f: &Fixture, spoofer: &Client, lease: &str) {
     }
 }
 
+/// Pods p1 and p2 of the controller's ServiceAccount, a client for each (its Pod-bound token),
+/// and the Lease `ctl` opted in, once the holder policy judges it.
+async fn opted_in_pods(f: &Fixture) -> (Client, Client) {
+    let made = controller_pods(f, &["p1", "p2"]).await;
+    let p1 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[0]).await;
+    let p2 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[1]).await;
+    leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
+    wait_holder_policy(f, &p2, "ctl").await;
+    (p1, p2)
+}
+
 /// The identity rule is configured (`--leader-identity-separator :`, chart value
 /// `leaderIdentity.separator`), and the webhook and the holder policy both judge by it, not by
 /// client-go's default `_`. Worker with ordinary RBAC: p2 cannot claim the Lease as p1 (`p1:…`),
@@ -110,11 +121,7 @@ async fn the_configured_identity_rule_is_what_the_webhook_and_the_holder_policy_
     options.only_namespaces = Some(vec![ns.clone()]);
     options.leader_identity = ":".parse().expect("a separator");
     let f = Fixture::with_options(client, ns, options).await;
-    let made = controller_pods(&f, &["p1", "p2"]).await;
-    let p1 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[0]).await;
-    let p2 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[1]).await;
-    leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
-    wait_holder_policy(&f, &p2, "ctl").await;
+    let (p1, p2) = opted_in_pods(&f).await;
     let at = |s: u32| format!("2026-12-03T09:00:{s:02}.000000Z");
 
     // The holder policy, by the rule.
@@ -156,11 +163,7 @@ async fn the_configured_identity_rule_is_what_the_webhook_and_the_holder_policy_
 async fn only_the_pod_holding_the_leader_lease_writes() {
     let f = Fixture::new("leader-holder").await;
     let widgets = leader::install_widget_crd(&f.client).await;
-    let made = controller_pods(&f, &["p1", "p2"]).await;
-    let p1 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[0]).await;
-    let p2 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[1]).await;
-    leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
-    wait_holder_policy(&f, &p2, "ctl").await;
+    let (p1, p2) = opted_in_pods(&f).await;
     elect(&p1, &f.ns, "ctl", "p1_1111", "2026-12-03T09:00:01.000000Z", 1).await.expect("p1 acquires");
 
     let cms = |c: &Client| Api::<ConfigMap>::namespaced(c.clone(), &f.ns);
@@ -213,11 +216,7 @@ async fn only_the_pod_holding_the_leader_lease_writes() {
 #[tokio::test]
 async fn the_holder_of_an_opted_in_lease_cannot_be_spoofed() {
     let f = Fixture::new("leader-spoof").await;
-    let made = controller_pods(&f, &["p1", "p2"]).await;
-    let p1 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[0]).await;
-    let p2 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[1]).await;
-    leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
-    wait_holder_policy(&f, &p2, "ctl").await;
+    let (p1, p2) = opted_in_pods(&f).await;
     let at = |s: u32| format!("2026-12-03T09:00:{s:02}.000000Z");
 
     elect(&p1, &f.ns, "ctl", "p1_1111", &at(1), 1).await.expect("p1 acquires");
