@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams};
 use kube_fence::admission::registration::{Endpoint, Registration};
 use kube_fence::api::{Lease, LeaseSpec};
 use kube_fence::token::TOKEN_ANNOTATION;
@@ -108,33 +108,24 @@ async fn measure(args: &Args, table: &mut Table, bench: &mut Bench, ns_policy: &
         common::wait_fenced(&bench.client, ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(30)).await;
     }
     let max_writers = args.writers.max(1);
-    for w in 0..max_writers {
-        let data = Some([("seq".to_string(), "0".to_string())].into());
-        for cms in [&hook_cms, &policy_cms] {
-            for (name, lease, token) in [(format!("pp-guarded-{w}"), Some(LEASE), Some(first)), (format!("pp-plain-{w}"), None, None)] {
-                if cms.get_opt(&name).await?.is_none() {
-                    let cm = ConfigMap { metadata: meta(&name, lease, token), data: data.clone(), ..Default::default() };
-                    cms.create(&PostParams::default(), &cm).await?;
-                }
-            }
-        }
-    }
+    let data = Some([("seq".to_string(), "0".to_string())].into());
+    create_objects([&hook_cms, &policy_cms], max_writers, first, |metadata| ConfigMap {
+        metadata,
+        data: data.clone(),
+        ..Default::default()
+    })
+    .await?;
     // The same objects as a custom resource: the API server holds those as unstructured objects,
     // so its CEL needs no conversion of them by reflection (a built-in kind's does).
     let resource = bench_crd(&bench.client).await?;
     let hook_crs: Api<DynamicObject> = Api::namespaced_with(bench.client.clone(), &bench.ns_hook, &resource);
     let policy_crs: Api<DynamicObject> = Api::namespaced_with(bench.client.clone(), ns_policy, &resource);
-    for w in 0..max_writers {
-        for crs in [&hook_crs, &policy_crs] {
-            for (name, lease, token) in [(format!("pp-guarded-{w}"), Some(LEASE), Some(first)), (format!("pp-plain-{w}"), None, None)] {
-                if crs.get_opt(&name).await?.is_none() {
-                    let mut object = DynamicObject::new(&name, &resource).data(json!({"data": {"seq": "0"}}));
-                    object.metadata = meta(&name, lease, token);
-                    crs.create(&PostParams::default(), &object).await?;
-                }
-            }
-        }
-    }
+    create_objects([&hook_crs, &policy_crs], max_writers, first, |metadata| {
+        let mut object = DynamicObject::new("", &resource).data(json!({"data": {"seq": "0"}}));
+        object.metadata = metadata;
+        object
+    })
+    .await?;
     // Room for every update's token (t > recorded, t <= issued) on both leases.
     set_issued(&hook_leases, first * 2).await?;
     set_issued(&policy_leases, first * 2).await?;
@@ -158,20 +149,6 @@ async fn measure(args: &Args, table: &mut Table, bench: &mut Bench, ns_policy: &
 
     compare(args, table, bench, apiserver, idle, "ConfigMaps", &hook_cms, &policy_cms, &tokens).await?;
     compare(args, table, bench, apiserver, idle, "custom resources", &hook_crs, &policy_crs, &tokens).await?;
-    if let Some(dir) = &args.profile_apiserver {
-        std::fs::create_dir_all(dir)?;
-        for (label, guarded, hook) in [("webhook-path", true, true), ("policy-path", true, false), ("unguarded", false, false)] {
-            let file = dir.join(format!("apiserver-configmaps-{label}-{max_writers}w.pprof"));
-            let cms = if hook { &hook_cms } else { &policy_cms };
-            let writes = profile_under_load(&bench.client, &file, cms, max_writers, guarded, &tokens).await?;
-            eprintln!("[3p] kube-apiserver CPU profile over {writes} ConfigMap {label} writes (about 11 s): {}", file.display());
-            let file = dir.join(format!("apiserver-custom-{label}-{max_writers}w.pprof"));
-            let crs = if hook { &hook_crs } else { &policy_crs };
-            let writes = profile_under_load(&bench.client, &file, crs, max_writers, guarded, &tokens).await?;
-            eprintln!("[3p] kube-apiserver CPU profile over {writes} custom resource {label} writes (about 11 s): {}", file.display());
-        }
-        eprintln!("[3p] read them with: go tool pprof -top FILE");
-    }
     fresh_grant(args, table, &policy_cms, &policy_leases, first * 2 + 1).await
 }
 
@@ -330,6 +307,37 @@ where
                 "",
                 Met::Info,
             );
+        }
+    }
+    if let Some(dir) = &args.profile_apiserver {
+        std::fs::create_dir_all(dir)?;
+        for (label, cms, guarded) in [("webhook-path", hook_cms, true), ("policy-path", policy_cms, true), ("unguarded", policy_cms, false)]
+        {
+            let file = dir.join(format!("apiserver-{}-{label}-{max_writers}w.pprof", what.to_lowercase().replace(' ', "-")));
+            let writes = profile_under_load(&bench.client, &file, cms, max_writers, guarded, tokens).await?;
+            eprintln!(
+                "[3p] kube-apiserver CPU profile over {writes} {what} {label} writes (about 11 s; go tool pprof -top FILE): {}",
+                file.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Creates `pp-guarded-{w}` (guarded by the bench lease with token `first`) and `pp-plain-{w}`
+/// for every writer `w` through each of `apis`, unless they exist; `build` makes the object from
+/// its metadata.
+async fn create_objects<K>(apis: [&Api<K>; 2], writers: usize, first: u64, build: impl Fn(ObjectMeta) -> K) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    for w in 0..writers {
+        for api in apis {
+            for (name, lease, token) in [(format!("pp-guarded-{w}"), Some(LEASE), Some(first)), (format!("pp-plain-{w}"), None, None)] {
+                if api.get_opt(&name).await?.is_none() {
+                    api.create(&PostParams::default(), &build(meta(&name, lease, token))).await?;
+                }
+            }
         }
     }
     Ok(())
