@@ -201,8 +201,19 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions, identity: &'r IdentityRul
         ));
     }
     let lease = LeaseRef { namespace: &req.namespace, name };
-    match req.pod.as_deref() {
-        Some(pod) => LeaderPlan::Quorum(HolderRead { lease, pod, identity }),
+    match &req.pod {
+        Some(pod) => match pod.name_in(lease.namespace) {
+            Some(pod) => LeaderPlan::Quorum(HolderRead { lease, pod, identity }),
+            None => done(Verdict::Deny {
+                code: 403,
+                reason: Reason::NotHolder,
+                message: format!(
+                    "the object is written only by the holder of leader-election Lease {lease}: Pod {pod} is not in the Lease's namespace {ns} (a Pod holds Leases of its own namespace only)",
+                    ns = lease.namespace
+                ),
+                facts: Facts { lease: Some(lease.to_string()), requester: Some(pod.to_string()), ..Facts::default() },
+            }),
+        },
         None => done(Verdict::Deny {
             code: 403,
             reason: Reason::NotHolder,

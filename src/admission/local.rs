@@ -73,6 +73,7 @@ pub struct LocalWebhook {
     stop: CancellationToken,
     server: Option<JoinHandle<std::io::Result<()>>>,
     cache: JoinHandle<()>,
+    routing: JoinHandle<()>,
 }
 
 impl LocalWebhook {
@@ -127,8 +128,15 @@ impl LocalWebhook {
             cache.abort();
             return Err(LocalError::Register(err));
         }
+        // The writer webhooks (opted-in ServiceAccounts) call the same address at their own paths.
+        let routing = tokio::spawn(super::writer_routing::keep_in_step(
+            client.clone(),
+            registration.name.clone(),
+            registration.timeout_seconds,
+            stop.clone().cancelled_owned(),
+        ));
         tracing::info!(%addr, configuration = %registration.name, "webhook serving on loopback and registered by URL");
-        Ok(LocalWebhook { addr, ca_pem: made.ca_cert, registration, metrics, stop, server: Some(server), cache })
+        Ok(LocalWebhook { addr, ca_pem: made.ca_cert, registration, metrics, stop, server: Some(server), cache, routing })
     }
 
     /// Stops serving but leaves the registration in place: guarded writes then fail closed.
@@ -142,6 +150,7 @@ impl LocalWebhook {
     /// Stops serving and drops the lease cache but leaves the registration in place, as a crashed
     /// process would: guarded writes fail closed until a webhook serves the registration again.
     pub async fn crash(mut self) {
+        self.routing.abort();
         self.stop_serving().await;
         self.cache.abort();
     }
@@ -149,6 +158,8 @@ impl LocalWebhook {
     /// Removes the registration, then stops serving (in that order, so no guarded write meets
     /// a registered webhook that no longer answers).
     pub async fn stop(mut self, client: &kube::Client) -> Result<(), kube::Error> {
+        self.routing.abort();
+        let _ = (&mut self.routing).await;
         let removed = self.registration.remove(client).await;
         self.stop_serving().await;
         self.cache.abort();

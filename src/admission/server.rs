@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -29,6 +29,7 @@ use super::leases::LeaseDirectory;
 pub use super::metrics::Metrics;
 use super::metrics::{LeaseReadKind, Refusal};
 use super::review::{self, Unreadable};
+use super::writer::{self, WriterPlan};
 
 /// How long a client may take to send a request's headers (also the first request's).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -80,6 +81,25 @@ impl Webhook {
         if by_token.reason() == Reason::Unguarded { by_holder } else { by_token }
     }
 
+    /// Judges one request sent by the writer webhook of opted-in Lease `lease` (`super::writer`).
+    pub async fn judge_writer(&self, req: &decision::Request, lease: decision::LeaseRef<'_>) -> Verdict {
+        match writer::plan(req, lease, &self.identity) {
+            WriterPlan::Done(verdict) => verdict,
+            WriterPlan::Quorum(read) => {
+                self.metrics.lease_read(LeaseReadKind::Linearizable);
+                let lease = read.lease();
+                match writer::read_lease(self.leases.client(), lease).await {
+                    Ok(fresh) => read.judge(fresh),
+                    Err(err) => Verdict::deny(
+                        500,
+                        Reason::LeaseReadFailed,
+                        format!("cannot read leader-election Lease {lease} (failing closed): {err}"),
+                    ),
+                }
+            }
+        }
+    }
+
     async fn judge_by_holder(&self, read: HolderRead<'_>) -> Verdict {
         self.metrics.lease_read(LeaseReadKind::Linearizable);
         let lease = read.lease();
@@ -117,7 +137,30 @@ impl Webhook {
     }
 }
 
+/// Which guard a review is sent for: guarded objects (`/validate`), or an opted-in writer
+/// (`/writer/<namespace>/<name>`, `super::writer`).
+enum Guard {
+    Objects,
+    Writer { namespace: String, name: String },
+}
+
 async fn validate(State(webhook): State<Arc<Webhook>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, request: Request) -> Response {
+    review_for(webhook, peer, request, Guard::Objects).await
+}
+
+async fn validate_writer(
+    State(webhook): State<Arc<Webhook>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path((namespace, name)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    if writer::lease_of_path(&namespace, &name).is_none() {
+        return (StatusCode::NOT_FOUND, format!("{}/{namespace}/{name} names no Lease\n", writer::PATH_PREFIX)).into_response();
+    }
+    review_for(webhook, peer, request, Guard::Writer { namespace, name }).await
+}
+
+async fn review_for(webhook: Arc<Webhook>, peer: SocketAddr, request: Request, guard: Guard) -> Response {
     let started = Instant::now();
     let refuse = |refusal: Refusal, status: StatusCode, message: String| {
         webhook.metrics.refused(refusal);
@@ -164,7 +207,11 @@ async fn validate(State(webhook): State<Arc<Webhook>>, ConnectInfo(peer): Connec
             return json(review::malformed(&uid, &message).to_vec());
         }
     };
-    let verdict = webhook.judge(&review::request_facts(&request)).await;
+    let facts = review::request_facts(&request);
+    let verdict = match &guard {
+        Guard::Objects => webhook.judge(&facts).await,
+        Guard::Writer { namespace, name } => webhook.judge_writer(&facts, decision::LeaseRef { namespace, name }).await,
+    };
     let answer = review::response(&request, &verdict).to_vec();
     webhook.metrics.decided(&verdict, started.elapsed().as_secs_f64());
     let (kind, ns, name) = (request.kind.kind.as_ref(), request.namespace.as_deref().unwrap_or(""), request.name.as_ref());
@@ -197,6 +244,7 @@ pub fn router(webhook: Arc<Webhook>, registry: Arc<Registry>) -> Router {
     let ready = webhook.clone();
     Router::new()
         .route(super::registration::PATH, post(validate))
+        .route(&format!("{}/{{namespace}}/{{name}}", writer::PATH_PREFIX), post(validate_writer))
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/readyz",

@@ -151,6 +151,12 @@ pub async fn serve(
         _ => return Err(Error::ChooseTls),
     };
     let listener = std::net::TcpListener::bind(args.addr).map_err(|source| Error::Listen { addr: args.addr, source })?;
+    // The writer webhooks (ServiceAccounts opted in on their leader-election Lease) call this
+    // server too; every replica keeps their configuration in step, with the same content.
+    spawn_until(
+        crate::admission::writer_routing::keep_in_step(client.clone(), args.webhook_configuration.clone(), 5, std::future::pending()),
+        shutdown.clone(),
+    );
     let (leases, cache) = LeaseDirectory::new(client);
     spawn_until(cache, shutdown.clone());
     tracing::info!(addr = %args.addr, exempt = ?args.exempt, leader_identity_separator = %args.leader_identity, "fencing webhook serving");
