@@ -12,6 +12,8 @@ mod common;
 mod holders;
 #[path = "webhook/leader.rs"]
 mod leader;
+#[path = "webhook/writers.rs"]
+mod writers;
 
 use common::Fencing;
 

@@ -132,6 +132,7 @@ impl LocalWebhook {
         let routing = tokio::spawn(super::writer_routing::keep_in_step(
             client.clone(),
             registration.name.clone(),
+            registration.only_namespaces.clone(),
             registration.timeout_seconds,
             stop.clone().cancelled_owned(),
         ));

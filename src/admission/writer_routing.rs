@@ -155,12 +155,14 @@ pub async fn apply(client: &kube::Client, main: &str, opt_ins: &BTreeSet<OptIn>,
         .map_err(|e| RoutingError::Apply(name, e))
 }
 
-/// Keeps `<configuration>-writers` in step with the opted-in Leases until `shutdown` resolves.
-/// Errors are logged and retried at the next change or resync: the configuration that was last
-/// applied keeps judging meanwhile (failing closed for the writers it names).
+/// Keeps `<configuration>-writers` in step with the opted-in Leases (of the `only` namespaces,
+/// when given) until `shutdown` resolves. Errors are logged and retried at the next change or
+/// resync: the configuration that was last applied keeps judging meanwhile (failing closed for
+/// the writers it names).
 pub async fn keep_in_step(
     client: kube::Client,
     configuration: String,
+    only: Option<Vec<String>>,
     timeout_seconds: i32,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
@@ -189,7 +191,10 @@ pub async fn keep_in_step(
             return;
         }
         let leases = store.state();
-        let (found, refused) = opt_ins(leases.iter().map(|l| l.as_ref()));
+        let wanted = |l: &&LeaderElectionLease| {
+            only.as_ref().is_none_or(|only| l.metadata.namespace.as_ref().is_some_and(|ns| only.contains(ns)))
+        };
+        let (found, refused) = opt_ins(leases.iter().map(|l| l.as_ref()).filter(wanted));
         if last.as_ref() == Some(&found) {
             continue;
         }

@@ -154,7 +154,7 @@ pub async fn serve(
     // The writer webhooks (ServiceAccounts opted in on their leader-election Lease) call this
     // server too; every replica keeps their configuration in step, with the same content.
     spawn_until(
-        crate::admission::writer_routing::keep_in_step(client.clone(), args.webhook_configuration.clone(), 5, std::future::pending()),
+        crate::admission::writer_routing::keep_in_step(client.clone(), args.webhook_configuration.clone(), None, 5, std::future::pending()),
         shutdown.clone(),
     );
     let (leases, cache) = LeaseDirectory::new(client);

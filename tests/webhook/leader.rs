@@ -57,7 +57,7 @@ pub async fn controller_pods(f: &Fixture, names: &[&str]) -> Vec<Pod> {
 }
 
 /// What client-go's LeaseLock writes when it acquires, renews or takes over: the whole spec.
-async fn elect(client: &Client, ns: &str, lease: &str, holder: &str, renew: &str, transitions: i32) -> Result<LeaderLease, kube::Error> {
+pub async fn elect(client: &Client, ns: &str, lease: &str, holder: &str, renew: &str, transitions: i32) -> Result<LeaderLease, kube::Error> {
     let leases: Api<LeaderLease> = Api::namespaced(client.clone(), ns);
     let mut current = leases.get(lease).await?;
     current.spec = Some(
@@ -68,7 +68,7 @@ async fn elect(client: &Client, ns: &str, lease: &str, holder: &str, renew: &str
     leases.replace(lease, &PostParams::default(), &current).await
 }
 
-fn not_holder(result: Result<impl std::fmt::Debug, kube::Error>, holder: &str, requester: &str) {
+pub fn not_holder(result: Result<impl std::fmt::Debug, kube::Error>, holder: &str, requester: &str) {
     let status = common::rejected(result);
     let denial = Denial::from_status(&status).unwrap_or_else(|| panic!("a kube-fence denial, got {status:?}"));
     assert_eq!((denial.code, denial.reason), (409, Reason::NotHolder), "{status:?}");
@@ -77,7 +77,7 @@ fn not_holder(result: Result<impl std::fmt::Debug, kube::Error>, holder: &str, r
     assert!(status.message.contains(holder) && status.message.contains(requester), "{}", status.message);
 }
 
-fn forbidden(result: Result<LeaderLease, kube::Error>, says: &str) {
+pub fn forbidden(result: Result<LeaderLease, kube::Error>, says: &str) {
     let status = common::rejected(result);
     assert_eq!(status.code, 403, "{status:?}");
     assert!(status.message.contains(says), "{says:?} not in {}", status.message);
@@ -85,7 +85,7 @@ fn forbidden(result: Result<LeaderLease, kube::Error>, says: &str) {
 
 /// Waits until the holder policy judges writes to opted-in Leases in the test's namespace (a
 /// policy takes effect a moment after it is created): a spoofed claim is refused.
-async fn wait_holder_policy(f: &Fixture, spoofer: &Client, lease: &str) {
+pub async fn wait_holder_policy(f: &Fixture, spoofer: &Client, lease: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while elect(spoofer, &f.ns, lease, "nobody-of-mine_x", "2026-12-03T09:00:00.000000Z", 0).await.is_ok() {
         assert!(Instant::now() < deadline, "a claim under another Pod's name kept being admitted");
@@ -371,5 +371,69 @@ async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
     recorder.abort();
     let seen = std::mem::take(&mut *seen.lock().expect("seen"));
     run.check("leader-go", &seen, accepted);
+    f.stop().await;
+}
+
+/// Worker with ordinary RBAC: a Pod's identity includes its namespace. Pod `p1` of namespace
+/// `<ns>-other`, whose ServiceAccount is bound to the same Roles in the test's namespace as the
+/// controller's, is not Pod `p1` of the test's namespace: it cannot name itself holder of an
+/// opted-in Lease there (holder policy), write an object bound to that Lease (leader webhook),
+/// nor write a holder-only object of a kube-fence Lease held by `p1` (token webhook).
+#[tokio::test]
+async fn a_pod_of_another_namespace_is_not_the_pod_of_the_same_name_here() {
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    let f = Fixture::new("pod-namespace").await;
+    let (p1, _p2) = opted_in_pods(&f).await;
+    let other = common::namespace(&f.client, "pod-namespace-other").await;
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "ctl"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(f.client.clone(), &other).create(&PostParams::default(), &sa).await.expect("service account");
+    let twin_user = format!("system:serviceaccount:{other}:ctl");
+    common::identity::grant_worker_rbac(&f.client, &f.ns, &twin_user).await;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "leader-elected-twin", "namespace": f.ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "leader-elected"},
+        "subjects": [{"kind": "ServiceAccount", "name": "ctl", "namespace": other}],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &binding).await.expect("binding");
+    let twin_pod = common::identity::pods_of(&f.client, &other, "ctl", &["p1"]).await;
+    let twin = common::identity::client_as_pod(&f.client, &other, "ctl", &twin_pod[0]).await;
+    common::identity::wait_authorized(&twin, &f.ns, "coordination.k8s.io", "leases", "update").await;
+
+    // The holder policy: the twin cannot claim the Lease, not even as `p1_…`.
+    forbidden(
+        elect(&twin, &f.ns, "ctl", "p1_evil", "2026-12-03T09:00:01.000000Z", 1).await,
+        &format!("the request carries no Pod identity of namespace {}", f.ns),
+    );
+    elect(&p1, &f.ns, "ctl", "p1_1111", "2026-12-03T09:00:01.000000Z", 1).await.expect("p1 acquires");
+
+    // The leader webhook: the twin is not the holder of the Lease its object is bound to.
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "state", "labels": {LEADER_LEASE_LABEL: "ctl"}}})).unwrap();
+    common::accepted(Api::<ConfigMap>::namespaced(p1.clone(), &f.ns).create(&PostParams::default(), &cm).await);
+    let written = Api::<ConfigMap>::namespaced(twin.clone(), &f.ns)
+        .patch("state", &PatchParams::default(), &Patch::Merge(json!({"data": {"writer": "twin"}})))
+        .await;
+    let status = common::rejected(written);
+    assert_eq!((status.code, status.reason.as_str()), (403, Reason::NotHolder.as_str()), "{status:?}");
+    assert!(status.message.contains(&format!("Pod {other}/p1 is not in the Lease's namespace {}", f.ns)), "{}", status.message);
+
+    // The token webhook's holder-only objects: lease `work` (spec.identity Pod) is held by `p1`.
+    let lease = serde_json::from_value(json!({"apiVersion": "kubefence.io/v1alpha1", "kind": "Lease",
+        "metadata": {"name": "work"}, "spec": {"identity": "Pod"}}))
+    .unwrap();
+    f.leases().create(&PostParams::default(), &lease).await.expect("lease");
+    f.grant("work", "p1", 5).await;
+    let guarded: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "holder-only",
+        "labels": {"kubefence.io/lease": "work", "kubefence.io/writer": "holder"}, "annotations": {"kubefence.io/token": "5"}}}))
+    .unwrap();
+    let made = common::accepted(Api::<ConfigMap>::namespaced(p1.clone(), &f.ns).create(&PostParams::default(), &guarded).await);
+    let dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions { resource_version: made.resource_version(), uid: None }),
+        ..DeleteParams::default()
+    };
+    let deleted = Api::<ConfigMap>::namespaced(twin.clone(), &f.ns).delete("holder-only", &dp).await;
+    let status = common::rejected(deleted);
+    assert_eq!((status.code, status.reason.as_str()), (409, Reason::NotHolder.as_str()), "{status:?}");
+    assert!(status.message.contains(&format!("Pod {other}/p1, which is not in the lease's namespace {}", f.ns)), "{}", status.message);
     f.stop().await;
 }
