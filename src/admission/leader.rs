@@ -179,6 +179,16 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions, identity: &'r IdentityRul
         (Operation::Update, Some(old), Some(new)) if only_removes_finalizers(old, new) => return pass(Reason::FinalizersRemoved),
         _ => {}
     }
+    // An admin opts an object in or out (creates it labelled, adds or removes the label); what
+    // it writes to an object that stays bound is the holder's like any other write.
+    let moves_label = match req.operation {
+        Operation::Create => true,
+        Operation::Update => old_lease.is_none() != new_lease.is_none(),
+        _ => false,
+    };
+    if moves_label && exempt.may_move_leader_label(&req.user) {
+        return pass(Reason::Exempt);
+    }
     if let (Some(old), Some(new)) = (old_lease, new_lease)
         && old != new
     {

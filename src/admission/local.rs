@@ -90,6 +90,10 @@ impl LocalWebhook {
         let made = SelfSigned::generate(&["localhost".to_string()], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
         let tls = RustlsConfig::from_config(made.server_config()?);
 
+        // Who runs local mode is its admin: it writes Lease status as the controller, is exempt
+        // from the holder policies, and may opt objects into a leader Lease.
+        let me = super::registration::whoami(&client).await.map_err(LocalError::Register)?;
+        let exempt = options.exempt.clone().with_label_admins([me.clone()]);
         let (leases, cache) = LeaseDirectory::new(client.clone());
         let cache = tokio::spawn(cache);
         let stop = CancellationToken::new();
@@ -97,7 +101,7 @@ impl LocalWebhook {
             leases.clone(),
             listener,
             tls,
-            options.exempt.clone(),
+            exempt,
             options.leader_identity.clone(),
             metrics.clone(),
             registry,
@@ -118,7 +122,6 @@ impl LocalWebhook {
         registration.leader_identity = options.leader_identity;
         // Lease status is written by this process's controller, under this process's identity.
         let registered = async {
-            let me = super::registration::whoami(&client).await?;
             let me = [me];
             registration.apply_policies(&client, &me, &me).await?;
             registration.apply(&client).await

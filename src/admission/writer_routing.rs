@@ -191,9 +191,8 @@ pub async fn keep_in_step(
             return;
         }
         let leases = store.state();
-        let wanted = |l: &&LeaderElectionLease| {
-            only.as_ref().is_none_or(|only| l.metadata.namespace.as_ref().is_some_and(|ns| only.contains(ns)))
-        };
+        let wanted =
+            |l: &&LeaderElectionLease| only.as_ref().is_none_or(|only| l.metadata.namespace.as_ref().is_some_and(|ns| only.contains(ns)));
         let (found, refused) = opt_ins(leases.iter().map(|l| l.as_ref()).filter(wanted));
         if last.as_ref() == Some(&found) {
             continue;

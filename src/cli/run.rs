@@ -115,7 +115,7 @@ async fn local(
 ) -> Result<(), Error> {
     let mut options = LocalOptions::new(args.local_configuration.clone());
     options.port = args.local_port.unwrap_or(0);
-    options.exempt = Exemptions::new(args.webhook.exempt.clone());
+    options.exempt = Exemptions::new(args.webhook.exempt.clone()).with_label_admins(args.webhook.lease_admins.clone());
     options.only_namespaces = args.watch_namespace.clone().map(|ns| vec![ns]);
     options.policy_path = args.policy_path;
     options.leader_identity = args.webhook.leader_identity.clone();

@@ -70,6 +70,13 @@ pub struct WebhookArgs {
     #[arg(long = "exempt", value_name = "USER", default_values_t = DEFAULT_EXEMPT.map(String::from))]
     pub exempt: Vec<String>,
 
+    /// Users that may add or remove the kubefence.io/leader-lease label of an object (opting
+    /// existing objects in, as Helm or an operator would), besides the Lease's holder Pod; every
+    /// other write of a leader-bound object stays the holder's (repeat the flag; chart value
+    /// leaseAdmins, which the holder policy exempts too).
+    #[arg(long = "lease-admin", value_name = "USER")]
+    pub lease_admins: Vec<String>,
+
     /// How the holderIdentity of a client-go leader-election Lease names a Pod (objects labelled
     /// kubefence.io/leader-lease are written only by the holder's Pod): the Pod's name, or the
     /// Pod's name, SEP and anything (client-go's usual <hostname>_<uuid>). `none`: the Pod's name
@@ -160,7 +167,7 @@ pub async fn serve(
     let (leases, cache) = LeaseDirectory::new(client);
     spawn_until(cache, shutdown.clone());
     tracing::info!(addr = %args.addr, exempt = ?args.exempt, leader_identity_separator = %args.leader_identity, "fencing webhook serving");
-    let exempt = Exemptions::new(args.exempt);
+    let exempt = Exemptions::new(args.exempt).with_label_admins(args.lease_admins);
     server::run(leases, listener, tls, exempt, args.leader_identity, metrics, registry, shutdown.cancelled_owned())
         .await
         .map_err(|source| Error::ServeWebhook { source })

@@ -57,7 +57,14 @@ pub async fn controller_pods(f: &Fixture, names: &[&str]) -> Vec<Pod> {
 }
 
 /// What client-go's LeaseLock writes when it acquires, renews or takes over: the whole spec.
-pub async fn elect(client: &Client, ns: &str, lease: &str, holder: &str, renew: &str, transitions: i32) -> Result<LeaderLease, kube::Error> {
+pub async fn elect(
+    client: &Client,
+    ns: &str,
+    lease: &str,
+    holder: &str,
+    renew: &str,
+    transitions: i32,
+) -> Result<LeaderLease, kube::Error> {
     let leases: Api<LeaderLease> = Api::namespaced(client.clone(), ns);
     let mut current = leases.get(lease).await?;
     current.spec = Some(

@@ -11,8 +11,8 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_fence::admission::decision::Reason;
 use kube_fence::admission::writer::{WRITERS_ANNOTATION, WRITERS_EXEMPT_ANNOTATION};
 use kube_fence::admission::writer_routing;
@@ -113,7 +113,11 @@ async fn after_a_takeover_the_ex_leader_writes_nothing_anywhere() {
     let swept = cms(&p1).delete_collection(&DeleteParams::default(), &ListParams::default()).await;
     assert!(common::rejected(swept).reason == Reason::NotHolder.as_str(), "deletecollection by the ex-leader");
     let ssa = PatchParams::apply("ctl").force();
-    not_holder(cms(&p1).patch("applied", &ssa, &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"}}))).await, "p2_2222", "p1");
+    not_holder(
+        cms(&p1).patch("applied", &ssa, &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"}}))).await,
+        "p2_2222",
+        "p1",
+    );
     // Nothing of p1's after the takeover landed.
     assert!(cms(&f.client).get_opt("late-p1").await.expect("get").is_none());
     assert_eq!(cms(&f.client).get("made-by-p1").await.expect("get").data.and_then(|d| d.get("k").cloned()).as_deref(), Some("v"));
@@ -197,7 +201,9 @@ async fn with_kube_fence_down_only_the_fenced_writers_writes_fail() {
     common::identity::grant_worker_rbac(&f.client, &f.ns, &format!("system:serviceaccount:{}:someone-else", f.ns)).await;
     common::identity::wait_authorized(&other, &f.ns, "", "configmaps", "create").await;
     common::accepted(Api::<ConfigMap>::namespaced(other, &f.ns).create(&PostParams::default(), &fresh_configmap("by-others")).await);
-    common::accepted(Api::<ConfigMap>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &fresh_configmap("by-admin")).await);
+    common::accepted(
+        Api::<ConfigMap>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &fresh_configmap("by-admin")).await,
+    );
     // What the crashed process left behind is removed as an admin would.
     let name = writer_routing::configuration_name(&format!("kf-test-{}", f.ns));
     let _ = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(f.client.clone())

@@ -230,3 +230,33 @@ fn the_webhook_judges_by_the_configured_rule() {
     let Verdict::Deny { message, .. } = judge_by(&rule(":"), &req, Some("web-0_a")) else { panic!("denied") };
     assert!(message.contains("only as web-0 or web-0:<suffix>;"), "{message}");
 }
+
+/// kube-fence's admins (`--lease-admin`) opt objects in and out — create one labelled, add the
+/// label, remove it — as Helm or an operator would; their other writes to a bound object, and
+/// anyone else's label moves, are judged as before (worker with ordinary RBAC: not an admin).
+#[rstest]
+#[case::creates_labelled(Operation::Create, None, bound("ctl"), "admin", Ok(Reason::Exempt))]
+#[case::adds_the_label(Operation::Update, plain(), bound("ctl"), "admin", Ok(Reason::Exempt))]
+#[case::removes_the_label(Operation::Update, bound("ctl"), plain(), "admin", Ok(Reason::Exempt))]
+#[case::writes_a_bound_object(Operation::Update, bound("ctl"), bound("ctl"), "admin", Err(403))]
+#[case::deletes_a_bound_object(Operation::Delete, bound("ctl"), None, "admin", Err(403))]
+#[case::a_worker_adds_the_label(Operation::Update, plain(), bound("ctl"), "worker", Err(403))]
+fn admins_move_the_leader_label(
+    #[case] operation: Operation,
+    #[case] old: Option<ObjectFacts>,
+    #[case] new: Option<ObjectFacts>,
+    #[case] user: &str,
+    #[case] expect: Result<Reason, u16>,
+) {
+    let exempt = Exemptions::default().with_label_admins(["admin"]);
+    let req = Request::new(operation, NS, old, new, user);
+    let verdict = match plan(&req, &exempt, &IdentityRule::default()) {
+        LeaderPlan::Done(verdict) => verdict,
+        LeaderPlan::Quorum(_) => panic!("{user} is no Pod: judged without a read"),
+    };
+    match (expect, &verdict) {
+        (Ok(reason), _) => assert_eq!(verdict.reason(), reason, "{verdict:?}"),
+        (Err(code), Verdict::Deny { code: c, reason, .. }) => assert_eq!((*c, *reason), (code, Reason::NotHolder), "{verdict:?}"),
+        (Err(_), _) => panic!("expected a denial: {verdict:?}"),
+    }
+}
