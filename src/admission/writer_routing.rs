@@ -12,7 +12,7 @@
 //! from the same Leases. A Lease whose opt-in cannot be read ([`super::writer::OptInError`]) is
 //! left out and logged.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -167,33 +167,34 @@ pub async fn keep_in_step(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let api: Api<LeaderElectionLease> = Api::all(client.clone());
-    let (store, writer) = kube::runtime::reflector::store();
     let selector = format!("{HOLDER_IDENTITY_LABEL}={HOLDER_IS_POD}");
-    let stream =
-        kube::runtime::reflector(writer, watcher(api, watcher::Config::default().labels(&selector)).default_backoff()).touched_objects();
+    let stream = watcher(api, watcher::Config::default().labels(&selector)).default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut resync = tokio::time::interval(RESYNC);
     let mut last: Option<BTreeSet<OptIn>> = None;
+    // The opted-in Leases by namespace and name, once the first list is in (`None` before).
+    let mut leases: Option<BTreeMap<(String, String), LeaderElectionLease>> = None;
+    let mut listing = BTreeMap::new();
+    let key = |l: &LeaderElectionLease| (l.metadata.namespace.clone().unwrap_or_default(), l.metadata.name.clone().unwrap_or_default());
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
-            event = stream.next() => {
-                match event {
-                    Some(Ok(_)) => {}
-                    Some(Err(err)) => { tracing::warn!(error = %err, "watching opted-in leader-election Leases"); continue }
-                    None => return,
-                }
-            }
+            event = stream.next() => match event {
+                Some(Ok(watcher::Event::Init)) => listing = BTreeMap::new(),
+                Some(Ok(watcher::Event::InitApply(lease))) => { listing.insert(key(&lease), lease); }
+                Some(Ok(watcher::Event::InitDone)) => leases = Some(std::mem::take(&mut listing)),
+                Some(Ok(watcher::Event::Apply(lease))) => { if let Some(known) = leases.as_mut() { known.insert(key(&lease), lease); } }
+                Some(Ok(watcher::Event::Delete(lease))) => { if let Some(known) = leases.as_mut() { known.remove(&key(&lease)); } }
+                Some(Err(err)) => { tracing::warn!(error = %err, "watching opted-in leader-election Leases"); continue }
+                None => return,
+            },
             _ = resync.tick() => { last = None; }
         }
-        if store.wait_until_ready().await.is_err() {
-            return;
-        }
-        let leases = store.state();
+        let Some(leases) = leases.as_ref() else { continue };
         let wanted =
             |l: &&LeaderElectionLease| only.as_ref().is_none_or(|only| l.metadata.namespace.as_ref().is_some_and(|ns| only.contains(ns)));
-        let (found, refused) = opt_ins(leases.iter().map(|l| l.as_ref()).filter(wanted));
+        let (found, refused) = opt_ins(leases.values().filter(wanted));
         if last.as_ref() == Some(&found) {
             continue;
         }

@@ -262,7 +262,7 @@ struct Replica {
 }
 
 impl Replica {
-    fn start(bin: &std::path::Path, dir: &std::path::Path, pod: &str, ns: &str) -> Replica {
+    fn start(bin: &std::path::Path, dir: &std::path::Path, pod: &str, ns: &str, env: &[(&str, &str)]) -> Replica {
         use std::io::BufRead;
         let stderr = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{pod}.log"))).expect("log file");
         let mut child = std::process::Command::new(bin)
@@ -274,6 +274,7 @@ impl Replica {
             .env("RESOURCE", leader::WIDGET)
             .env("LEASE_DURATION", "2s")
             .env("WRITE_INTERVAL", "100ms")
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
             .stderr(stderr)
             .spawn()
@@ -315,19 +316,24 @@ impl leader::Replicas for Processes {
     }
 }
 
-/// Stale-but-honest writer, end to end: two replicas of an unmodified client-go
-/// leader-elected controller (examples/leader-go, built from the Go module proxy), as processes
-/// authenticated with their Pods' bound tokens, write a guarded ConfigMap and a guarded Widget's
-/// status. Each cycle SIGSTOPs the leader past its Lease; the other replica takes over and
-/// writes; the old leader gets SIGCONT and sends its pending writes, which are refused (409
-/// NotHolder); it then stops leading and campaigns again. A watch records the Lease's holders and
-/// every accepted write, and the history checker finds no stale write accepted. Cycles:
-/// LEADER_GO_CYCLES (default 3). The same cycle with Pods on a real node: tests/e2e/leader.rs.
-#[tokio::test]
-async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
+/// How the example controller runs in a pause test: what it writes besides its two labelled
+/// objects, and whether its ServiceAccount is opted in on its Lease (`kubefence.io/writers`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Writes {
+    /// The labelled ConfigMap and Widget status only.
+    Labelled,
+    /// Also a new unlabelled ConfigMap per write and a patch of its Namespace (cluster-scoped),
+    /// with the writer opted in.
+    EverythingFenced,
+    /// The same writes without the opt-in: the unlabelled ones are not fenced.
+    EverythingUnfenced,
+}
+
+/// Runs two replicas of examples/leader-go as processes authenticated with their Pods' bound
+/// tokens through `cycles` pause cycles, and returns what the cycles and the watch found.
+async fn leader_go_cycles(test: &str, writes: Writes, cycles: usize) -> (leader::Run, leader::Seen, usize) {
     use kube_fence::admission::decision::{DEFAULT_EXEMPT, Exemptions};
     use kube_fence::admission::local::LocalOptions;
-    let cycles: usize = std::env::var("LEADER_GO_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(3);
     let built = tokio::task::spawn_blocking(|| {
         std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/build-leader-go.sh")).output().expect("build leader-go")
     })
@@ -337,14 +343,25 @@ async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
     let bin = std::path::PathBuf::from(String::from_utf8_lossy(&built.stdout).trim().to_string());
 
     let client = common::client().await;
-    let ns = common::namespace(&client, "leader-go").await;
+    let ns = common::namespace(&client, test).await;
     let mut options = LocalOptions::new(format!("kf-test-{ns}"));
     options.only_namespaces = Some(vec![ns.clone()]);
     options.exempt = Exemptions::new(DEFAULT_EXEMPT.iter().map(|u| u.to_string()).chain([SETUP.to_string()]));
     let f = Fixture::with_options(client, ns, options).await;
     let widgets = leader::install_widget_crd(&f.client).await;
     let pods = controller_pods(&f, &["p1", "p2"]).await;
+    leader::may_patch_namespace(&f.client, &f.ns, "ctl").await;
     leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
+    if writes == Writes::EverythingFenced {
+        let opt_in = Patch::Merge(json!({"metadata": {"annotations": {kube_fence::admission::writer::WRITERS_ANNOTATION: "ctl"}}}));
+        Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns).patch(leader::LEASE, &PatchParams::default(), &opt_in).await.expect("opt in");
+        let routed = kube_fence::admission::writer_routing::configuration_name(&format!("kf-test-{}", f.ns));
+        let configurations = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(f.client.clone());
+        leader::until("the writer webhook is registered", Duration::from_secs(30), async || {
+            configurations.get_opt(&routed).await.ok().flatten().and_then(|c| c.webhooks).is_some_and(|w| w.len() == 1)
+        })
+        .await;
+    }
     let setup = common::identity::client_as(SETUP).await;
     let labelled = json!({LEADER_LEASE_LABEL: leader::LEASE});
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": leader::CONFIGMAP, "labels": labelled}})).unwrap();
@@ -363,7 +380,9 @@ async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
     }
     let seen = std::sync::Arc::new(std::sync::Mutex::new(leader::Seen::default()));
     let recorder = leader::record(&f.client, &f.ns, &widgets, seen.clone());
-    let mut replicas = Processes(["p1", "p2"].iter().map(|pod| Replica::start(&bin, dir.path(), pod, &f.ns)).collect());
+    let env: &[(&str, &str)] =
+        if writes == Writes::Labelled { &[] } else { &[("CREATE_OBJECTS", "1"), ("PATCH_NAMESPACE", "1")] };
+    let mut replicas = Processes(["p1", "p2"].iter().map(|pod| Replica::start(&bin, dir.path(), pod, &f.ns, env)).collect());
 
     let run = leader::pause_cycles(&f.client, &f.ns, &widgets, cycles, &mut replicas).await;
     let mut accepted = 0;
@@ -377,8 +396,58 @@ async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     recorder.abort();
     let seen = std::mem::take(&mut *seen.lock().expect("seen"));
-    run.check("leader-go", &seen, accepted);
     f.stop().await;
+    (run, seen, accepted)
+}
+
+/// Stale-but-honest writer, end to end: two replicas of an unmodified client-go
+/// leader-elected controller (examples/leader-go, built from the Go module proxy), as processes
+/// authenticated with their Pods' bound tokens, write a guarded ConfigMap and a guarded Widget's
+/// status. Each cycle SIGSTOPs the leader past its Lease; the other replica takes over and
+/// writes; the old leader gets SIGCONT and sends its pending writes, which are refused (409
+/// NotHolder); it then stops leading and campaigns again. A watch records the Lease's holders and
+/// every accepted write, and the history checker finds no stale write accepted. Cycles:
+/// LEADER_GO_CYCLES (default 3). The same cycle with Pods on a real node: tests/e2e/leader.rs.
+#[tokio::test]
+async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
+    let cycles: usize = std::env::var("LEADER_GO_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(3);
+    let (run, seen, accepted) = leader_go_cycles("leader-go", Writes::Labelled, cycles).await;
+    run.check("leader-go", &seen, accepted);
+}
+
+/// Stale-but-honest writer, on everything it writes: the same controller also creates a new
+/// unlabelled ConfigMap per write and patches its Namespace (cluster-scoped), and its
+/// ServiceAccount is opted in on its Lease (`kubefence.io/writers`) — no label on those objects.
+/// The history checker finds no stale write on any of them. Cycles: LEADER_GO_CYCLES (default 3).
+#[tokio::test]
+async fn a_paused_client_go_leader_is_fenced_on_everything_it_writes_once_its_writer_opts_in() {
+    let cycles: usize = std::env::var("LEADER_GO_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(3);
+    let (run, seen, accepted) = leader_go_cycles("leader-go-writers", Writes::EverythingFenced, cycles).await;
+    for object in [leader::MADE.to_string()] {
+        assert!(seen.writes.iter().any(|(_, o, _)| *o == object), "the watch saw writes of {object}");
+    }
+    assert!(seen.writes.iter().any(|(_, o, _)| o.starts_with("namespace/")), "the watch saw writes of the Namespace");
+    run.check("leader-go writers", &seen, accepted);
+}
+
+/// The same run without the opt-in shows what it closes (the test above can fail): the resumed
+/// leader's pending creates and Namespace patches land after its successor's writes — stale writes
+/// the history checker finds — while the labelled objects stay fenced.
+#[tokio::test]
+async fn without_the_opt_in_a_paused_leaders_unlabelled_writes_land_stale() {
+    let (_run, seen, _) = leader_go_cycles("leader-go-unfenced", Writes::EverythingUnfenced, 3).await;
+    let (violations, _) = leader::violations(&seen);
+    let on = |v: &kube_fence::history::Violation| match v {
+        kube_fence::history::Violation::StaleWriteAccepted { object, .. } => object.clone(),
+        other => format!("{other}"),
+    };
+    let objects: std::collections::BTreeSet<String> = violations.iter().map(on).collect();
+    println!("leader-go without the opt-in: {} stale writes accepted, on {objects:?}", violations.len());
+    assert!(!violations.is_empty(), "without the opt-in some stale unlabelled write landed");
+    assert!(
+        objects.iter().all(|o| o == leader::MADE || o.starts_with("namespace/")),
+        "only unlabelled objects took stale writes: {objects:?}"
+    );
 }
 
 /// Worker with ordinary RBAC: a Pod's identity includes its namespace. Pod `p1` of namespace

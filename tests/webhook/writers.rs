@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_fence::admission::decision::Reason;
@@ -24,27 +23,11 @@ use common::leader::{LEASE, until};
 
 const AT: &str = "2026-12-03T09:00:00.000000Z";
 
-/// What a leader-elected controller would have beyond its namespace: patching its own
-/// namespace object (a cluster-scoped write).
-async fn may_patch_namespace(f: &Fixture) {
-    let pp = PatchParams::apply("kube-fence-tests").force();
-    let name = format!("ctl-{}", f.ns);
-    let role: ClusterRole = serde_json::from_value(json!({"metadata": {"name": name},
-        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": [f.ns], "verbs": ["get", "patch"]}]}))
-    .unwrap();
-    Api::<ClusterRole>::all(f.client.clone()).patch(&name, &pp, &Patch::Apply(&role)).await.expect("cluster role");
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": "ctl", "namespace": f.ns}]}))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(f.client.clone()).patch(&name, &pp, &Patch::Apply(&binding)).await.expect("binding");
-}
-
 /// Pods p1 and p2 of ServiceAccount `ctl`, clients for both, and Lease `ctl` opted in for the
 /// writers `annotations` name, held by p1, once the writer webhook judges `ctl`'s writes.
 async fn fenced_controller(f: &Fixture, annotations: serde_json::Value) -> (Client, Client, Vec<Pod>) {
     let made = controller_pods(f, &["p1", "p2"]).await;
-    may_patch_namespace(f).await;
+    common::leader::may_patch_namespace(&f.client, &f.ns, "ctl").await;
     let p1 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[0]).await;
     let p2 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[1]).await;
     let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": LEASE,
@@ -114,7 +97,7 @@ async fn after_a_takeover_the_ex_leader_writes_nothing_anywhere() {
     assert!(common::rejected(swept).reason == Reason::NotHolder.as_str(), "deletecollection by the ex-leader");
     let ssa = PatchParams::apply("ctl").force();
     not_holder(
-        cms(&p1).patch("applied", &ssa, &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"}}))).await,
+        cms(&p1).patch("applied", &ssa, &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": {"k": "v"}}))).await,
         "p2_2222",
         "p1",
     );
