@@ -361,18 +361,19 @@ async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
     let expected_everywhere = [
         "events.events.k8s.io [] [] [create patch]",
         "leases.kubefence.io [] [] [get list watch]",
-        "leases.coordination.k8s.io [] [] [get]",
+        "leases.coordination.k8s.io [] [] [get list watch]",
         "leases.kubefence.io/status [] [] [get update patch]",
         "validatingwebhookconfigurations.admissionregistration.k8s.io [] [rbac-kube-fence] [get update]",
+        "validatingwebhookconfigurations.admissionregistration.k8s.io [] [rbac-kube-fence-writers] [get patch]",
     ];
     let mut expected_own: BTreeSet<String> = expected_everywhere.iter().map(|s| s.to_string()).collect();
     // kubectl merges the verbs of one resource: leader election's create joins the webhook's get.
-    expected_own.remove("leases.coordination.k8s.io [] [] [get]");
+    expected_own.remove("leases.coordination.k8s.io [] [] [get list watch]");
     expected_own.extend(
         [
             "secrets [] [] [create]",
             "secrets [] [kube-fence-webhook-tls] [get]",
-            "leases.coordination.k8s.io [] [] [get create]",
+            "leases.coordination.k8s.io [] [] [get list watch create]",
             "leases.coordination.k8s.io [] [kube-fence-controller] [get update]",
         ]
         .iter()
