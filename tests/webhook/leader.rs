@@ -354,7 +354,10 @@ async fn leader_go_cycles(test: &str, writes: Writes, cycles: usize) -> (leader:
     leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
     if writes == Writes::EverythingFenced {
         let opt_in = Patch::Merge(json!({"metadata": {"annotations": {kube_fence::admission::writer::WRITERS_ANNOTATION: "ctl"}}}));
-        Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns).patch(leader::LEASE, &PatchParams::default(), &opt_in).await.expect("opt in");
+        Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns)
+            .patch(leader::LEASE, &PatchParams::default(), &opt_in)
+            .await
+            .expect("opt in");
         let routed = kube_fence::admission::writer_routing::configuration_name(&format!("kf-test-{}", f.ns));
         let configurations = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(f.client.clone());
         leader::until("the writer webhook is registered", Duration::from_secs(30), async || {
@@ -380,8 +383,7 @@ async fn leader_go_cycles(test: &str, writes: Writes, cycles: usize) -> (leader:
     }
     let seen = std::sync::Arc::new(std::sync::Mutex::new(leader::Seen::default()));
     let recorder = leader::record(&f.client, &f.ns, &widgets, seen.clone());
-    let env: &[(&str, &str)] =
-        if writes == Writes::Labelled { &[] } else { &[("CREATE_OBJECTS", "1"), ("PATCH_NAMESPACE", "1")] };
+    let env: &[(&str, &str)] = if writes == Writes::Labelled { &[] } else { &[("CREATE_OBJECTS", "1"), ("PATCH_NAMESPACE", "1")] };
     let mut replicas = Processes(["p1", "p2"].iter().map(|pod| Replica::start(&bin, dir.path(), pod, &f.ns, env)).collect());
 
     let run = leader::pause_cycles(&f.client, &f.ns, &widgets, cycles, &mut replicas).await;

@@ -97,7 +97,13 @@ async fn after_a_takeover_the_ex_leader_writes_nothing_anywhere() {
     assert!(common::rejected(swept).reason == Reason::NotHolder.as_str(), "deletecollection by the ex-leader");
     let ssa = PatchParams::apply("ctl").force();
     not_holder(
-        cms(&p1).patch("applied", &ssa, &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": {"k": "v"}}))).await,
+        cms(&p1)
+            .patch(
+                "applied",
+                &ssa,
+                &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": {"k": "v"}})),
+            )
+            .await,
         "p2_2222",
         "p1",
     );
