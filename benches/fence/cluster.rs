@@ -526,12 +526,7 @@ async fn leader_guarded(args: &Args, table: &mut Table, bench: &mut Bench) -> an
 /// write) and not; and an admin's updates of another ConfigMap (an identity nobody opted in) with
 /// the writer webhooks registered — ten opted-in Leases, so ten match conditions per write — and
 /// with none, in alternating rounds.
-async fn writer_fenced(
-    args: &Args,
-    table: &mut Table,
-    bench: &mut Bench,
-    holder: &Api<ConfigMap>,
-) -> anyhow::Result<()> {
+async fn writer_fenced(args: &Args, table: &mut Table, bench: &mut Bench, holder: &Api<ConfigMap>) -> anyhow::Result<()> {
     use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
     use kube_fence::admission::leader::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD};
@@ -569,8 +564,11 @@ async fn writer_fenced(
     };
     let rounds = 2;
     let per_round = (args.updates() / 2 / rounds).max(1);
-    eprintln!("[3] writer fence: opted-in holder and unfenced admin updates, with and without the writer webhooks ({rounds} rounds of {per_round})");
-    let (mut fenced, mut unfenced, mut others_on, mut others_off) = (Samples::default(), Samples::default(), Samples::default(), Samples::default());
+    eprintln!(
+        "[3] writer fence: opted-in holder and unfenced admin updates, with and without the writer webhooks ({rounds} rounds of {per_round})"
+    );
+    let (mut fenced, mut unfenced, mut others_on, mut others_off) =
+        (Samples::default(), Samples::default(), Samples::default(), Samples::default());
     let mut seq = 0;
     for _ in 0..rounds {
         for on in [false, true] {
@@ -588,9 +586,7 @@ async fn writer_fenced(
         }
     }
     set_opt_in(false).await?;
-    let added = |a: &Samples, b: &Samples| {
-        format!("+{} / +{}", ms(a.p50().saturating_sub(b.p50())), ms(a.p99().saturating_sub(b.p99())))
-    };
+    let added = |a: &Samples, b: &Samples| format!("+{} / +{}", ms(a.p50().saturating_sub(b.p50())), ms(a.p99().saturating_sub(b.p99())));
     table.add(
         "3",
         "… writer fence: an opted-in controller's update (quorum read of its Lease), 1 writer: p50 / p99 (added)",
