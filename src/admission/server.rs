@@ -224,9 +224,11 @@ async fn review_for(webhook: Arc<Webhook>, peer: SocketAddr, request: Request, g
         }
         Verdict::Deny { code, reason, message, .. } => {
             tracing::info!(kind, ns, name, sub, user, ?op, code, %reason, message, %peer, "denied");
-            if let Some(events) = &webhook.events
-                && !events.publish(peer.ip(), &request, *reason, message)
-            {
+            let published = webhook.events.as_ref().map(|events| match &guard {
+                Guard::Objects => events.publish(peer.ip(), &request, *reason, message),
+                Guard::Writer { namespace, name } => events.publish_on_lease(peer.ip(), namespace, name, &request, *reason, message),
+            });
+            if published == Some(false) {
                 webhook.metrics.events_suppressed.inc();
             }
         }

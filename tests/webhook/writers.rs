@@ -128,6 +128,22 @@ async fn after_a_takeover_the_ex_leader_writes_nothing_anywhere() {
     );
     let lease = Api::<LeaderLease>::namespaced(p1.clone(), &f.ns).get(LEASE).await.expect("a follower reads the Lease");
     common::accepted(Api::<LeaderLease>::namespaced(p1.clone(), &f.ns).replace(LEASE, &PostParams::default(), &lease).await);
+
+    // The refusals are Warning Events on the Lease that fences the writer (the written object may
+    // be cluster-scoped, or not named yet).
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(f.client.clone(), &f.ns);
+    until("a NotHolder Warning Event on the Lease", Duration::from_secs(30), async || {
+        events.list(&ListParams::default()).await.is_ok_and(|l| {
+            l.items.iter().any(|e| {
+                let about = e.regarding.as_ref();
+                e.reason.as_deref() == Some("NotHolder")
+                    && about.and_then(|r| r.kind.as_deref()) == Some("Lease")
+                    && about.and_then(|r| r.name.as_deref()) == Some(LEASE)
+                    && e.note.as_deref().is_some_and(|n| n.contains("Namespace") || n.contains("ConfigMap"))
+            })
+        })
+    })
+    .await;
     f.stop().await;
 }
 
