@@ -58,7 +58,31 @@ impl Fixture {
         tokio::spawn(kube_fence::lease::params::maintain(client.clone(), Some(ns.clone()), stop.clone()));
         common::wait_fenced(&client, &ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(30)).await;
         common::wait_policy_path(&client, &ns, Duration::from_secs(30)).await;
-        Fixture { client, ns, hook: Some(hook), registry, params: Some(stop.drop_guard()) }
+        let f = Fixture { client, ns, hook: Some(hook), registry, params: Some(stop.drop_guard()) };
+        f.wait_skipped().await;
+        f
+    }
+
+    /// Waits until the webhook skips fast-path writes too (the API server loads the webhook
+    /// configuration, with its skip condition, apart from the policy): a dry-run fast-path write
+    /// to the probe object (lease token 3, recorded 1, presented 2) that the webhook does not
+    /// count. Panics after 30 s with the last answer.
+    async fn wait_skipped(&self) {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
+        let status = json!({"status": {"phase": "Held", "holder": "probe", "token": 3}});
+        leases.patch_status(PROBE, &PatchParams::default(), &Patch::Merge(&status)).await.expect("probe lease status");
+        let (cms, dry) = (self.cms(), PatchParams { dry_run: true, ..Default::default() });
+        let body = Patch::Merge(json!({"metadata": {"annotations": {TOKEN_ANNOTATION: "2"}}}));
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let before = self.webhook_decisions();
+            let answer = fence::retry_unseen_token(|| cms.patch(PROBE, &dry, &body)).await;
+            if answer.is_ok() && self.webhook_decisions() == before {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "fast-path writes still reach the webhook after 30 s: {answer:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// kube-fence killed: the webhook stops answering (its registration stays, as after a
@@ -112,6 +136,9 @@ fn decisions(registry: &Registry) -> u64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
 }
+
+/// The probe lease and object of `common::wait_policy_path`.
+const PROBE: &str = "kube-fence-probe-pp";
 
 fn data(value: &str) -> serde_json::Value {
     json!({"data": {"v": value}})
@@ -261,7 +288,7 @@ async fn wait_params(f: &Fixture, tokens: serde_json::Value) -> LeaseTokens {
 async fn a_worker_cannot_forge_the_parameters() {
     let f = Fixture::new("pp-forge").await;
     f.grant("work", "a", 40).await;
-    let written = wait_params(&f, json!({"kube-fence-probe-pp": 1, "work": 40})).await;
+    let written = wait_params(&f, json!({"kube-fence-probe-pp": 3, "work": 40})).await;
     let raise = json!({"spec": {"tokens": {"work": 9_223_372_036_854_775_807_i64, "ghost": 9_223_372_036_854_775_807_i64}}});
     let mut planted = LeaseTokens::new("planted", LeaseTokensSpec::default());
     planted.spec.tokens.insert("ghost".into(), Token::MAX);
@@ -325,22 +352,22 @@ async fn the_controller_keeps_the_parameters_equal_to_the_leases() {
     let a = f.grant("work", "a", 70).await;
     a.create(&cms, &common::guarded_configmap("s0", "work")).await.expect("create");
     let params: Api<LeaseTokens> = Api::namespaced(f.client.clone(), &f.ns);
-    let first = wait_params(&f, json!({"kube-fence-probe-pp": 1, "work": 70})).await;
+    let first = wait_params(&f, json!({"kube-fence-probe-pp": 3, "work": 70})).await;
     params.delete(PARAMS_NAME, &DeleteParams::default()).await.expect("delete the parameters");
     let b = f.grant("work", "b", 71).await;
     b.patch(&cms, "s0", &PatchParams::default(), Patch::Merge(data("b"))).await.expect("admitted once the parameters are back");
-    let again = wait_params(&f, json!({"kube-fence-probe-pp": 1, "work": 71})).await;
+    let again = wait_params(&f, json!({"kube-fence-probe-pp": 3, "work": 71})).await;
     assert_ne!(again.uid(), first.uid(), "re-created");
 
-    let tampered = json!({"spec": {"tokens": {"kube-fence-probe-pp": 1, "work": 9_000_000, "ghost": 9_223_372_036_854_775_807_i64}}});
+    let tampered = json!({"spec": {"tokens": {"kube-fence-probe-pp": 3, "work": 9_000_000, "ghost": 9_223_372_036_854_775_807_i64}}});
     params
         .patch(PARAMS_NAME, &PatchParams { field_manager: Some("someone-else".into()), ..Default::default() }, &Patch::Merge(&tampered))
         .await
         .expect("tamper");
-    wait_params(&f, json!({"kube-fence-probe-pp": 1, "work": 71})).await;
+    wait_params(&f, json!({"kube-fence-probe-pp": 3, "work": 71})).await;
 
     let leases: Api<Lease> = Api::namespaced(f.client.clone(), &f.ns);
-    for lease in ["work", "kube-fence-probe-pp"] {
+    for lease in ["work", PROBE] {
         leases.delete(lease, &DeleteParams::default()).await.expect("delete the lease");
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -408,7 +435,7 @@ async fn parameters_a_worker_wrote_before_the_policy_path_admit_nothing() {
     assert_eq!(policy_denial(&denied).issued, None, "{denied:?}");
     // Without leases (the probe's deleted), and with kube-fence killed.
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    leases.delete("kube-fence-probe-pp", &DeleteParams::default()).await.expect("delete the probe lease");
+    leases.delete(PROBE, &DeleteParams::default()).await.expect("delete the probe lease");
     let denied = common::rejected(write().await);
     assert!(denied.code == 403 || denied.code == 422, "{denied:?}");
     f.kill().await;
