@@ -124,7 +124,14 @@ impl LocalWebhook {
         let registered = async {
             let me = [me];
             registration.apply_policies(&client, &me, &me).await?;
-            registration.apply(&client).await
+            let applied = registration.apply(&client).await?;
+            if !registration.policy_path {
+                // A process with the policy path that crashed left its policy behind: without its
+                // parameters kept, it would deny the fast-path writes. Removed after the webhook
+                // configuration without the skip condition is applied, so no write goes unjudged.
+                registration.remove_policy_path(&client).await?;
+            }
+            Ok(applied)
         };
         if let Err(err) = registered.await {
             stop.cancel();

@@ -230,7 +230,7 @@ impl Registration {
     }
 
     fn policy_path_name(&self) -> String {
-        format!("{}-policy-path", self.name)
+        format!("{}{}", self.name, policy_path::POLICY_SUFFIX)
     }
 
     fn params_policy_name(&self) -> String {
@@ -239,8 +239,9 @@ impl Registration {
 
     /// The policy path's policy (`super::policy_path`): UPDATEs of guarded objects that present
     /// a token greater than the recorded one are judged `presented <= issued` against the
-    /// namespace's parameter ConfigMap; its binding reads that ConfigMap from the namespace of
-    /// the object (paramRef with a name and no namespace), and denies when it is absent. Pure.
+    /// namespace's `LeaseTokens`; its binding reads that object from the namespace of the object
+    /// under admission (paramRef with a name and no namespace), and denies when it is absent
+    /// (the client library retries that answer: `policy_path::params_missing`). Pure.
     pub fn policy_path_policy(&self) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
         let variables: Vec<serde_json::Value> = policy_path::variables()
             .into_iter()
@@ -250,7 +251,7 @@ impl Registration {
             &self.policy_path_name(),
             serde_json::json!({
                 "failurePolicy": "Fail",
-                "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+                "paramKind": {"apiVersion": format!("{}/v1alpha1", crate::api::GROUP), "kind": "LeaseTokens"},
                 "matchConstraints": {
                     "resourceRules": [{
                         "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "operations": ["UPDATE"], "scope": "Namespaced",
@@ -273,8 +274,10 @@ impl Registration {
     }
 
     /// The policy that lets only `writers` (and the namespace controller and garbage collector,
-    /// which delete what a namespace holds) write the policy path's parameter ConfigMaps: a
-    /// forged issued token would admit forged tokens. Pure.
+    /// which delete what a namespace holds) write the policy path's parameters (`LeaseTokens`, a
+    /// kind workers have no RBAC on; this guards it from anyone RBAC lets write it): a forged
+    /// issued token would admit forged tokens. Every object of the kind, every write: a rule by
+    /// name would miss the items of a `deletecollection`, which are admitted without one. Pure.
     pub fn params_policy(&self, writers: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
         let mut allowed = writers.to_vec();
         allowed.extend(crate::admission::decision::DEFAULT_EXEMPT.map(String::from));
@@ -282,15 +285,12 @@ impl Registration {
             &self.params_policy_name(),
             serde_json::json!({
                 "failurePolicy": "Fail",
-                // By name in the rule, not by a match condition: the API server then evaluates no
-                // CEL for the writes of every other ConfigMap.
                 "matchConstraints": {"resourceRules": [{
-                    "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"], "operations": ["CREATE", "UPDATE", "DELETE"],
-                    "resourceNames": [policy_path::PARAMS_NAME],
+                    "apiGroups": [crate::api::GROUP], "apiVersions": ["*"], "resources": ["leasetokens"], "operations": ["CREATE", "UPDATE", "DELETE"],
                 }]},
                 "validations": [{
                     "expression": requester_in(&allowed),
-                    "messageExpression": format!("'ConfigMap {} holds the issued fencing tokens the API server judges writes by: only the kube-fence controller writes it; ' + request.userInfo.username + ' may not'", policy_path::PARAMS_NAME),
+                    "messageExpression": "'LeaseTokens hold the issued fencing tokens the API server judges writes by: only the kube-fence controller writes them; ' + request.userInfo.username + ' may not'",
                     "reason": "Forbidden",
                 }],
             }),
@@ -402,6 +402,24 @@ impl Registration {
         {
             Api::<ValidatingAdmissionPolicy>::all(client.clone()).patch(&name, &params, &Patch::Apply(&policy)).await?;
             Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).patch(&name, &params, &Patch::Apply(&binding)).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes the policy path's policy and its parameter guard, with their bindings (a process
+    /// that runs without it, after one that ran with it and crashed); absent is fine. Call it
+    /// after the webhook configuration without the skip condition is applied, so no write is
+    /// skipped by the webhook once the policy is gone.
+    pub async fn remove_policy_path(&self, client: &kube::Client) -> Result<(), kube::Error> {
+        fn gone<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+            match result {
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                other => other.map(|_| ()),
+            }
+        }
+        for name in [self.policy_path_name(), self.params_policy_name()] {
+            gone(Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).delete(&name, &DeleteParams::default()).await)?;
+            gone(Api::<ValidatingAdmissionPolicy>::all(client.clone()).delete(&name, &DeleteParams::default()).await)?;
         }
         Ok(())
     }
