@@ -89,6 +89,11 @@ fn the_in_cluster_suite_names_the_chart_the_crds_and_the_tests() {
 /// to the in-cluster suite runs on both.
 #[test]
 fn the_node_and_kind_run_the_one_in_cluster_suite() {
+    use std::os::unix::fs::PermissionsExt;
+    for script in [SHARED, "hack/e2e-node.sh", "hack/kind-e2e.sh"] {
+        let mode = std::fs::metadata(format!("{ROOT}/{script}")).expect(script).permissions().mode();
+        assert_eq!(mode & 0o111, 0o111, "{script} is executable (mode {mode:o}): the scripts run it as a command");
+    }
     for cluster in ["hack/e2e-node.sh", "hack/kind-e2e.sh"] {
         let script = std::fs::read_to_string(format!("{ROOT}/{cluster}")).expect(cluster);
         let code: Vec<&str> = script.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
