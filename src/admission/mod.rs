@@ -28,6 +28,7 @@ pub mod policy_path;
 pub mod registration;
 pub mod review;
 pub mod server;
+pub mod shared_reads;
 pub mod tls;
 pub mod writer;
 pub mod writer_routing;

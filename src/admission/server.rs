@@ -29,6 +29,7 @@ use super::leases::LeaseDirectory;
 pub use super::metrics::Metrics;
 use super::metrics::{LeaseReadKind, Refusal};
 use super::review::{self, Unreadable};
+use super::shared_reads::SharedReads;
 use super::writer::{self, WriterPlan};
 
 /// How long a client may take to send a request's headers (also the first request's).
@@ -53,6 +54,8 @@ pub struct Webhook {
     pub events: Option<RejectionEvents>,
     /// Bytes of request bodies that may be in flight.
     pub body_budget: Arc<Semaphore>,
+    /// Quorum reads of opted-in Leases, shared by the writes waiting for them.
+    pub writer_reads: Arc<SharedReads<(String, String), Result<writer::WriterQuorum, String>>>,
 }
 
 impl Webhook {
@@ -63,7 +66,15 @@ impl Webhook {
         metrics: Metrics,
         events: Option<RejectionEvents>,
     ) -> Webhook {
-        Webhook { exempt, identity, leases, metrics, events, body_budget: Arc::new(Semaphore::new(BODY_BUDGET_BYTES)) }
+        Webhook {
+            exempt,
+            identity,
+            leases,
+            metrics,
+            events,
+            body_budget: Arc::new(Semaphore::new(BODY_BUDGET_BYTES)),
+            writer_reads: Arc::default(),
+        }
     }
 
     /// Judges one request: by the leader-election Lease it is bound to, if any
@@ -86,9 +97,20 @@ impl Webhook {
         match writer::plan(req, lease, &self.identity) {
             WriterPlan::Done(verdict) => verdict,
             WriterPlan::Quorum(read) => {
-                self.metrics.lease_read(LeaseReadKind::Linearizable);
                 let lease = read.lease();
-                match writer::read_lease(self.leases.client(), lease).await {
+                // Concurrent writes of one controller share the next quorum read of its Lease.
+                let key = (lease.namespace.to_string(), lease.name.to_string());
+                let (client, metrics, (namespace, name)) = (self.leases.client(), self.metrics.clone(), key.clone());
+                let fresh = self
+                    .writer_reads
+                    .read(key, move || async move {
+                        metrics.lease_read(LeaseReadKind::Linearizable);
+                        writer::read_lease(client, decision::LeaseRef { namespace: &namespace, name: &name })
+                            .await
+                            .map_err(|e| e.to_string())
+                    })
+                    .await;
+                match fresh {
                     Ok(fresh) => read.judge(fresh),
                     Err(err) => Verdict::deny(
                         500,

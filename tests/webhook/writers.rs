@@ -218,3 +218,36 @@ async fn with_kube_fence_down_only_the_fenced_writers_writes_fail() {
         .delete(&format!("kf-test-{}", f.ns), &DeleteParams::default())
         .await;
 }
+
+/// The linearizable lease reads the fixture's webhook has made so far.
+fn linearizable_reads(f: &Fixture) -> u64 {
+    let metrics = kube_fence::telemetry::render(&f.registry);
+    metrics
+        .lines()
+        .find(|l| l.starts_with("kube_fence_webhook_lease_reads_total") && l.contains("read=\"linearizable\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// Reads are shared: a burst of the leader's concurrent writes (stale-but-honest case: the
+/// leader itself) is judged with fewer quorum reads of its Lease than writes, each read started
+/// after the writes it judges arrived; all are admitted.
+#[tokio::test]
+async fn concurrent_writes_of_the_leader_share_quorum_reads() {
+    let f = Fixture::new("writers-shared-reads").await;
+    let (p1, _p2, _) = fenced_controller(&f, json!({WRITERS_ANNOTATION: "ctl"})).await;
+    let before = linearizable_reads(&f);
+    let cms = Api::<ConfigMap>::namespaced(p1.clone(), &f.ns);
+    let writes = 32;
+    let results = futures::future::join_all((0..writes).map(|i| {
+        let cms = cms.clone();
+        async move { cms.create(&PostParams::default(), &fresh_configmap(&format!("burst-{i}"))).await }
+    }))
+    .await;
+    assert!(results.iter().all(Result::is_ok), "the leader's writes are admitted: {:?}", results.iter().find(|r| r.is_err()));
+    let reads = linearizable_reads(&f) - before;
+    println!("writer fence: {writes} concurrent writes of the leader judged with {reads} quorum reads of its Lease");
+    assert!(reads >= 1 && reads < writes, "{reads} reads for {writes} concurrent writes");
+    f.stop().await;
+}
