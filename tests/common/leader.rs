@@ -58,8 +58,16 @@ pub async fn install_widget_crd(client: &Client) -> ApiResource {
 
 /// The leader-election Lease `name` in `ns`, opted into holder binding, with no holder yet.
 pub async fn opted_in_lease(client: &Client, ns: &str, name: &str) {
-    let lease: LeaderLease =
-        serde_json::from_value(json!({"metadata": {"name": name, "labels": {HOLDER_IDENTITY_LABEL: HOLDER_IS_POD}}, "spec": {}})).unwrap();
+    opted_in_lease_with(client, ns, name, None).await
+}
+
+/// The same, with `writers` (ServiceAccounts of `ns`) opted in on it (`kubefence.io/writers`),
+/// as whoever deploys the controller creates it.
+pub async fn opted_in_lease_with(client: &Client, ns: &str, name: &str, writers: Option<&str>) {
+    let annotations = writers.map(|w| json!({kube_fence::admission::writer::WRITERS_ANNOTATION: w}));
+    let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": name,
+        "labels": {HOLDER_IDENTITY_LABEL: HOLDER_IS_POD}, "annotations": annotations}, "spec": {}}))
+    .unwrap();
     Api::<LeaderLease>::namespaced(client.clone(), ns).create(&PostParams::default(), &lease).await.expect("create the Lease");
 }
 

@@ -18,7 +18,6 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, LogPa
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use kube_fence::admission::leader::LEADER_LEASE_LABEL;
-use kube_fence::admission::registration::POD_NAME_EXTRA;
 use serde_json::{Value, json};
 
 use super::{KubeFence, common, installed};
@@ -121,15 +120,15 @@ fn deployment(image: &str, everything: bool) -> Deployment {
     .expect("a Deployment from a literal")
 }
 
-/// A client acting for Pod `pod` (the API server's impersonation, with the Pod name a Pod-bound
-/// token carries): a guarded object is written only from the holder's Pod, and an admin is none.
-async fn client_for_pod(pod: &str) -> Client {
+/// A client acting as [`SETUP`], one of the installed kube-fence's `leaseAdmins`
+/// (hack/e2e-install-and-test.sh): it may create objects bound to a leader Lease (opt them in)
+/// without being the holder's Pod, as Helm or an operator would.
+async fn setup_client() -> Client {
     let path = common::kubeconfig().await;
     let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
     config.auth_info.impersonate = Some(SETUP.into());
     config.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
-    config.auth_info.impersonate_user_extra = Some([(POD_NAME_EXTRA.to_string(), vec![pod.to_string()])].into());
     Client::try_from(config).expect("client from kubeconfig")
 }
 
@@ -278,13 +277,11 @@ async fn paused_leader_pods(test: &str, everything: bool) {
     let (client, ns) = (kf.client.clone(), kf.ns.clone());
     let widgets: ApiResource = leader::install_widget_crd(&client).await;
     rbac(&client, &ns, everything).await;
-    leader::opted_in_lease(&client, &ns, LEASE).await;
+    // The Lease is created before the controller, with the opt-in when it is fenced as a writer
+    // (client-go keeps the metadata of a Lease it finds).
+    let writers = everything.then_some("ctl");
+    leader::opted_in_lease_with(&client, &ns, LEASE, writers).await;
     if everything {
-        let opt_in = Patch::Merge(json!({"metadata": {"annotations": {kube_fence::admission::writer::WRITERS_ANNOTATION: "ctl"}}}));
-        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), &ns)
-            .patch(LEASE, &PatchParams::default(), &opt_in)
-            .await
-            .expect("opt the writer in");
         // The installed kube-fence registers the writer webhook for the Lease.
         let webhooks = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(client.clone());
         let path = format!("/writer/{ns}/{LEASE}");
@@ -317,7 +314,7 @@ async fn paused_leader_pods(test: &str, everything: bool) {
             .collect(),
     );
 
-    // The guarded objects, created from the first leader's Pod (it patches them from then on).
+    // The guarded objects, created by a kube-fence admin once a leader runs (it patches them from then on).
     let labelled = json!({LEADER_LEASE_LABEL: LEASE});
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": CONFIGMAP, "labels": labelled}})).expect("a literal");
     let widget: DynamicObject = serde_json::from_value(json!({"apiVersion": "example.kubefence.io/v1", "kind": "Widget",
@@ -328,7 +325,7 @@ async fn paused_leader_pods(test: &str, everything: bool) {
         if holder.is_empty() {
             return false;
         }
-        let as_leader = client_for_pod(leader::pod_of(&holder)).await;
+        let as_leader = setup_client().await;
         let cm = Api::<ConfigMap>::namespaced(as_leader.clone(), &ns).create(&PostParams::default(), &cm).await.map(|_| ());
         let widget = Api::<DynamicObject>::namespaced_with(as_leader, &ns, &widgets).create(&PostParams::default(), &widget).await;
         created(cm) && created(widget.map(|_| ()))
