@@ -337,3 +337,140 @@ async fn a_paused_delegated_pod_cannot_write_after_a_newer_grant_wrote() {
     );
     kf.stop().await;
 }
+
+/// The same pause cycle on a real node, with nothing simulated: the Job's Pod runs
+/// `examples/delegated_writer` from an image (`DELEGATED_WRITER_IMAGE`, a static build of the
+/// example), the kubelet fills `KUBE_FENCE_GRANT` from the Pod's annotation, and the worker
+/// authenticates with the token the kubelet mounts. The worker stops itself before its write
+/// (the Pod shares its process namespace, so the worker is not the namespace's init, which
+/// cannot stop itself); the test sees its host process in state `T`, lets A's lease expire, has B
+/// write, resumes it with SIGCONT from the host, and reads its outcome from the Pod's log. Threat
+/// case: a stale-but-honest downstream writer. Run by the node suite (`--ignored`) with
+/// `KF_DELEGATION_NODE_CYCLES` cycles (default 100).
+#[tokio::test]
+#[ignore = "needs the node and DELEGATED_WRITER_IMAGE (hack/e2e-node.sh)"]
+async fn a_paused_delegated_job_pod_on_the_node_is_fenced() {
+    let image = std::env::var("DELEGATED_WRITER_IMAGE").expect("DELEGATED_WRITER_IMAGE: the delegated_writer image imported on the node");
+    let cycles: u64 = std::env::var("KF_DELEGATION_NODE_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(100);
+    let kf = KubeFence::start("e2e-delegation-node").await;
+    let (admin, ns) = (kf.client.clone(), kf.ns.clone());
+    job_runner(&admin, &ns).await;
+    let (seen, recorder) = record(admin.clone(), &ns);
+    let leases = Leases::new(admin.clone(), &ns);
+    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
+    let options = AcquireOptions::default().duration(Duration::from_secs(1)).timeout(Duration::from_secs(30));
+    let setup = leases.acquire("work", "setup", options).await.expect("setup grant");
+    let result = ConfigMap { metadata: kube::api::ObjectMeta { name: Some("result".into()), ..Default::default() }, ..Default::default() };
+    setup.create(&configmaps, &result).await.expect("the guarded result, created with the newest token");
+    leases.release(&setup).await.expect("release");
+    let plain = ConfigMap { metadata: kube::api::ObjectMeta { name: Some("plain".into()), ..Default::default() }, ..Default::default() };
+    configmaps.create(&PostParams::default(), &plain).await.expect("an unguarded ConfigMap");
+
+    let started = Instant::now();
+    for round in 0..cycles {
+        let (outcome, a, b) = node_cycle(&kf, &image, round, "result", true).await;
+        assert_eq!(outcome["event"], "refused", "round {round}: the paused Pod's write must be refused: {outcome}");
+        assert_eq!(outcome["reason"], "StaleToken", "round {round}: {outcome}");
+        assert_eq!((outcome["presented"].as_u64(), outcome["recorded"].as_u64()), (Some(a.get()), Some(b.get())), "round {round}");
+    }
+    let elapsed = started.elapsed();
+    let (outcome, stale, _) = node_cycle(&kf, &image, cycles, "plain", false).await;
+    assert_eq!(outcome["event"], "written", "without fencing the paused Pod's stale write lands: {outcome}");
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    recorder.abort();
+    let observations = seen.lock().expect("history lock").clone();
+    let (control, others): (Vec<_>, Vec<_>) = history::check(&observations, |_| false)
+        .into_iter()
+        .partition(|v| matches!(v, Violation::StaleWriteAccepted { object, .. } if object == "plain"));
+    assert!(others.is_empty(), "the history shows stale writes of the delegated grants: {others:#?}");
+    assert!(
+        control.iter().any(|v| matches!(v, Violation::StaleWriteAccepted { accepted, .. } if *accepted == stale)),
+        "the checker finds the unfenced stale write: {control:#?}"
+    );
+    let writes = observations.iter().filter(|o| matches!(o, Observation::Write { object, .. } if object == "result")).count();
+    eprintln!(
+        "delegation pause test on the node: {cycles}/{cycles} paused Job Pods' writes refused, 0 stale writes accepted in {writes} checked versions, \
+         {:.1} s per cycle; unfenced control: the stale write landed and was caught",
+        elapsed.as_secs_f64() / cycles.max(1) as f64
+    );
+    kf.stop().await;
+}
+
+/// One cycle with a real Job Pod: returns its outcome (from its log) and A's and B's tokens.
+async fn node_cycle(kf: &KubeFence, image: &str, round: u64, object: &str, fenced: bool) -> (serde_json::Value, Token, Token) {
+    let (admin, ns) = (&kf.client, kf.ns.as_str());
+    let leases = Leases::new(admin.clone(), ns);
+    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), ns);
+    let short = AcquireOptions::default().duration(Duration::from_secs(1)).timeout(Duration::from_secs(60));
+    let a = leases.acquire("work", &format!("a-{round}"), short.clone()).await.expect("A acquires");
+    let name = format!("node-{object}-{round}");
+    let mut args = vec![object, "--pause-before-write"];
+    if !fenced {
+        args.push("--unfenced");
+    }
+    let job: Job = serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"backoffLimit": 0, "template": {"spec": {
+        "serviceAccountName": RUNNER, "restartPolicy": "Never", "shareProcessNamespace": true, "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "work", "image": image, "imagePullPolicy": "Never", "args": args,
+            "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}]}}}}))
+    .expect("a Job literal");
+    let job = a.delegate(&job).expect("the grant stamps onto the Job");
+    Api::<Job>::namespaced(admin.clone(), ns).create(&PostParams::default(), &job).await.expect("create the Job");
+    // The Pod runs; its worker prepares and stops itself.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let selector = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={name}"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (pod, pid) = loop {
+        let running = pods.list(&selector).await.expect("list Pods").items.into_iter().find_map(|p| {
+            let status = p.status.as_ref()?.container_statuses.as_ref()?.iter().find(|c| c.name == "work")?.clone();
+            status.state.as_ref()?.running.as_ref()?;
+            Some((p.metadata.name.clone()?, status.container_id?))
+        });
+        if let Some((pod, container)) = running {
+            break (pod, super::leader::host_pid(&container));
+        }
+        assert!(Instant::now() < deadline, "round {round}: the Job's Pod did not run within 120 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    while !super::leader::stopped(pid) {
+        assert!(Instant::now() < deadline, "round {round}: the worker (host pid {pid}) did not stop itself");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let b = leases.acquire("work", &format!("b-{round}"), short).await.expect("B acquires once A's lease expired");
+    assert!(b.token > a.token, "round {round}: B's token {} > A's {}", b.token, a.token);
+    let write = |cm: &mut ConfigMap| {
+        let data = cm.data.get_or_insert_with(Default::default);
+        data.insert("writer".into(), format!("b-{round}"));
+        data.insert("token".into(), b.token.to_string());
+    };
+    if fenced {
+        b.update(&configmaps, object, write).await.expect("B's fenced write");
+    } else {
+        let mut cm = configmaps.get(object).await.expect("B reads");
+        write(&mut cm);
+        configmaps.replace(object, &PostParams::default(), &cm).await.expect("B's unfenced write");
+    }
+    let status = Command::new("kill").args(["-CONT", &pid.to_string()]).status().expect("run kill");
+    assert!(status.success(), "kill -CONT {pid}");
+    // The worker ends after its outcome; its log holds one JSON line per step.
+    let outcome = loop {
+        let terminated = pods
+            .get(&pod)
+            .await
+            .expect("get the Pod")
+            .status
+            .and_then(|s| s.container_statuses)
+            .is_some_and(|cs| cs.iter().any(|c| c.name == "work" && c.state.as_ref().is_some_and(|st| st.terminated.is_some())));
+        if terminated {
+            let log = pods.logs(&pod, &Default::default()).await.expect("the Pod's log");
+            let last = log.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).rfind(|l| l["event"] != "prepared");
+            break last.unwrap_or_else(|| panic!("round {round}: no outcome in the log of {pod}: {log}"));
+        }
+        assert!(Instant::now() < deadline + Duration::from_secs(60), "round {round}: the worker did not end after SIGCONT");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    leases.release(&b).await.expect("B releases");
+    let background = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
+    Api::<Job>::namespaced(admin.clone(), ns).delete(&name, &background).await.expect("delete the Job");
+    (outcome, a.token, b.token)
+}
