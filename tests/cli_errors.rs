@@ -662,6 +662,50 @@ async fn delete_removes_exactly_the_version_read_as_holder_or_with_a_token() {
         assert!(configmaps.get_opt(name).await.expect("get").is_none(), "{name} is gone");
     }
 
+    // `kube-fence delegate` stamps a Job manifest; `kubectl create` makes it, and the Pod the Job
+    // controller makes carries the grant where the kubelet fills KUBE_FENCE_GRANT from.
+    let manifest = home.join("job.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: delegated}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      \
+         containers: [{name: work, image: registry.invalid/none}]\n",
+    )
+    .expect("write the manifest");
+    let stamped =
+        run_ok(&kubeconfig, home, &["delegate", "--lease", "t", "--token", &token, "-n", &ns, "-f", &manifest.display().to_string()]);
+    let stamped_file = home.join("job-delegated.yaml");
+    std::fs::write(&stamped_file, stamped).expect("write the stamped manifest");
+    let bin = kube_fence_testenv::binaries().expect("kubectl");
+    let created = Command::new(bin.join("kubectl"))
+        .args(["create", "-n", &ns, "-f"])
+        .arg(&stamped_file)
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .expect("kubectl create");
+    assert!(created.status.success(), "kubectl create the delegated Job: {}", text(&created.stderr));
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pod = loop {
+        let listed =
+            pods.list(&kube::api::ListParams::default().labels("batch.kubernetes.io/job-name=delegated")).await.expect("list Pods");
+        if let Some(pod) = listed.items.into_iter().next() {
+            break pod;
+        }
+        assert!(Instant::now() < deadline, "the Job controller made no Pod within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let annotation = pod.metadata.annotations.unwrap_or_default().get("kubefence.io/delegated-grant").cloned();
+    assert_eq!(annotation, Some(delegated.clone()), "the Job's Pod carries the grant");
+    let env = pod
+        .spec
+        .map(|s| s.containers)
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|c| c.env.unwrap_or_default())
+        .find(|e| e.name == "KUBE_FENCE_GRANT");
+    let path = env.and_then(|e| e.value_from).and_then(|v| v.field_ref).map(|f| f.field_path);
+    assert_eq!(path.as_deref(), Some("metadata.annotations['kubefence.io/delegated-grant']"), "from the annotation, by the kubelet");
+
     // A holder-only ConfigMap of a Pod-identity lease, held by Pod p1.
     let made = common::identity::worker_pods(&client, &ns, &["p1", "p2"]).await;
     let lease: Lease = serde_json::from_value(serde_json::json!({"apiVersion": "kubefence.io/v1alpha1", "kind": "Lease",
@@ -686,7 +730,6 @@ async fn delete_removes_exactly_the_version_read_as_holder_or_with_a_token() {
     p1_configmaps.create(&PostParams::default(), &holder_only).await.expect("the holder creates its object");
     // What `kubectl delete` sends, from the holder itself: refused, it names no version.
     assert!(precondition_required(p1_configmaps.delete("state", &DeleteParams::default()).await), "the holder's plain DELETE is refused");
-    let bin = kube_fence_testenv::binaries().expect("kubectl");
     let kubectl = Command::new(bin.join("kubectl"))
         .args(["delete", "configmap", "state", "-n", &ns])
         .env("KUBECONFIG", p1.path())
