@@ -31,13 +31,13 @@
 //!
 //! What a delegated grant cannot do does not compile:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0308
 //! # async fn example(leases: kube_fence::client::Leases, grant: kube_fence::client::Delegated) {
 //! leases.renew(&grant).await; // expected `&Grant`: a delegated grant is not renewed
 //! # }
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0308
 //! # async fn example(leases: kube_fence::client::Leases, grant: kube_fence::client::Delegated) {
 //! leases.release(&grant).await; // expected `&Grant`: only the holder releases
 //! # }
