@@ -361,18 +361,19 @@ async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
     let expected_everywhere = [
         "events.events.k8s.io [] [] [create patch]",
         "leases.kubefence.io [] [] [get list watch]",
-        "leases.coordination.k8s.io [] [] [get]",
+        "leases.coordination.k8s.io [] [] [get list watch]",
         "leases.kubefence.io/status [] [] [get update patch]",
         "validatingwebhookconfigurations.admissionregistration.k8s.io [] [rbac-kube-fence] [get update]",
+        "validatingwebhookconfigurations.admissionregistration.k8s.io [] [rbac-kube-fence-writers] [get patch]",
     ];
     let mut expected_own: BTreeSet<String> = expected_everywhere.iter().map(|s| s.to_string()).collect();
     // kubectl merges the verbs of one resource: leader election's create joins the webhook's get.
-    expected_own.remove("leases.coordination.k8s.io [] [] [get]");
+    expected_own.remove("leases.coordination.k8s.io [] [] [get list watch]");
     expected_own.extend(
         [
             "secrets [] [] [create]",
             "secrets [] [kube-fence-webhook-tls] [get]",
-            "leases.coordination.k8s.io [] [] [get create]",
+            "leases.coordination.k8s.io [] [] [get list watch create]",
             "leases.coordination.k8s.io [] [kube-fence-controller] [get update]",
         ]
         .iter()
@@ -386,4 +387,31 @@ async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
         "permissions in any other namespace"
     );
     ok("helm", &["uninstall", "rbac", "-n", &ns], None);
+}
+
+/// `fencedControllers` renders each controller's leader-election Lease with the opt-in that
+/// kube-fence reads (`OptIn::of`, what the writer routing registers): the same ServiceAccounts and
+/// exemptions, and only metadata (client-go writes the spec).
+#[test]
+fn the_chart_declares_fenced_controllers_as_kube_fence_reads_them() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_fence::admission::writer::OptIn;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let values = dir.path().join("values.yaml");
+    std::fs::write(
+        &values,
+        "fencedControllers:\n  - {namespace: operators, lease: my-operator, serviceAccounts: [my-operator, helper], exempt: [configmaps, deployments.apps]}\n",
+    )
+    .expect("write values");
+    let rendered = ok("helm", &["template", "cmp", CHART, "-n", "kf-system", "-f", values.to_str().expect("path")], None);
+    let docs = documents(&rendered);
+    let lease = docs.iter().find(|d| d["kind"] == "Lease").expect("the chart renders the Lease");
+    assert!(lease.get("spec").is_none(), "only metadata: {lease}");
+    let lease: Lease = serde_json::from_value(lease.clone()).expect("a coordination Lease");
+    let opt_in = OptIn::of(&lease).expect("a readable opt-in").expect("an opt-in");
+    assert_eq!((opt_in.namespace.as_str(), opt_in.name.as_str()), ("operators", "my-operator"));
+    assert_eq!(opt_in.accounts.iter().map(String::as_str).collect::<Vec<_>>(), ["helper", "my-operator"]);
+    assert_eq!(opt_in.exempt.iter().map(|r| r.to_string()).collect::<Vec<_>>(), ["configmaps", "deployments.apps"]);
+    // Off by default.
+    assert!(!documents(&ok("helm", &["template", "cmp", CHART, "-n", "kf-system"], None)).iter().any(|d| d["kind"] == "Lease"));
 }

@@ -11,6 +11,16 @@ fn crds_directory_matches_the_rust_types() {
     );
 }
 
+/// The policy path's parameters: a kind of kube-fence's own (workers get no RBAC on it), whose
+/// token map an apply replaces whole.
+#[test]
+fn lease_tokens_crd_has_the_public_names() {
+    let yaml = kube_fence::api::crds_yaml().expect("CRDs serialize to YAML");
+    for needle in ["name: leasetokens.kubefence.io", "kind: LeaseTokens", "x-kubernetes-map-type: atomic", "format: int64"] {
+        assert!(yaml.contains(needle), "generated CRD lacks {needle:?}");
+    }
+}
+
 #[test]
 fn lease_crd_has_the_public_names() {
     let yaml = kube_fence::api::crds_yaml().expect("CRDs serialize to YAML");

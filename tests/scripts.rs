@@ -1,6 +1,7 @@
-//! The project's shell scripts: shellcheck-clean, and the kind end-to-end script (run for real by
-//! `hack/kind-e2e.sh`, separately from `hack/test.sh`: it needs Docker) uses names that exist —
-//! the chart's objects, the CRD, the test target.
+//! The project's shell scripts: shellcheck-clean; the in-cluster suite (run for real by
+//! `hack/e2e-node.sh` and by `hack/kind-e2e.sh`, which needs Docker) uses names that exist — the
+//! chart's objects, the CRD, the test targets — and both cluster scripts run it through the one
+//! shared script instead of a copy of its steps.
 
 use std::path::Path;
 use std::process::Command;
@@ -37,12 +38,15 @@ fn assignment(script: &str, name: &str) -> String {
         .lines()
         .find_map(|l| l.strip_prefix(&format!("{name}=")))
         .map(|v| v.trim_matches('"').to_string())
-        .unwrap_or_else(|| panic!("hack/kind-e2e.sh sets {name}"))
+        .unwrap_or_else(|| panic!("{SHARED} sets {name}"))
 }
 
+/// What the node and kind runs share: what is built, installed and run.
+const SHARED: &str = "hack/e2e-install-and-test.sh";
+
 #[test]
-fn kind_script_names_match_the_chart_the_crds_and_the_tests() {
-    let script = std::fs::read_to_string(format!("{ROOT}/hack/kind-e2e.sh")).expect("hack/kind-e2e.sh");
+fn the_in_cluster_suite_names_the_chart_the_crds_and_the_tests() {
+    let script = std::fs::read_to_string(format!("{ROOT}/{SHARED}")).expect(SHARED);
     let release = assignment(&script, "RELEASE");
     let namespace = assignment(&script, "NAMESPACE");
     let chart = assignment(&script, "CHART");
@@ -67,12 +71,35 @@ fn kind_script_names_match_the_chart_the_crds_and_the_tests() {
     let crd_name = script.split("crd/").nth(1).and_then(|s| s.split_whitespace().next()).expect("the script waits for a CRD");
     assert!(crds.contains(&format!("name: {crd_name}\n")), "crd/{crd_name} is the generated CRD");
 
-    let test = script.split("--test ").nth(1).and_then(|s| s.split_whitespace().next()).expect("the script runs a test target");
-    let test_file = format!("{ROOT}/tests/{test}.rs");
-    let source = std::fs::read_to_string(&test_file).unwrap_or_else(|_| panic!("--test {test} exists as tests/{test}.rs"));
-    assert!(
-        source.contains("KUBE_FENCE_E2E_INSTALLED") && script.contains("KUBE_FENCE_E2E_INSTALLED"),
-        "the script and the suite agree on KUBE_FENCE_E2E_INSTALLED"
-    );
-    assert!(script.contains("image.pullPolicy=Never"), "kind-loaded images must not be pulled");
+    let tests: Vec<&str> = script.split("--test ").skip(1).filter_map(|s| s.split_whitespace().next()).collect();
+    for test in ["e2e", "operations"] {
+        assert!(tests.contains(&test), "the script runs --test {test}: {tests:?}");
+    }
+    for test in tests {
+        let source = std::fs::read_to_string(format!("{ROOT}/tests/{test}.rs"))
+            .unwrap_or_else(|_| panic!("--test {test} exists as tests/{test}.rs"));
+        assert!(source.contains("KUBE_FENCE_E2E"), "tests/{test}.rs reads the installed release the script sets (KUBE_FENCE_E2E_*)");
+    }
+    assert!(script.contains("KUBE_FENCE_E2E_INSTALLED=1"), "the script tells the suite kube-fence is installed");
+    assert!(script.contains("image.pullPolicy=Never"), "loaded images must not be pulled");
+}
+
+/// The node and kind differ only in how the cluster is made and how an image gets in: both run
+/// the shared script, and neither runs a test suite or installs the chart itself, so a test added
+/// to the in-cluster suite runs on both.
+#[test]
+fn the_node_and_kind_run_the_one_in_cluster_suite() {
+    use std::os::unix::fs::PermissionsExt;
+    for script in [SHARED, "hack/e2e-node.sh", "hack/kind-e2e.sh"] {
+        let mode = std::fs::metadata(format!("{ROOT}/{script}")).expect(script).permissions().mode();
+        assert_eq!(mode & 0o111, 0o111, "{script} is executable (mode {mode:o}): the scripts run it as a command");
+    }
+    for cluster in ["hack/e2e-node.sh", "hack/kind-e2e.sh"] {
+        let script = std::fs::read_to_string(format!("{ROOT}/{cluster}")).expect(cluster);
+        let code: Vec<&str> = script.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
+        assert!(code.iter().any(|l| l.contains(SHARED)), "{cluster} runs {SHARED}");
+        for own in ["cargo test", "helm install", "kubectl apply"] {
+            assert!(!code.iter().any(|l| l.contains(own)), "{cluster} does not `{own}` itself: that belongs in {SHARED}");
+        }
+    }
 }

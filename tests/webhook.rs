@@ -12,6 +12,10 @@ mod common;
 mod holders;
 #[path = "webhook/leader.rs"]
 mod leader;
+#[path = "webhook/scheduler.rs"]
+mod scheduler;
+#[path = "webhook/writers.rs"]
+mod writers;
 
 use common::Fencing;
 

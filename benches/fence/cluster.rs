@@ -196,6 +196,9 @@ async fn spawn_webhook(
         &cert.display().to_string(),
         "--tls-key-file",
         &key.display().to_string(),
+        // The writer webhooks (section 3, writer fence) take their client configuration from it.
+        "--webhook-configuration",
+        &format!("kf-bench-{own_namespace}"),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -513,6 +516,93 @@ async fn leader_guarded(args: &Args, table: &mut Table, bench: &mut Bench) -> an
         format!("{} / {}", ms(p.p50()), ms(p.p99())),
         format!("+{} / +{}", ms(g.p50().saturating_sub(p.p50())), ms(added99)),
         "",
+        Met::Info,
+    );
+    writer_fenced(args, table, bench, &cms).await
+}
+
+/// Section 3, the writer fence: the same holder's updates of the unlabelled ConfigMap with its
+/// ServiceAccount opted in on the Lease (`kubefence.io/writers`, one quorum read of the Lease per
+/// write) and not; and an admin's updates of another ConfigMap (an identity nobody opted in) with
+/// the writer webhooks registered — ten opted-in Leases, so ten match conditions per write — and
+/// with none, in alternating rounds.
+async fn writer_fenced(args: &Args, table: &mut Table, bench: &mut Bench, holder: &Api<ConfigMap>) -> anyhow::Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
+    use kube_fence::admission::leader::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD};
+    use kube_fence::admission::writer::WRITERS_ANNOTATION;
+    let (admin, ns) = (bench.client.clone(), bench.ns_hook.clone());
+    let pp = PostParams::default();
+    let others: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
+    others.create(&pp, &serde_json::from_value(json!({"metadata": {"name": "others-plain"}}))?).await?;
+    let leases: Api<LeaderLease> = Api::namespaced(admin.clone(), &ns);
+    // Nine more opted-in Leases, of ServiceAccounts that write nothing here.
+    for i in 0..9 {
+        let lease = json!({"metadata": {"name": format!("other-{i}"), "labels": {HOLDER_IDENTITY_LABEL: HOLDER_IS_POD},
+            "annotations": {WRITERS_ANNOTATION: format!("other-{i}")}}, "spec": {}});
+        leases.create(&pp, &serde_json::from_value(lease)?).await?;
+    }
+    let routed = kube_fence::admission::writer_routing::configuration_name(&format!("kf-bench-{ns}"));
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
+    let set_opt_in = async |on: bool| -> anyhow::Result<()> {
+        let value = on.then_some("leader");
+        let patch = json!({"metadata": {"labels": {HOLDER_IDENTITY_LABEL: HOLDER_IS_POD}, "annotations": {WRITERS_ANNOTATION: value}}});
+        leases.patch("leader", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        let want = if on { 10 } else { 9 };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let count = configurations.get_opt(&routed).await?.and_then(|c| c.webhooks).map_or(0, |w| w.len());
+            if count == want {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "the writer webhooks did not reach {want} within 60 s (at {count})");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The API server's webhook informer follows the configuration a moment later.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Ok(())
+    };
+    let rounds = 2;
+    let per_round = (args.updates() / 2 / rounds).max(1);
+    eprintln!(
+        "[3] writer fence: opted-in holder and unfenced admin updates, with and without the writer webhooks ({rounds} rounds of {per_round})"
+    );
+    let (mut fenced, mut unfenced, mut others_on, mut others_off) =
+        (Samples::default(), Samples::default(), Samples::default(), Samples::default());
+    let mut seq = 0;
+    for _ in 0..rounds {
+        for on in [false, true] {
+            set_opt_in(on).await?;
+            for _ in 0..per_round {
+                seq += 1;
+                let patch = json!({"data": {"seq": seq.to_string()}});
+                let t = Instant::now();
+                holder.patch("leader-plain", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                (if on { &mut fenced } else { &mut unfenced }).push(t.elapsed());
+                let t = Instant::now();
+                others.patch("others-plain", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                (if on { &mut others_on } else { &mut others_off }).push(t.elapsed());
+            }
+        }
+    }
+    set_opt_in(false).await?;
+    let added = |a: &Samples, b: &Samples| format!("+{} / +{}", ms(a.p50().saturating_sub(b.p50())), ms(a.p99().saturating_sub(b.p99())));
+    table.add(
+        "3",
+        "… writer fence: an opted-in controller's update (quorum read of its Lease), 1 writer: p50 / p99 (added)",
+        format!("{} / {}", ms(fenced.p50()), ms(fenced.p99())),
+        format!("{} / {}", ms(unfenced.p50()), ms(unfenced.p99())),
+        added(&fenced, &unfenced),
+        "",
+        Met::Info,
+    );
+    table.add(
+        "3",
+        "… writer webhooks registered (10 opted-in Leases): another identity's update, p50 / p99 (added)",
+        format!("{} / {}", ms(others_on.p50()), ms(others_on.p99())),
+        format!("{} / {}", ms(others_off.p50()), ms(others_off.p99())),
+        added(&others_on, &others_off),
+        "nothing measurable",
         Met::Info,
     );
     Ok(())

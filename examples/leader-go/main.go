@@ -17,10 +17,17 @@
 // lost term have stopped, as a process's exit would stop them: a pending write of the old term
 // sent after this Pod led again would be admitted (the guard knows Pods, not processes).
 //
+// Like most controllers it also writes objects nobody labelled, when asked to: with
+// CREATE_OBJECTS=1 each write also creates a new ConfigMap (generateName <CONFIGMAP>-made-, label
+// leader-go/made: "true", data writer/seq), and with PATCH_NAMESPACE=1 it also merge-patches the
+// annotations leader-go/writer and leader-go/seq of its Namespace, a cluster-scoped object. Those
+// are fenced only when its ServiceAccount is opted in on its Lease (kubefence.io/writers).
+//
 // Environment: KUBECONFIG (outside a Pod), POD_NAME (outside a Pod: the name its identity
 // starts with), NAMESPACE, LEASE (the Lease's name), CONFIGMAP, RESOURCE (name of the custom
 // resource), RESOURCE_GROUP/RESOURCE_VERSION/RESOURCE_PLURAL (its API), WRITE_INTERVAL (Go
-// duration, default 200ms), LEASE_DURATION (default 4s; renew deadline 3/4 of it, retry 1/4).
+// duration, default 200ms), LEASE_DURATION (default 4s; renew deadline 3/4 of it, retry 1/4),
+// CREATE_OBJECTS and PATCH_NAMESPACE (1 to write those too).
 package main
 
 import (
@@ -33,6 +40,7 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -164,6 +172,19 @@ func lead(ctx context.Context, core kubernetes.Interface, dyn dynamic.Interface,
 		status, _ := json.Marshal(map[string]any{"status": map[string]string{"writer": identity, "seq": strconv.Itoa(seq)}})
 		_, err = dyn.Resource(resource).Namespace(namespace).Patch(context.Background(), custom, types.MergePatchType, status, metav1.PatchOptions{}, "status")
 		outcome(resource.Resource+"/"+custom+"/status", identity, seq, err)
+		if os.Getenv("CREATE_OBJECTS") == "1" {
+			made := &corev1.ConfigMap{
+				ObjectMeta: metav1.ObjectMeta{GenerateName: configMap + "-made-", Labels: map[string]string{"leader-go/made": "true"}},
+				Data:       map[string]string{"writer": identity, "seq": strconv.Itoa(seq)},
+			}
+			_, err = core.CoreV1().ConfigMaps(namespace).Create(context.Background(), made, metav1.CreateOptions{})
+			outcome("configmaps/made", identity, seq, err)
+		}
+		if os.Getenv("PATCH_NAMESPACE") == "1" {
+			ns, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{"leader-go/writer": identity, "leader-go/seq": strconv.Itoa(seq)}}})
+			_, err = core.CoreV1().Namespaces().Patch(context.Background(), namespace, types.MergePatchType, ns, metav1.PatchOptions{})
+			outcome("namespace/"+namespace, identity, seq, err)
+		}
 	}
 }
 

@@ -13,7 +13,8 @@
 #   hack/kind/docker-bin/docker goes first on PATH (see that file).
 # engine_down: stops that dockerd, then puts back what a Docker engine or a kind node may change
 #   on the host (interfaces, iptables, forwarding and bridge sysctls, the sysctls a kubelet sets
-#   that are not per network namespace) and says what it put back. Safe to call twice.
+#   that are not per network namespace) and says what it put back; returns non-zero (saying what)
+#   when the host could not be put back as it was. Safe to call twice.
 
 engine_owned=false
 engine_dir=$kf_cache/kind/docker
@@ -145,17 +146,30 @@ engine_down() {
     now=$(cat "/proc/sys/${k//.//}" 2>/dev/null || true)
     if [[ $now != "$v" ]]; then
       engine_say "restoring $k: $now -> $v"
-      printf '%s' "$v" > "/proc/sys/${k//.//}" || engine_say "warning: could not restore $k"
+      printf '%s' "$v" > "/proc/sys/${k//.//}" 2>/dev/null || true
     fi
   done < "$engine_state/sysctl"
   for t in iptables ip6tables; do
     if ! cmp -s "$engine_state/$t" "$after/$t"; then
       engine_say "$t rules changed while the engine ran; removing Docker's"
       engine_remove_docker_rules "$t"
-      { "$t-save" 2>/dev/null || true; } | sed -e '/^#/d' -e 's/\[[0-9]*:[0-9]*\]/[0:0]/' > "$after/$t"
-      cmp -s "$engine_state/$t" "$after/$t" || { engine_say "warning: $t differs from before (diff below)"; diff "$engine_state/$t" "$after/$t" >&2 || true; }
     fi
   done
+  # What is left different from before, checked afresh.
+  engine_snapshot "$after"
+  local left=""
+  while read -r l; do
+    case $l in br-*|veth*|docker0) left+=" interface $l;" ;; esac
+  done < <(comm -13 "$engine_state/links" "$after/links")
+  while read -r k; do left+=" $k;"; done < <(comm -13 <(sort "$engine_state/sysctl") <(sort "$after/sysctl") | cut -d= -f1)
+  for t in iptables ip6tables; do
+    cmp -s "$engine_state/$t" "$after/$t" || { diff "$engine_state/$t" "$after/$t" >&2 || true; left+=" $t rules (diff above);"; }
+  done
+  if [[ -n $left ]]; then
+    engine_say "error: the host is not as before:$left (the state before is kept in $engine_state)"
+    rm -rf "$after"
+    return 1
+  fi
   rm -rf "$engine_state" "$after"
   engine_state=""
   engine_say "the host is as before: interfaces, iptables and sysctls checked"

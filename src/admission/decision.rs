@@ -93,9 +93,9 @@ pub struct Request {
     pub new: Option<ObjectFacts>,
     /// `userInfo.username` of the request.
     pub user: String,
-    /// The requesting Pod's name, when the request is authenticated by a Pod-bound
-    /// ServiceAccount token (`userInfo.extra["authentication.kubernetes.io/pod-name"]`).
-    pub pod: Option<String>,
+    /// The requesting Pod, when the request is authenticated by a Pod-bound ServiceAccount
+    /// token ([`PodIdentity::of`]).
+    pub pod: Option<PodIdentity>,
     /// Whether the DELETE carries a non-empty `preconditions.resourceVersion`.
     pub delete_precondition: bool,
 }
@@ -113,6 +113,40 @@ impl Request {
             pod: None,
             delete_precondition: false,
         }
+    }
+}
+
+/// The Pod a request comes from: the namespace of the ServiceAccount whose token authenticated it
+/// (a Pod-bound token is issued only for a Pod of the ServiceAccount's own namespace) and the Pod
+/// name the token is bound to (`userInfo.extra["authentication.kubernetes.io/pod-name"]`). A Pod
+/// is the holder of a lease only in the lease's namespace: Pod `rt2/pa` is not Pod `rt/pa`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodIdentity {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// The username prefix of every ServiceAccount: `system:serviceaccount:<namespace>:<name>`.
+pub const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
+
+impl PodIdentity {
+    /// The Pod of a request by `username` whose token names Pod `pod_name` (`None` unless both
+    /// are there: a ServiceAccount username and a non-empty Pod name).
+    pub fn of(username: &str, pod_name: Option<&str>) -> Option<PodIdentity> {
+        let name = pod_name.filter(|n| !n.is_empty())?;
+        let (namespace, _account) = username.strip_prefix(SERVICE_ACCOUNT_PREFIX)?.split_once(':')?;
+        (!namespace.is_empty()).then(|| PodIdentity { namespace: namespace.to_string(), name: name.to_string() })
+    }
+
+    /// The Pod's name, if it is in `namespace` (where the lease that names holders lives).
+    pub fn name_in(&self, namespace: &str) -> Option<&str> {
+        (self.namespace == namespace).then_some(self.name.as_str())
+    }
+}
+
+impl fmt::Display for PodIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
     }
 }
 
@@ -312,15 +346,32 @@ impl Verdict {
 
 /// Who may write guarded objects without a token.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Exemptions(Vec<String>);
+pub struct Exemptions {
+    exempt: Vec<String>,
+    /// kube-fence's admins (`--lease-admin`, chart value `leaseAdmins`): besides the holder, they
+    /// may add or remove the `kubefence.io/leader-lease` label (opt existing objects in, as Helm
+    /// or an operator would); every other write of a leader-bound object stays the holder's.
+    label_admins: Vec<String>,
+}
 
 impl Exemptions {
     pub fn new<I: IntoIterator<Item = S>, S: Into<String>>(users: I) -> Exemptions {
-        Exemptions(users.into_iter().map(Into::into).collect())
+        Exemptions { exempt: users.into_iter().map(Into::into).collect(), label_admins: Vec::new() }
+    }
+
+    /// The same, with `admins` allowed to move the leader-lease label.
+    pub fn with_label_admins<I: IntoIterator<Item = S>, S: Into<String>>(mut self, admins: I) -> Exemptions {
+        self.label_admins.extend(admins.into_iter().map(Into::into));
+        self
     }
 
     pub fn contains(&self, user: &str) -> bool {
-        self.0.iter().any(|u| u == user)
+        self.exempt.iter().any(|u| u == user)
+    }
+
+    /// Whether `user` may add or remove the `kubefence.io/leader-lease` label.
+    pub fn may_move_leader_label(&self, user: &str) -> bool {
+        self.label_admins.iter().any(|u| u == user)
     }
 }
 
@@ -371,16 +422,20 @@ struct Pending<'r> {
 #[derive(Clone, Copy, Debug)]
 struct Writer<'r> {
     user: &'r str,
-    pod: Option<&'r str>,
+    pod: Option<&'r PodIdentity>,
 }
 
 impl<'r> Writer<'r> {
-    /// The requester as a lease with `identity` names holders (`None`: a Pod lease, and the
-    /// request carries no Pod identity).
-    fn as_holder(self, identity: HolderIdentity) -> Option<&'r str> {
-        match identity {
-            HolderIdentity::Pod => self.pod,
-            HolderIdentity::User => Some(self.user),
+    /// The requester as a lease in `namespace` with `identity` names holders, or why it cannot
+    /// be one (a Pod lease, and the request carries no Pod identity, or a Pod of another
+    /// namespace).
+    fn as_holder(self, identity: HolderIdentity, namespace: &str) -> Result<&'r str, String> {
+        match (identity, self.pod) {
+            (HolderIdentity::User, _) => Ok(self.user),
+            (HolderIdentity::Pod, None) => Err(format!("{} (no Pod identity: use the Pod's own ServiceAccount token)", self.user)),
+            (HolderIdentity::Pod, Some(pod)) => pod.name_in(namespace).ok_or_else(|| {
+                format!("Pod {pod}, which is not in the lease's namespace {namespace} (a Pod holds leases of its own namespace only)")
+            }),
         }
     }
 }
@@ -456,8 +511,8 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
             ),
         ));
     }
-    let writer = (writer_label(&req.old).is_some() || writer_label(&req.new).is_some())
-        .then_some(Writer { user: &req.user, pod: req.pod.as_deref() });
+    let writer =
+        (writer_label(&req.old).is_some() || writer_label(&req.new).is_some()).then_some(Writer { user: &req.user, pod: req.pod.as_ref() });
     let lease = |name| LeaseRef { namespace: &req.namespace, name };
     // A row that depends on the lease may be judged from the cache, except for a holder-only
     // object: who holds the lease now is read with a quorum read.
@@ -623,10 +678,9 @@ fn judge(lease: LeaseRef<'_>, rule: &Rule, writer: Option<Writer<'_>>, facts: Op
                 Facts { holder: facts.holder.clone(), requester: Some(writer.user.to_string()), ..on_lease },
             );
         };
-        let me = writer.as_holder(identity);
-        if me.is_none() || me != facts.holder.as_deref() {
-            let who =
-                me.map_or_else(|| format!("{} (no Pod identity: use the Pod's own ServiceAccount token)", writer.user), str::to_string);
+        let me = writer.as_holder(identity, lease.namespace);
+        if me.is_err() || me.as_deref().ok() != facts.holder.as_deref() {
+            let who = me.clone().map_or_else(|why| why, str::to_string);
             let holder = facts.holder.as_deref().map_or_else(|| "nobody holds it".to_string(), |h| format!("it is held by {h}"));
             return deny(
                 409,

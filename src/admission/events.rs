@@ -66,10 +66,6 @@ impl RejectionEvents {
 
     /// Publishes the rejection of `request`, sent from `source`; whether it was within budget.
     pub fn publish(&self, source: IpAddr, request: &Admission<'_>, reason: Reason, message: &str) -> bool {
-        let admitted = self.budget.lock().map(|mut b| b.admit(source, Instant::now())).unwrap_or(false);
-        if !admitted {
-            return false;
-        }
         let (group, version) = (request.kind.group.as_ref(), request.kind.version.as_ref());
         let reference = k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some(if group.is_empty() { version.to_string() } else { format!("{group}/{version}") }),
@@ -80,11 +76,57 @@ impl RejectionEvents {
             ..Default::default()
         };
         let user = request.user_info.username.as_deref().unwrap_or_default();
+        self.publish_about(source, reference, format!("{user}: {message}"), reason, format!("{:?}", request.operation))
+    }
+
+    /// A Warning Event about a fenced writer's refused write, on the leader-election Lease that
+    /// fences it (`namespace`/`name`): the written object may be cluster-scoped or not named yet.
+    pub fn publish_on_lease(
+        &self,
+        source: IpAddr,
+        namespace: &str,
+        name: &str,
+        request: &Admission<'_>,
+        reason: Reason,
+        message: &str,
+    ) -> bool {
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("coordination.k8s.io/v1".into()),
+            kind: Some("Lease".into()),
+            namespace: Some(namespace.to_string()),
+            name: Some(name.to_string()),
+            ..Default::default()
+        };
+        let (kind, object_ns, object) = (request.kind.kind.as_ref(), request.namespace.as_deref().unwrap_or(""), request.name.as_ref());
+        let sub = request.sub_resource.as_deref().filter(|s| !s.is_empty()).map(|s| format!(" /{s}")).unwrap_or_default();
+        let user = request.user_info.username.as_deref().unwrap_or_default();
+        let written = if object_ns.is_empty() { format!("{kind} {object}{sub}") } else { format!("{kind} {object_ns}/{object}{sub}") };
+        self.publish_about(
+            source,
+            reference,
+            format!("{user} {:?} {written}: {message}", request.operation),
+            reason,
+            format!("{:?}", request.operation),
+        )
+    }
+
+    fn publish_about(
+        &self,
+        source: IpAddr,
+        reference: k8s_openapi::api::core::v1::ObjectReference,
+        note: String,
+        reason: Reason,
+        action: String,
+    ) -> bool {
+        let admitted = self.budget.lock().map(|mut b| b.admit(source, Instant::now())).unwrap_or(false);
+        if !admitted {
+            return false;
+        }
         let event = Event {
             type_: EventType::Warning,
             reason: reason.as_str().to_string(),
-            note: Some(format!("{user}: {message}").chars().take(1024).collect()),
-            action: format!("{:?}", request.operation),
+            note: Some(note.chars().take(1024).collect()),
+            action,
             secondary: None,
         };
         let recorder = self.recorder.clone();

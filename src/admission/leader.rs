@@ -179,6 +179,16 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions, identity: &'r IdentityRul
         (Operation::Update, Some(old), Some(new)) if only_removes_finalizers(old, new) => return pass(Reason::FinalizersRemoved),
         _ => {}
     }
+    // An admin opts an object in or out (creates it labelled, adds or removes the label); what
+    // it writes to an object that stays bound is the holder's like any other write.
+    let moves_label = match req.operation {
+        Operation::Create => true,
+        Operation::Update => old_lease.is_none() != new_lease.is_none(),
+        _ => false,
+    };
+    if moves_label && exempt.may_move_leader_label(&req.user) {
+        return pass(Reason::Exempt);
+    }
     if let (Some(old), Some(new)) = (old_lease, new_lease)
         && old != new
     {
@@ -201,8 +211,19 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions, identity: &'r IdentityRul
         ));
     }
     let lease = LeaseRef { namespace: &req.namespace, name };
-    match req.pod.as_deref() {
-        Some(pod) => LeaderPlan::Quorum(HolderRead { lease, pod, identity }),
+    match &req.pod {
+        Some(pod) => match pod.name_in(lease.namespace) {
+            Some(pod) => LeaderPlan::Quorum(HolderRead { lease, pod, identity }),
+            None => done(Verdict::Deny {
+                code: 403,
+                reason: Reason::NotHolder,
+                message: format!(
+                    "the object is written only by the holder of leader-election Lease {lease}: Pod {pod} is not in the Lease's namespace {ns} (a Pod holds Leases of its own namespace only)",
+                    ns = lease.namespace
+                ),
+                facts: Facts { lease: Some(lease.to_string()), requester: Some(pod.to_string()), ..Facts::default() },
+            }),
+        },
         None => done(Verdict::Deny {
             code: 403,
             reason: Reason::NotHolder,

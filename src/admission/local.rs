@@ -73,6 +73,7 @@ pub struct LocalWebhook {
     stop: CancellationToken,
     server: Option<JoinHandle<std::io::Result<()>>>,
     cache: JoinHandle<()>,
+    routing: JoinHandle<()>,
 }
 
 impl LocalWebhook {
@@ -89,6 +90,10 @@ impl LocalWebhook {
         let made = SelfSigned::generate(&["localhost".to_string()], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
         let tls = RustlsConfig::from_config(made.server_config()?);
 
+        // Who runs local mode is its admin: it writes Lease status as the controller, is exempt
+        // from the holder policies, and may opt objects into a leader Lease.
+        let me = super::registration::whoami(&client).await.map_err(LocalError::Register)?;
+        let exempt = options.exempt.clone().with_label_admins([me.clone()]);
         let (leases, cache) = LeaseDirectory::new(client.clone());
         let cache = tokio::spawn(cache);
         let stop = CancellationToken::new();
@@ -96,7 +101,7 @@ impl LocalWebhook {
             leases.clone(),
             listener,
             tls,
-            options.exempt.clone(),
+            exempt,
             options.leader_identity.clone(),
             metrics.clone(),
             registry,
@@ -117,18 +122,32 @@ impl LocalWebhook {
         registration.leader_identity = options.leader_identity;
         // Lease status is written by this process's controller, under this process's identity.
         let registered = async {
-            let me = super::registration::whoami(&client).await?;
             let me = [me];
             registration.apply_policies(&client, &me, &me).await?;
-            registration.apply(&client).await
+            let applied = registration.apply(&client).await?;
+            if !registration.policy_path {
+                // A process with the policy path that crashed left its policy behind: without its
+                // parameters kept, it would deny the fast-path writes. Removed after the webhook
+                // configuration without the skip condition is applied, so no write goes unjudged.
+                registration.remove_policy_path(&client).await?;
+            }
+            Ok(applied)
         };
         if let Err(err) = registered.await {
             stop.cancel();
             cache.abort();
             return Err(LocalError::Register(err));
         }
+        // The writer webhooks (opted-in ServiceAccounts) call the same address at their own paths.
+        let routing = tokio::spawn(super::writer_routing::keep_in_step(
+            client.clone(),
+            registration.name.clone(),
+            registration.only_namespaces.clone(),
+            registration.timeout_seconds,
+            stop.clone().cancelled_owned(),
+        ));
         tracing::info!(%addr, configuration = %registration.name, "webhook serving on loopback and registered by URL");
-        Ok(LocalWebhook { addr, ca_pem: made.ca_cert, registration, metrics, stop, server: Some(server), cache })
+        Ok(LocalWebhook { addr, ca_pem: made.ca_cert, registration, metrics, stop, server: Some(server), cache, routing })
     }
 
     /// Stops serving but leaves the registration in place: guarded writes then fail closed.
@@ -142,6 +161,7 @@ impl LocalWebhook {
     /// Stops serving and drops the lease cache but leaves the registration in place, as a crashed
     /// process would: guarded writes fail closed until a webhook serves the registration again.
     pub async fn crash(mut self) {
+        self.routing.abort();
         self.stop_serving().await;
         self.cache.abort();
     }
@@ -149,6 +169,8 @@ impl LocalWebhook {
     /// Removes the registration, then stops serving (in that order, so no guarded write meets
     /// a registered webhook that no longer answers).
     pub async fn stop(mut self, client: &kube::Client) -> Result<(), kube::Error> {
+        self.routing.abort();
+        let _ = (&mut self.routing).await;
         let removed = self.registration.remove(client).await;
         self.stop_serving().await;
         self.cache.abort();

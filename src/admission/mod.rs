@@ -5,6 +5,9 @@
 //! - [`denial`]: the typed facts of a denial, written by the webhook, read by the client.
 //! - [`leader`]: fencing an unmodified leader-elected controller by who holds its
 //!   `coordination.k8s.io` Lease (pure, plus its one quorum read).
+//! - [`writer`]: fencing every write of an opted-in ServiceAccount (`kubefence.io/writers` on
+//!   its leader-election Lease) by who holds that Lease (pure, plus its one quorum read), and
+//!   [`writer_routing`]: the webhooks that send exactly those writes, kept in step.
 //! - [`leases`]: reading the bound lease — watch cache, or a quorum read when the cache could be
 //!   stale in the unsafe direction.
 //! - [`server`]: the HTTPS server (`/validate`, `/healthz`, `/readyz`, `/metrics`) and its bounds.
@@ -25,4 +28,7 @@ pub mod policy_path;
 pub mod registration;
 pub mod review;
 pub mod server;
+pub mod shared_reads;
 pub mod tls;
+pub mod writer;
+pub mod writer_routing;

@@ -6,8 +6,8 @@
 //! a valid recorded token `r`), whose incoming object keeps the same lease label and presents a
 //! valid token `t > r`, and neither of which is holder-only (`kubefence.io/writer`). For those
 //! the policy checks the one thing the objects cannot say: `t <= issued`, the lease's newest
-//! token, from one parameter object per namespace (the ConfigMap [`PARAMS_NAME`], kept by the
-//! lease controller: `crate::lease::params`). The webhook's second match condition skips exactly
+//! token, from one parameter object per namespace (the `LeaseTokens` [`PARAMS_NAME`], a kind only
+//! kube-fence writes, kept equal to the Leases by the lease controller: `crate::lease::params`). The webhook's second match condition skips exactly
 //! these writes ([`webhook_condition`]); everything else — CREATE, DELETE, newly guarded objects,
 //! stale (`t <= r`), equal (AllowEqual restatements), tokenless or malformed tokens, holder-only
 //! objects, subresources — still goes to the webhook, which answers with its typed denials.
@@ -17,7 +17,9 @@
 //! storage compare-and-swap, like the webhook: §6). The parameter comes from the API server's
 //! informer cache and may lag, but the issued token only grows, so a lagging cache only denies
 //! more: a token granted a moment ago may be denied ([`PolicyDenial`]; the client library retries
-//! it briefly), a token never issued is always denied.
+//! it briefly), a token never issued is always denied. A namespace whose parameters are missing
+//! (it has no Leases, or they were deleted a moment ago and the controller is re-creating them)
+//! denies every fast-path write ([`params_missing`]; retried like an unseen token).
 //!
 //! The policy cannot produce typed `status.details` (the API server puts only its message in a
 //! cause), so its message starts with a fixed, machine-readable head ([`PolicyDenial::parse`]
@@ -25,9 +27,12 @@
 
 use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token, WRITER_LABEL};
 
-/// Name of the parameter ConfigMap in every namespace with kube-fence Leases: data maps each
-/// lease name to its newest issued token (decimal).
+/// Name of the parameter object (`crate::api::LeaseTokens`) in every namespace with kube-fence
+/// Leases: `spec.tokens` maps each lease name to its newest issued token.
 pub const PARAMS_NAME: &str = "kube-fence-tokens";
+/// What the API server says when the binding finds no parameter in the object's namespace
+/// (`parameterNotFoundAction: Deny`, answered 422 Invalid).
+pub const PARAMS_MISSING: &str = "no params found for policy binding";
 /// Name of the webhook's second match condition (present only with the policy path on).
 pub const SKIP_CONDITION_NAME: &str = "not-judged-by-policy";
 /// Head of the policy's denial message: `kubefence.io/policy-path TokenNotIssued <ns>/<lease>
@@ -69,24 +74,28 @@ pub fn webhook_condition() -> String {
 }
 
 /// The policy's variables: the lease, the presented token, and the issued token as the
-/// parameter says (`''` when the lease is not in it).
+/// parameter says (an integer, validated by the CRD's schema; `-1` when the lease is not in it).
 pub fn variables() -> Vec<(&'static str, String)> {
     vec![
         ("lease", format!("object.metadata.labels['{LEASE_LABEL}']")),
         ("presented", format!("object.metadata.annotations['{TOKEN_ANNOTATION}']")),
-        ("issued", "has(params.data) && variables.lease in params.data ? params.data[variables.lease] : ''".to_string()),
+        (
+            "issued",
+            "has(params.spec) && has(params.spec.tokens) && variables.lease in params.spec.tokens ? params.spec.tokens[variables.lease] : -1"
+                .to_string(),
+        ),
     ]
 }
 
 /// CEL: the presented token is not newer than the lease's newest issued token.
 pub fn rule() -> String {
-    format!("variables.issued != '' && {} && int(variables.presented) <= int(variables.issued)", valid_token("variables.issued"))
+    "variables.issued >= 0 && int(variables.presented) <= variables.issued".to_string()
 }
 
 /// CEL: the denial message, starting with [`DENIAL_HEAD`].
 pub fn message() -> String {
     format!(
-        "'{DENIAL_HEAD} ' + object.metadata.namespace + '/' + variables.lease + ' presented=' + variables.presented + ' issued=' + (variables.issued == '' ? 'none' : variables.issued) + ': token ' + variables.presented + ' is newer than the newest token of lease ' + object.metadata.namespace + '/' + variables.lease + ' the API server has seen issued (ConfigMap {PARAMS_NAME}): it was never issued, or it was granted a moment ago and the cache has not seen it yet (retry)'"
+        "'{DENIAL_HEAD} ' + object.metadata.namespace + '/' + variables.lease + ' presented=' + variables.presented + ' issued=' + (variables.issued < 0 ? 'none' : string(variables.issued)) + ': token ' + variables.presented + ' is newer than the newest token of lease ' + object.metadata.namespace + '/' + variables.lease + ' the API server has seen issued (LeaseTokens {PARAMS_NAME}): it was never issued, or it was granted a moment ago and the cache has not seen it yet (retry)'"
     )
 }
 
@@ -99,6 +108,16 @@ pub struct PolicyDenial {
     /// The issued token the API server's parameter cache held (`None`: the lease was not in it).
     pub issued: Option<Token>,
 }
+
+/// Whether `status` is the API server's denial of a fast-path write for want of the namespace's
+/// parameters (the policy path's binding, `parameterNotFoundAction: Deny`). The API server
+/// answers it with a fixed message and no details, so that message is what identifies it.
+pub fn params_missing(status: &kube::core::Status) -> bool {
+    status.code == 422 && status.message.contains(PARAMS_MISSING) && status.message.contains(&format!("{POLICY_SUFFIX}' with binding"))
+}
+
+/// How the names of the policy path's policy and binding end (`<registration>-policy-path`).
+pub const POLICY_SUFFIX: &str = "-policy-path";
 
 impl PolicyDenial {
     /// The policy's denial in `status`, or `None` when it is something else.

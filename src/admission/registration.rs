@@ -24,6 +24,7 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
 
 use super::leader::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, IdentityRule, LEADER_LEASE_LABEL};
 use super::policy_path;
+use super::writer::WRITERS_ANNOTATION;
 use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
 
 /// Name of the webhook inside the configuration; the API server quotes it in every denial:
@@ -229,7 +230,7 @@ impl Registration {
     }
 
     fn policy_path_name(&self) -> String {
-        format!("{}-policy-path", self.name)
+        format!("{}{}", self.name, policy_path::POLICY_SUFFIX)
     }
 
     fn params_policy_name(&self) -> String {
@@ -238,8 +239,9 @@ impl Registration {
 
     /// The policy path's policy (`super::policy_path`): UPDATEs of guarded objects that present
     /// a token greater than the recorded one are judged `presented <= issued` against the
-    /// namespace's parameter ConfigMap; its binding reads that ConfigMap from the namespace of
-    /// the object (paramRef with a name and no namespace), and denies when it is absent. Pure.
+    /// namespace's `LeaseTokens`; its binding reads that object from the namespace of the object
+    /// under admission (paramRef with a name and no namespace), and denies when it is absent
+    /// (the client library retries that answer: `policy_path::params_missing`). Pure.
     pub fn policy_path_policy(&self) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
         let variables: Vec<serde_json::Value> = policy_path::variables()
             .into_iter()
@@ -249,7 +251,7 @@ impl Registration {
             &self.policy_path_name(),
             serde_json::json!({
                 "failurePolicy": "Fail",
-                "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+                "paramKind": {"apiVersion": format!("{}/v1alpha1", crate::api::GROUP), "kind": "LeaseTokens"},
                 "matchConstraints": {
                     "resourceRules": [{
                         "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "operations": ["UPDATE"], "scope": "Namespaced",
@@ -272,8 +274,10 @@ impl Registration {
     }
 
     /// The policy that lets only `writers` (and the namespace controller and garbage collector,
-    /// which delete what a namespace holds) write the policy path's parameter ConfigMaps: a
-    /// forged issued token would admit forged tokens. Pure.
+    /// which delete what a namespace holds) write the policy path's parameters (`LeaseTokens`, a
+    /// kind workers have no RBAC on; this guards it from anyone RBAC lets write it): a forged
+    /// issued token would admit forged tokens. Every object of the kind, every write: a rule by
+    /// name would miss the items of a `deletecollection`, which are admitted without one. Pure.
     pub fn params_policy(&self, writers: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
         let mut allowed = writers.to_vec();
         allowed.extend(crate::admission::decision::DEFAULT_EXEMPT.map(String::from));
@@ -281,15 +285,12 @@ impl Registration {
             &self.params_policy_name(),
             serde_json::json!({
                 "failurePolicy": "Fail",
-                // By name in the rule, not by a match condition: the API server then evaluates no
-                // CEL for the writes of every other ConfigMap.
                 "matchConstraints": {"resourceRules": [{
-                    "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"], "operations": ["CREATE", "UPDATE", "DELETE"],
-                    "resourceNames": [policy_path::PARAMS_NAME],
+                    "apiGroups": [crate::api::GROUP], "apiVersions": ["*"], "resources": ["leasetokens"], "operations": ["CREATE", "UPDATE", "DELETE"],
                 }]},
                 "validations": [{
                     "expression": requester_in(&allowed),
-                    "messageExpression": format!("'ConfigMap {} holds the issued fencing tokens the API server judges writes by: only the kube-fence controller writes it; ' + request.userInfo.username + ' may not'", policy_path::PARAMS_NAME),
+                    "messageExpression": "'LeaseTokens hold the issued fencing tokens the API server judges writes by: only the kube-fence controller writes them; ' + request.userInfo.username + ' may not'",
                     "reason": "Forbidden",
                 }],
             }),
@@ -355,7 +356,7 @@ impl Registration {
             serde_json::json!({
                 "failurePolicy": "Fail",
                 "matchConstraints": {"resourceRules": [{
-                    "apiGroups": ["coordination.k8s.io"], "apiVersions": ["*"], "resources": ["leases"], "operations": ["CREATE", "UPDATE"],
+                    "apiGroups": ["coordination.k8s.io"], "apiVersions": ["*"], "resources": ["leases"], "operations": ["CREATE", "UPDATE", "DELETE"],
                 }]},
                 "matchConditions": [
                     {"name": "holder-bound", "expression": holder_bound(&self.leader_leases)},
@@ -366,6 +367,7 @@ impl Registration {
                     {"expression": HOLDER_CLAIM_RULE, "messageExpression": holder_claim_message(&self.leader_identity), "reason": "Forbidden"},
                     {"expression": HOLDER_RELEASE_RULE, "messageExpression": HOLDER_RELEASE_MESSAGE, "reason": "Forbidden"},
                     {"expression": holder_label_kept(), "messageExpression": HOLDER_LABEL_MESSAGE, "reason": "Forbidden"},
+                    {"expression": writers_kept(), "messageExpression": WRITERS_MESSAGE, "reason": "Forbidden"},
                 ],
             }),
         )
@@ -404,6 +406,24 @@ impl Registration {
         Ok(())
     }
 
+    /// Removes the policy path's policy and its parameter guard, with their bindings (a process
+    /// that runs without it, after one that ran with it and crashed); absent is fine. Call it
+    /// after the webhook configuration without the skip condition is applied, so no write is
+    /// skipped by the webhook once the policy is gone.
+    pub async fn remove_policy_path(&self, client: &kube::Client) -> Result<(), kube::Error> {
+        fn gone<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+            match result {
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                other => other.map(|_| ()),
+            }
+        }
+        for name in [self.policy_path_name(), self.params_policy_name()] {
+            gone(Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).delete(&name, &DeleteParams::default()).await)?;
+            gone(Api::<ValidatingAdmissionPolicy>::all(client.clone()).delete(&name, &DeleteParams::default()).await)?;
+        }
+        Ok(())
+    }
+
     /// Creates or updates the webhook configuration (server-side apply, one field manager).
     pub async fn apply(&self, client: &kube::Client) -> Result<ValidatingWebhookConfiguration, kube::Error> {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
@@ -420,6 +440,8 @@ impl Registration {
             }
         }
         gone(Api::<ValidatingWebhookConfiguration>::all(client.clone()).delete(&self.name, &DeleteParams::default()).await)?;
+        let writers = super::writer_routing::configuration_name(&self.name);
+        gone(Api::<ValidatingWebhookConfiguration>::all(client.clone()).delete(&writers, &DeleteParams::default()).await)?;
         for name in [
             self.status_policy_name(),
             self.identity_policy_name(),
@@ -478,7 +500,7 @@ pub fn requester_in(names: &[String]) -> String {
 pub const IDENTITY_VARIABLES: [(&str, &str); 5] = [
     (
         "me",
-        "object.spec.identity == 'Pod' ? ((has(request.userInfo.extra) && 'authentication.kubernetes.io/pod-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/pod-name']) > 0) ? request.userInfo.extra['authentication.kubernetes.io/pod-name'][0] : '') : request.userInfo.username",
+        "object.spec.identity == 'Pod' ? ((request.userInfo.username.startsWith('system:serviceaccount:' + request.namespace + ':') && has(request.userInfo.extra) && 'authentication.kubernetes.io/pod-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/pod-name']) > 0) ? request.userInfo.extra['authentication.kubernetes.io/pod-name'][0] : '') : request.userInfo.username",
     ),
     ("newHolder", "has(object.spec.holder) ? object.spec.holder : ''"),
     ("oldHolder", "oldObject != null && has(oldObject.spec) && has(oldObject.spec.holder) ? oldObject.spec.holder : ''"),
@@ -490,7 +512,7 @@ pub const IDENTITY_VARIABLES: [(&str, &str); 5] = [
 ];
 /// A claim or a renewal (holder set, and holder or heartbeat changed) names the requester.
 pub const IDENTITY_CLAIM_RULE: &str = "variables.newHolder == '' || (variables.newHolder == variables.oldHolder && variables.newBeat == variables.oldBeat) || variables.newHolder == variables.me";
-pub const IDENTITY_CLAIM_MESSAGE: &str = "'lease ' + object.metadata.name + ' binds its holder to the requester (spec.identity ' + object.spec.identity + '): ' + (variables.me == '' ? 'the request carries no Pod identity (use the Pod\\'s own ServiceAccount token)' : variables.me + ' may claim or renew it only as ' + variables.me + ', not as ' + variables.newHolder)";
+pub const IDENTITY_CLAIM_MESSAGE: &str = "'lease ' + object.metadata.name + ' binds its holder to the requester (spec.identity ' + object.spec.identity + '): ' + (variables.me == '' ? 'the request carries no Pod identity of namespace ' + request.namespace + ' (a Pod of another namespace is none; use the Pod\\'s own ServiceAccount token)' : variables.me + ' may claim or renew it only as ' + variables.me + ', not as ' + variables.newHolder)";
 /// A release (holder cleared) is made by the holder itself.
 pub const IDENTITY_RELEASE_RULE: &str = "variables.oldHolder == '' || variables.newHolder != '' || variables.oldHolder == variables.me";
 pub const IDENTITY_RELEASE_MESSAGE: &str = "'lease ' + object.metadata.name + ' is released only by its holder ' + variables.oldHolder + ' (spec.identity ' + object.spec.identity + '), not by ' + (variables.me == '' ? request.userInfo.username : variables.me)";
@@ -506,12 +528,26 @@ fn holder_labelled(obj: &str) -> String {
 /// the write) or by name.
 pub fn holder_bound(names: &[String]) -> String {
     let quoted: Vec<String> = names.iter().map(|n| format!("'{}'", n.replace('\\', "\\\\").replace('\'', "\\'"))).collect();
-    format!("{} || {} || object.metadata.name in [{}]", holder_labelled("object"), holder_labelled("oldObject"), quoted.join(", "))
+    format!("{} || {} || request.name in [{}]", holder_labelled("object"), holder_labelled("oldObject"), quoted.join(", "))
 }
 
 /// The opt-in label is removed only by an admin (else a worker could drop the binding first).
+/// Deleting the Lease is judged like a release ([`HOLDER_RELEASE_RULE`]).
 pub fn holder_label_kept() -> String {
-    format!("!{} || {}", holder_labelled("oldObject"), holder_labelled("object"))
+    format!("request.operation == 'DELETE' || !{} || {}", holder_labelled("oldObject"), holder_labelled("object"))
+}
+
+/// CEL: the `kubefence.io/writers` annotation of `obj` (`''` when absent).
+fn writers_of(obj: &str) -> String {
+    format!(
+        "(has({obj}.metadata.annotations) && '{WRITERS_ANNOTATION}' in {obj}.metadata.annotations ? {obj}.metadata.annotations['{WRITERS_ANNOTATION}'] : '')"
+    )
+}
+
+/// The writers opt-in (`kubefence.io/writers`) is changed only by the Lease's holder (or an
+/// admin, who is not judged): else a fenced writer's replica could drop the opt-in and write.
+pub fn writers_kept() -> String {
+    format!("oldObject == null || object == null || {} == {} || variables.oldIsMe", writers_of("oldObject"), writers_of("object"))
 }
 
 /// The holder policy's variables: the requesting Pod (`''` without a Pod-bound token), the
@@ -520,9 +556,9 @@ pub fn holder_variables(identity: &IdentityRule) -> [(&'static str, String); 5] 
     [
         (
             "me",
-            "(has(request.userInfo.extra) && 'authentication.kubernetes.io/pod-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/pod-name']) > 0) ? request.userInfo.extra['authentication.kubernetes.io/pod-name'][0] : ''".into(),
+            "(request.userInfo.username.startsWith('system:serviceaccount:' + request.namespace + ':') && has(request.userInfo.extra) && 'authentication.kubernetes.io/pod-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/pod-name']) > 0) ? request.userInfo.extra['authentication.kubernetes.io/pod-name'][0] : ''".into(),
         ),
-        ("newHolder", "has(object.spec) && has(object.spec.holderIdentity) ? object.spec.holderIdentity : ''".into()),
+        ("newHolder", "object != null && has(object.spec) && has(object.spec.holderIdentity) ? object.spec.holderIdentity : ''".into()),
         ("oldHolder", "oldObject != null && has(oldObject.spec) && has(oldObject.spec.holderIdentity) ? oldObject.spec.holderIdentity : ''".into()),
         ("newIsMe", names_me(identity, "variables.newHolder")),
         ("oldIsMe", names_me(identity, "variables.oldHolder")),
@@ -556,14 +592,17 @@ pub fn holder_claim_message(identity: &IdentityRule) -> String {
         Some(separator) => format!("variables.me + ' or ' + variables.me + {}", cel_string(&format!("{separator}<suffix>"))),
     };
     format!(
-        "'Lease ' + object.metadata.name + ' binds its holderIdentity to the requesting Pod: ' + (variables.me == '' ? 'the request carries no Pod identity (use the Pod\\'s own ServiceAccount token)' : 'Pod ' + variables.me + ' may hold it only as ' + {forms} + ', not as ' + variables.newHolder)"
+        "'Lease ' + request.name + ' binds its holderIdentity to the requesting Pod: ' + (variables.me == '' ? 'the request carries no Pod identity of namespace ' + request.namespace + ' (a Pod of another namespace is none; use the Pod\\'s own ServiceAccount token)' : 'Pod ' + variables.me + ' may hold it only as ' + {forms} + ', not as ' + variables.newHolder)"
     )
 }
 /// Clearing the holder (client-go's ReleaseOnCancel) is done by the holder itself.
-pub const HOLDER_RELEASE_RULE: &str = "variables.oldHolder == '' || variables.newHolder != '' || variables.oldIsMe";
-pub const HOLDER_RELEASE_MESSAGE: &str = "'Lease ' + object.metadata.name + ' is released only by its holder ' + variables.oldHolder + ', not by ' + (variables.me == '' ? request.userInfo.username : 'Pod ' + variables.me)";
-pub const HOLDER_LABEL_MESSAGE: &str =
-    "'the kubefence.io/holder-identity label of Lease ' + object.metadata.name + ' is removed only by an admin'";
+/// Deleting the Lease is a release too (else a non-holder could delete it and create it again
+/// without the opt-in label), except by the namespace controller and the garbage collector,
+/// which delete what a deleted namespace or owner leaves.
+pub const HOLDER_RELEASE_RULE: &str = "variables.oldHolder == '' || variables.newHolder != '' || variables.oldIsMe || (request.operation == 'DELETE' && request.userInfo.username in ['system:serviceaccount:kube-system:generic-garbage-collector', 'system:serviceaccount:kube-system:namespace-controller'])";
+pub const HOLDER_RELEASE_MESSAGE: &str = "'Lease ' + request.name + ' is ' + (request.operation == 'DELETE' ? 'deleted' : 'released') + ' only by its holder ' + variables.oldHolder + ', not by ' + (variables.me == '' ? request.userInfo.username : 'Pod ' + variables.me)";
+pub const HOLDER_LABEL_MESSAGE: &str = "'the kubefence.io/holder-identity label of Lease ' + request.name + ' is removed only by an admin'";
+pub const WRITERS_MESSAGE: &str = "'the kubefence.io/writers annotation of Lease ' + request.name + ' (the ServiceAccounts fenced by it) is changed only by its holder ' + variables.oldHolder + ' or an admin, not by ' + (variables.me == '' ? request.userInfo.username : 'Pod ' + variables.me)";
 
 /// The lease-status policy's message.
 pub const STATUS_WRITER_MESSAGE: &str = "'the status of a kube-fence Lease (where fencing tokens are issued) is written only by the kube-fence controller; ' + request.userInfo.username + ' may not write it'";
@@ -631,10 +670,11 @@ mod tests {
         assert_eq!(rule["apiGroups"], serde_json::json!(["coordination.k8s.io"]));
         assert_eq!(rule["resources"], serde_json::json!(["leases"]));
         let bound = policy["spec"]["matchConditions"][0]["expression"].as_str().unwrap_or_default();
-        assert!(bound.ends_with("object.metadata.name in ['my-operator']"), "{bound}");
+        assert!(bound.ends_with("request.name in ['my-operator']"), "{bound} (a DELETE has no object)");
         assert!(bound.contains("'kubefence.io/holder-identity' in object.metadata.labels"), "{bound}");
         assert_eq!(policy["spec"]["matchConditions"][1]["expression"], "!(request.userInfo.username in ['admin'])");
-        assert_eq!(policy["spec"]["validations"].as_array().map(Vec::len), Some(3));
+        assert_eq!(rule["operations"], serde_json::json!(["CREATE", "UPDATE", "DELETE"]), "deleting is judged like releasing");
+        assert_eq!(policy["spec"]["validations"].as_array().map(Vec::len), Some(4));
     }
 
     /// The holder policy and the webhook name a Pod by one rule: the CEL for each rule, and its

@@ -11,7 +11,7 @@ use kube::core::admission::Operation as KubeOperation;
 use kube::core::{DynamicResourceScope, ObjectMeta, Resource, Status};
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 
-use super::decision::{ObjectFacts, Operation, Reason, Request, Verdict};
+use super::decision::{ObjectFacts, Operation, PodIdentity, Reason, Request, Verdict};
 use super::denial;
 use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, WRITE_ANNOTATION, WRITER_LABEL};
 
@@ -226,6 +226,10 @@ struct MetadataWire {
     annotations: Option<BTreeMap<String, String>>,
     finalizers: Option<Vec<String>>,
     deletion_timestamp: Option<Time>,
+    /// Kept as JSON text, for the digest only: a finalizer removal that also adds an owner is
+    /// not a finalizer removal (the garbage collector, which is exempt, would then delete the
+    /// object with its new owner).
+    owner_references: Option<Box<serde_json::value::RawValue>>,
 }
 
 impl<'de> serde::Deserialize<'de> for Guardable {
@@ -275,8 +279,12 @@ impl<'de> Visitor<'de> for GuardableVisitor {
                 }
             }
         }
-        let MetadataWire { name, namespace, uid, labels, annotations, finalizers, deletion_timestamp } = metadata.unwrap_or_default();
-        let content = deletion_timestamp.is_some().then(|| hasher.finish());
+        let MetadataWire { name, namespace, uid, labels, annotations, finalizers, deletion_timestamp, owner_references } =
+            metadata.unwrap_or_default();
+        let content = deletion_timestamp.is_some().then(|| {
+            owner_references.as_ref().map(|raw| raw.get()).hash(&mut hasher);
+            hasher.finish()
+        });
         let metadata = ObjectMeta { name, namespace, uid, labels, annotations, finalizers, deletion_timestamp, ..ObjectMeta::default() };
         Ok(Guardable { metadata, content })
     }
@@ -350,7 +358,7 @@ pub fn request_facts(request: &Admission<'_>) -> Request {
         old: request.old_object.as_ref().map(object_facts),
         new: request.object.as_ref().map(object_facts),
         user: request.user_info.username.as_deref().unwrap_or_default().to_string(),
-        pod: request.user_info.extra.pod.as_deref().filter(|name| !name.is_empty()).map(str::to_string),
+        pod: PodIdentity::of(request.user_info.username.as_deref().unwrap_or_default(), request.user_info.extra.pod.as_deref()),
         delete_precondition,
     }
 }
@@ -403,7 +411,7 @@ mod tests {
         assert_eq!(request.name, "we\"b");
         assert_eq!(request.kind.group, "apps");
         let facts = request_facts(&request);
-        assert_eq!(facts.pod.as_deref(), Some("worker-0"));
+        assert_eq!(facts.pod, Some(PodIdentity { namespace: "ns".into(), name: "worker-0".into() }));
         assert!(facts.delete_precondition);
         assert_eq!(facts.operation, Operation::Delete);
         assert_eq!(facts.user, "system:serviceaccount:ns:worker");
@@ -457,6 +465,11 @@ mod tests {
         assert_ne!(old.content, data.content, "data is content");
         let label = facts(deleting("v", &["a"], Some("x"))).new.unwrap_or_default();
         assert_ne!(old.content, label.content, "labels are content");
+        // Threat: a worker with ordinary RBAC hands the object to the garbage collector (exempt)
+        // by giving it an owner it may delete, in a write that also removes a finalizer.
+        let mut owned = deleting("v", &["a"], None);
+        owned["metadata"]["ownerReferences"] = serde_json::json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": "1"}]);
+        assert_ne!(old.content, facts(owned).new.unwrap_or_default().content, "owner references are content");
         // Not being deleted: no digest is computed.
         let body = review("CREATE", serde_json::json!({"metadata": {"name": "x"}, "data": {"k": "v"}}), serde_json::Value::Null);
         let request = decode(&body).map_err(|e| format!("{e:?}")).unwrap();

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -29,6 +29,8 @@ use super::leases::LeaseDirectory;
 pub use super::metrics::Metrics;
 use super::metrics::{LeaseReadKind, Refusal};
 use super::review::{self, Unreadable};
+use super::shared_reads::SharedReads;
+use super::writer::{self, WriterPlan};
 
 /// How long a client may take to send a request's headers (also the first request's).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -52,6 +54,8 @@ pub struct Webhook {
     pub events: Option<RejectionEvents>,
     /// Bytes of request bodies that may be in flight.
     pub body_budget: Arc<Semaphore>,
+    /// Quorum reads of opted-in Leases, shared by the writes waiting for them.
+    pub writer_reads: Arc<SharedReads<(String, String), Result<writer::WriterQuorum, String>>>,
 }
 
 impl Webhook {
@@ -62,7 +66,15 @@ impl Webhook {
         metrics: Metrics,
         events: Option<RejectionEvents>,
     ) -> Webhook {
-        Webhook { exempt, identity, leases, metrics, events, body_budget: Arc::new(Semaphore::new(BODY_BUDGET_BYTES)) }
+        Webhook {
+            exempt,
+            identity,
+            leases,
+            metrics,
+            events,
+            body_budget: Arc::new(Semaphore::new(BODY_BUDGET_BYTES)),
+            writer_reads: Arc::default(),
+        }
     }
 
     /// Judges one request: by the leader-election Lease it is bound to, if any
@@ -78,6 +90,36 @@ impl Webhook {
         }
         let by_token = self.judge_by_token(req).await;
         if by_token.reason() == Reason::Unguarded { by_holder } else { by_token }
+    }
+
+    /// Judges one request sent by the writer webhook of opted-in Lease `lease` (`super::writer`).
+    pub async fn judge_writer(&self, req: &decision::Request, lease: decision::LeaseRef<'_>) -> Verdict {
+        match writer::plan(req, lease, &self.identity) {
+            WriterPlan::Done(verdict) => verdict,
+            WriterPlan::Quorum(read) => {
+                let lease = read.lease();
+                // Concurrent writes of one controller share the next quorum read of its Lease.
+                let key = (lease.namespace.to_string(), lease.name.to_string());
+                let (client, metrics, (namespace, name)) = (self.leases.client(), self.metrics.clone(), key.clone());
+                let fresh = self
+                    .writer_reads
+                    .read(key, move || async move {
+                        metrics.lease_read(LeaseReadKind::Linearizable);
+                        writer::read_lease(client, decision::LeaseRef { namespace: &namespace, name: &name })
+                            .await
+                            .map_err(|e| e.to_string())
+                    })
+                    .await;
+                match fresh {
+                    Ok(fresh) => read.judge(fresh),
+                    Err(err) => Verdict::deny(
+                        500,
+                        Reason::LeaseReadFailed,
+                        format!("cannot read leader-election Lease {lease} (failing closed): {err}"),
+                    ),
+                }
+            }
+        }
     }
 
     async fn judge_by_holder(&self, read: HolderRead<'_>) -> Verdict {
@@ -117,7 +159,30 @@ impl Webhook {
     }
 }
 
+/// Which guard a review is sent for: guarded objects (`/validate`), or an opted-in writer
+/// (`/writer/<namespace>/<name>`, `super::writer`).
+enum Guard {
+    Objects,
+    Writer { namespace: String, name: String },
+}
+
 async fn validate(State(webhook): State<Arc<Webhook>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, request: Request) -> Response {
+    review_for(webhook, peer, request, Guard::Objects).await
+}
+
+async fn validate_writer(
+    State(webhook): State<Arc<Webhook>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path((namespace, name)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    if writer::lease_of_path(&namespace, &name).is_none() {
+        return (StatusCode::NOT_FOUND, format!("{}/{namespace}/{name} names no Lease\n", writer::PATH_PREFIX)).into_response();
+    }
+    review_for(webhook, peer, request, Guard::Writer { namespace, name }).await
+}
+
+async fn review_for(webhook: Arc<Webhook>, peer: SocketAddr, request: Request, guard: Guard) -> Response {
     let started = Instant::now();
     let refuse = |refusal: Refusal, status: StatusCode, message: String| {
         webhook.metrics.refused(refusal);
@@ -164,7 +229,11 @@ async fn validate(State(webhook): State<Arc<Webhook>>, ConnectInfo(peer): Connec
             return json(review::malformed(&uid, &message).to_vec());
         }
     };
-    let verdict = webhook.judge(&review::request_facts(&request)).await;
+    let facts = review::request_facts(&request);
+    let verdict = match &guard {
+        Guard::Objects => webhook.judge(&facts).await,
+        Guard::Writer { namespace, name } => webhook.judge_writer(&facts, decision::LeaseRef { namespace, name }).await,
+    };
     let answer = review::response(&request, &verdict).to_vec();
     webhook.metrics.decided(&verdict, started.elapsed().as_secs_f64());
     let (kind, ns, name) = (request.kind.kind.as_ref(), request.namespace.as_deref().unwrap_or(""), request.name.as_ref());
@@ -177,9 +246,11 @@ async fn validate(State(webhook): State<Arc<Webhook>>, ConnectInfo(peer): Connec
         }
         Verdict::Deny { code, reason, message, .. } => {
             tracing::info!(kind, ns, name, sub, user, ?op, code, %reason, message, %peer, "denied");
-            if let Some(events) = &webhook.events
-                && !events.publish(peer.ip(), &request, *reason, message)
-            {
+            let published = webhook.events.as_ref().map(|events| match &guard {
+                Guard::Objects => events.publish(peer.ip(), &request, *reason, message),
+                Guard::Writer { namespace, name } => events.publish_on_lease(peer.ip(), namespace, name, &request, *reason, message),
+            });
+            if published == Some(false) {
                 webhook.metrics.events_suppressed.inc();
             }
         }
@@ -197,6 +268,7 @@ pub fn router(webhook: Arc<Webhook>, registry: Arc<Registry>) -> Router {
     let ready = webhook.clone();
     Router::new()
         .route(super::registration::PATH, post(validate))
+        .route(&format!("{}/{{namespace}}/{{name}}", writer::PATH_PREFIX), post(validate_writer))
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/readyz",

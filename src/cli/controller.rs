@@ -33,8 +33,9 @@ pub struct ControllerArgs {
     /// name and process id).
     #[arg(long)]
     pub identity: Option<String>,
-    /// Keep the policy path's parameters: one ConfigMap kube-fence-tokens per namespace with
-    /// leases, mapping each lease to its newest issued token (see `kube-fence run --policy-path`).
+    /// Keep the policy path's parameters: one LeaseTokens kube-fence-tokens per namespace with
+    /// leases, mapping each lease to its newest issued token, none elsewhere (see `kube-fence
+    /// run --policy-path`).
     #[arg(long, env = "KUBE_FENCE_POLICY_PATH")]
     pub policy_path: bool,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]

@@ -57,9 +57,10 @@ pub struct RunArgs {
 
     /// The policy path: the API server judges UPDATEs of guarded objects that present a fresh
     /// token itself (a ValidatingAdmissionPolicy, no webhook call) and the webhook skips them.
-    /// The controller keeps its parameters (one ConfigMap kube-fence-tokens per namespace with
+    /// The controller keeps its parameters (one LeaseTokens kube-fence-tokens per namespace with
     /// leases); with --local the policy and the webhook's skip condition are registered too (on
-    /// a cluster the chart's `policyPath.enabled` renders them).
+    /// a cluster the chart's `policyPath.enabled` renders them), and without it a policy left by
+    /// an earlier --local run with it is removed.
     #[arg(long, env = "KUBE_FENCE_POLICY_PATH")]
     pub policy_path: bool,
 
@@ -115,7 +116,7 @@ async fn local(
 ) -> Result<(), Error> {
     let mut options = LocalOptions::new(args.local_configuration.clone());
     options.port = args.local_port.unwrap_or(0);
-    options.exempt = Exemptions::new(args.webhook.exempt.clone());
+    options.exempt = Exemptions::new(args.webhook.exempt.clone()).with_label_admins(args.webhook.lease_admins.clone());
     options.only_namespaces = args.watch_namespace.clone().map(|ns| vec![ns]);
     options.policy_path = args.policy_path;
     options.leader_identity = args.webhook.leader_identity.clone();

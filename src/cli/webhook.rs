@@ -70,6 +70,13 @@ pub struct WebhookArgs {
     #[arg(long = "exempt", value_name = "USER", default_values_t = DEFAULT_EXEMPT.map(String::from))]
     pub exempt: Vec<String>,
 
+    /// Users that may add or remove the kubefence.io/leader-lease label of an object (opting
+    /// existing objects in, as Helm or an operator would), besides the Lease's holder Pod; every
+    /// other write of a leader-bound object stays the holder's (repeat the flag; chart value
+    /// leaseAdmins, which the holder policy exempts too).
+    #[arg(long = "lease-admin", value_name = "USER")]
+    pub lease_admins: Vec<String>,
+
     /// How the holderIdentity of a client-go leader-election Lease names a Pod (objects labelled
     /// kubefence.io/leader-lease are written only by the holder's Pod): the Pod's name, or the
     /// Pod's name, SEP and anything (client-go's usual <hostname>_<uuid>). `none`: the Pod's name
@@ -151,10 +158,16 @@ pub async fn serve(
         _ => return Err(Error::ChooseTls),
     };
     let listener = std::net::TcpListener::bind(args.addr).map_err(|source| Error::Listen { addr: args.addr, source })?;
+    // The writer webhooks (ServiceAccounts opted in on their leader-election Lease) call this
+    // server too; every replica keeps their configuration in step, with the same content.
+    spawn_until(
+        crate::admission::writer_routing::keep_in_step(client.clone(), args.webhook_configuration.clone(), None, 5, std::future::pending()),
+        shutdown.clone(),
+    );
     let (leases, cache) = LeaseDirectory::new(client);
     spawn_until(cache, shutdown.clone());
     tracing::info!(addr = %args.addr, exempt = ?args.exempt, leader_identity_separator = %args.leader_identity, "fencing webhook serving");
-    let exempt = Exemptions::new(args.exempt);
+    let exempt = Exemptions::new(args.exempt).with_label_admins(args.lease_admins);
     server::run(leases, listener, tls, exempt, args.leader_identity, metrics, registry, shutdown.cancelled_owned())
         .await
         .map_err(|source| Error::ServeWebhook { source })

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use super::{Error, Grant};
 use crate::admission::decision::Reason;
 use crate::admission::denial::Denial;
-use crate::admission::policy_path::PolicyDenial;
+use crate::admission::policy_path::{PolicyDenial, params_missing};
 use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token, WRITE_ANNOTATION};
 
 /// Stamps `obj` with the grant's lease label and token annotation.
@@ -47,9 +47,10 @@ pub fn write_id() -> String {
 pub const UNSEEN_TOKEN_BUDGET: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Runs `write` and, while the policy path denies it because the API server's parameter cache
-/// has not seen its token yet, runs it again (25 ms, doubling to 400 ms, for at most
-/// [`UNSEEN_TOKEN_BUDGET`]). The same request each time: admitted later is what admitted now
-/// would have been. Any other outcome is returned as it is.
+/// has not seen its token yet — or has no parameters for the namespace yet (they are written
+/// after the namespace's first Lease, and re-created at once when deleted) — runs it again
+/// (25 ms, doubling to 400 ms, for at most [`UNSEEN_TOKEN_BUDGET`]). The same request each time:
+/// admitted later is what admitted now would have been. Any other outcome is returned as it is.
 pub async fn retry_unseen_token<T, F, Fut>(mut write: F) -> Result<T, kube::Error>
 where
     F: FnMut() -> Fut,
@@ -60,7 +61,8 @@ where
     loop {
         match write().await {
             Err(kube::Error::Api(status))
-                if PolicyDenial::from_status(&status).is_some() && tokio::time::Instant::now() + pause < deadline =>
+                if (PolicyDenial::from_status(&status).is_some() || params_missing(&status))
+                    && tokio::time::Instant::now() + pause < deadline =>
             {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(std::time::Duration::from_millis(400));
@@ -84,6 +86,19 @@ fn classify(err: kube::Error) -> Error {
             lease: Some(denied.lease),
             presented: denied.presented,
             recorded: denied.issued,
+            holder: None,
+            requester: None,
+        });
+    }
+    if params_missing(status) {
+        // The namespace has no parameters (no Lease has issued a token there), after
+        // [`retry_unseen_token`].
+        return Error::Fenced(Denial {
+            code: status.code,
+            reason: Reason::TokenNotIssued,
+            lease: None,
+            presented: None,
+            recorded: None,
             holder: None,
             requester: None,
         });
@@ -388,6 +403,30 @@ mod tests {
                 if l == "ns/l" && *p == t(9) && *r == t(7)),
             "{err:?}"
         );
+    }
+
+    /// The API server's answer when the namespace has no parameters (its message, as
+    /// kube-apiserver words it).
+    const PARAMS_MISSING_MESSAGE: &str = "ValidatingAdmissionPolicy 'kf-policy-path' with binding 'kf-policy-path' denied request: failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction";
+
+    #[test]
+    fn missing_parameters_are_a_typed_token_not_issued() {
+        let err = classify(status(422, "Invalid", PARAMS_MISSING_MESSAGE));
+        assert!(matches!(&err, Error::Fenced(Denial { reason: Reason::TokenNotIssued, code: 422, lease: None, .. })), "{err:?}");
+        // Another policy's missing parameters are not the policy path's.
+        let other = PARAMS_MISSING_MESSAGE.replace("kf-policy-path", "someone-else");
+        assert!(matches!(classify(status(422, "Invalid", &other)), Error::Kube(_)));
+    }
+
+    #[tokio::test]
+    async fn missing_parameters_are_retried() {
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let admitted = retry_unseen_token(|| {
+            let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move { if n < 2 { Err(status(422, "Invalid", PARAMS_MISSING_MESSAGE)) } else { Ok(n) } }
+        })
+        .await;
+        assert_eq!(admitted.ok(), Some(2));
     }
 
     #[tokio::test]

@@ -64,14 +64,17 @@ pub async fn grant_worker_rbac(admin: &Client, ns: &str, user: &str) {
 }
 
 /// Pods `names` running as ServiceAccount `service_account` in `ns`. Nothing needs to run them:
-/// a Pod-bound token needs only the Pod object.
+/// a Pod-bound token needs only the Pod object. A scheduling gate nobody lifts keeps them off
+/// every node, so on a cluster with nodes (the node suite, kind) no kubelet tries to pull their
+/// image, which no registry serves.
 pub async fn pods_of(admin: &Client, ns: &str, service_account: &str, names: &[&str]) -> Vec<k8s_openapi::api::core::v1::Pod> {
     use k8s_openapi::api::core::v1::Pod;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
     let mut made = Vec::new();
     for name in names {
         let pod: Pod = serde_json::from_value(serde_json::json!({"metadata": {"name": name},
-            "spec": {"serviceAccountName": service_account, "containers": [{"name": "c", "image": "registry.invalid/none"}]}}))
+            "spec": {"serviceAccountName": service_account, "schedulingGates": [{"name": "kubefence.io/never-run"}],
+                     "containers": [{"name": "c", "image": "registry.invalid/none"}]}}))
         .expect("a Pod from a literal");
         made.push(pods.create(&kube::api::PostParams::default(), &pod).await.expect("create the Pod"));
     }

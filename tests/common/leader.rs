@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -25,6 +25,16 @@ pub const LEASE: &str = "ctl";
 pub const CONFIGMAP: &str = "state";
 /// The guarded Widget whose `/status` the leader writes.
 pub const WIDGET: &str = "w";
+
+/// The label of the ConfigMaps the leader creates, one per write, with `CREATE_OBJECTS=1`: no
+/// kube-fence label (only its writer opt-in fences them).
+pub const MADE_LABEL: &str = "leader-go/made";
+/// The logical object all of them are, for the history checker: a create of a stale leader after
+/// one of its successor is a stale write like any other.
+pub const MADE: &str = "configmaps/made";
+/// The annotation of the Namespace (a cluster-scoped object) the leader writes, with
+/// `PATCH_NAMESPACE=1`.
+pub const NAMESPACE_WRITER: &str = "leader-go/writer";
 
 pub const WIDGET_CRD: &str = include_str!("../../examples/leader-go/widget-crd.yaml");
 
@@ -158,9 +168,7 @@ impl Run {
     /// write accepted, every accepted write by a holder the watch saw, each cycle's writes
     /// watched, and some resumed leader's pending write refused.
     pub fn check(&self, what: &str, seen: &Seen, accepted: usize) {
-        let (history, unmatched) = observations(seen);
-        // Every write under one grant carries that grant's token: equal tokens are the same leader.
-        let violations = kube_fence::history::check(&history, |_| true);
+        let (violations, unmatched) = violations(seen);
         let (cycles, refused) = (self.cycles, &self.refused);
         let with_refusals = refused.iter().filter(|r| **r > 0).count();
         println!(
@@ -214,8 +222,23 @@ pub fn record(client: &Client, ns: &str, widgets: &ApiResource, seen: Arc<Mutex<
             (rv(&w.metadata), Some(format!("widget/{WIDGET}")), writer, 0)
         })
     });
+    let made = watcher(Api::<ConfigMap>::namespaced(client.clone(), ns), watcher::Config::default().labels(&format!("{MADE_LABEL}=true")))
+        .applied_objects()
+        .map(move |c| {
+            c.map(|c: ConfigMap| {
+                let writer = c.data.as_ref().and_then(|d| d.get("writer")).cloned().unwrap_or_default();
+                (rv(&c.metadata), Some(MADE.to_string()), writer, 0)
+            })
+        });
+    let namespace = format!("namespace/{ns}");
+    let nss = watcher(Api::<Namespace>::all(client.clone()), by_name(ns)).applied_objects().map(move |n| {
+        n.map(|n: Namespace| {
+            let writer = n.metadata.annotations.as_ref().and_then(|a| a.get(NAMESPACE_WRITER)).cloned().unwrap_or_default();
+            (rv(&n.metadata), Some(namespace.clone()), writer, 0)
+        })
+    });
     tokio::spawn(async move {
-        let mut all = futures::stream::select_all([leases.boxed(), cms.boxed(), ws.boxed()]);
+        let mut all = futures::stream::select_all([leases.boxed(), cms.boxed(), ws.boxed(), made.boxed(), nss.boxed()]);
         while let Some(event) = all.next().await {
             let Ok((rv, object, who, transitions)) = event else { continue };
             let mut seen = seen.lock().expect("seen");
@@ -226,6 +249,31 @@ pub fn record(client: &Client, ns: &str, widgets: &ApiResource, seen: Arc<Mutex<
             }
         }
     })
+}
+
+/// The stale writes the history checker finds in what the watch saw, and the writes whose writer
+/// held no grant the watch saw (none are expected).
+pub fn violations(seen: &Seen) -> (Vec<kube_fence::history::Violation>, usize) {
+    let (history, unmatched) = observations(seen);
+    // Every write under one grant carries that grant's token: equal tokens are the same leader.
+    (kube_fence::history::check(&history, |_| true), unmatched)
+}
+
+/// Lets ServiceAccount `account` of `ns` patch the Namespace `ns` itself (a cluster-scoped
+/// write), as a controller that annotates its namespace may.
+pub async fn may_patch_namespace(admin: &Client, ns: &str, account: &str) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let pp = PatchParams::apply("kube-fence-tests").force();
+    let name = format!("{account}-{ns}");
+    let role: ClusterRole = serde_json::from_value(json!({"metadata": {"name": name},
+        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": [ns], "verbs": ["get", "patch"]}]}))
+    .expect("a literal");
+    Api::<ClusterRole>::all(admin.clone()).patch(&name, &pp, &Patch::Apply(&role)).await.expect("cluster role");
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}]}))
+    .expect("a literal");
+    Api::<ClusterRoleBinding>::all(admin.clone()).patch(&name, &pp, &Patch::Apply(&binding)).await.expect("cluster role binding");
 }
 
 /// The history checker's view: a grant per holder (token = leaseTransitions + 1, which

@@ -22,7 +22,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::Status;
-use kube::{Client, Config, CustomResourceExt};
+use kube::{Client, Config};
 use kube_fence::admission::decision::Reason;
 use kube_fence::token::LEASE_LABEL;
 use tokio::sync::OnceCell;
@@ -52,7 +52,7 @@ pub async fn client_for(path: &Path) -> Client {
 /// Applies kube-fence's CRDs (from the Rust types) and waits until they are established.
 pub async fn install_crds(client: Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [kube_fence::api::Lease::crd()] {
+    for crd in kube_fence::api::crds() {
         let name = crd.metadata.name.clone().expect("CRD has a name");
         crds.patch(&name, &PatchParams::apply("kube-fence-tests").force(), &Patch::Apply(&crd)).await.expect("apply CRD");
         let established = kube::runtime::wait::await_condition(crds.clone(), &name, kube::runtime::wait::conditions::is_crd_established());
@@ -60,10 +60,16 @@ pub async fn install_crds(client: Client) {
     }
     // Established is not yet served: for a moment after it, requests for the new resource can
     // still get 404. Tests with short timeouts must not spend them on that.
-    let leases: Api<kube_fence::api::Lease> = Api::all(client);
+    let leases: Api<kube_fence::api::Lease> = Api::all(client.clone());
+    let tokens: Api<kube_fence::api::LeaseTokens> = Api::all(client);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while let Err(e) = leases.list(&ListParams::default().limit(1)).await {
-        assert!(Instant::now() < deadline, "the Lease resource is not served 30 s after its CRD was established: {e}");
+    while let Err(e) = async {
+        leases.list(&ListParams::default().limit(1)).await?;
+        tokens.list(&ListParams::default().limit(1)).await
+    }
+    .await
+    {
+        assert!(Instant::now() < deadline, "kube-fence's resources are not served 30 s after their CRDs were established: {e}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

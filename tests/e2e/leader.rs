@@ -30,8 +30,8 @@ const SETUP: &str = "leader-go-setup";
 /// What examples/leader-go needs, and nothing more: client-go's LeaseLock gets, creates (when
 /// absent) and updates its Lease; the program merge-patches the ConfigMap and the Widget's
 /// `/status` (no events: it sets no event recorder).
-fn least_privilege(ns: &str) -> Role {
-    serde_json::from_value(json!({
+fn least_privilege(ns: &str, everything: bool) -> Role {
+    let mut role: Role = serde_json::from_value(json!({
         "metadata": {"name": "leader-go", "namespace": ns},
         "rules": [
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE], "verbs": ["get", "update"]},
@@ -41,12 +41,19 @@ fn least_privilege(ns: &str) -> Role {
             {"apiGroups": ["example.kubefence.io"], "resources": ["widgets/status"], "resourceNames": [WIDGET], "verbs": ["patch"]},
         ]
     }))
-    .expect("a Role from a literal")
+    .expect("a Role from a literal");
+    if everything {
+        // CREATE_OBJECTS: a new ConfigMap per write (RBAC cannot restrict a create by name).
+        role.rules
+            .get_or_insert_default()
+            .push(serde_json::from_value(json!({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]})).expect("a rule"));
+    }
+    role
 }
 
 /// ServiceAccount `ctl` bound to [`least_privilege`], and [`SETUP`] allowed to create the
 /// guarded objects.
-async fn rbac(client: &Client, ns: &str) {
+async fn rbac(client: &Client, ns: &str, everything: bool) {
     let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "ctl"}})).expect("a literal");
     Api::<ServiceAccount>::namespaced(client.clone(), ns).create(&PostParams::default(), &sa).await.expect("service account");
     let setup: Role = serde_json::from_value(json!({
@@ -57,7 +64,7 @@ async fn rbac(client: &Client, ns: &str) {
     let pp = PatchParams::apply("kube-fence-tests").force();
     let roles = Api::<Role>::namespaced(client.clone(), ns);
     for (role, subject) in [
-        (least_privilege(ns), json!({"kind": "ServiceAccount", "name": "ctl", "namespace": ns})),
+        (least_privilege(ns, everything), json!({"kind": "ServiceAccount", "name": "ctl", "namespace": ns})),
         (setup, json!({"kind": "User", "name": SETUP, "apiGroup": "rbac.authorization.k8s.io"})),
     ] {
         let name = role.name_any();
@@ -70,12 +77,17 @@ async fn rbac(client: &Client, ns: &str) {
         .expect("a literal");
         Api::<RoleBinding>::namespaced(client.clone(), ns).patch(&name, &pp, &Patch::Apply(&binding)).await.expect("role binding");
     }
+    if everything {
+        // PATCH_NAMESPACE: its own Namespace, a cluster-scoped object.
+        leader::may_patch_namespace(client, ns, "ctl").await;
+    }
 }
 
 /// The Deployment: 2 replicas of the image, its Pod's name from the downward API, a 2 s Lease and
 /// a write every 100 ms.
-fn deployment(image: &str) -> Deployment {
+fn deployment(image: &str, everything: bool) -> Deployment {
     let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
+    let flag = if everything { "1" } else { "0" };
     serde_json::from_value(json!({
         "metadata": {"name": "leader-go"},
         "spec": {
@@ -98,6 +110,8 @@ fn deployment(image: &str) -> Deployment {
                             {"name": "RESOURCE", "value": WIDGET},
                             {"name": "LEASE_DURATION", "value": "2s"},
                             {"name": "WRITE_INTERVAL", "value": "100ms"},
+                            {"name": "CREATE_OBJECTS", "value": flag},
+                            {"name": "PATCH_NAMESPACE", "value": flag},
                         ],
                     }],
                 },
@@ -242,17 +256,54 @@ async fn running_pods(pods: &Api<Pod>) -> Vec<(String, String)> {
 #[tokio::test]
 #[ignore = "needs the node: hack/e2e-node.sh"]
 async fn a_paused_leader_pod_is_fenced_when_it_resumes() {
+    paused_leader_pods("e2e-leader-go", false).await;
+}
+
+/// Stale-but-honest writer, on everything it writes, on a real node: the same Deployment also
+/// creates a new unlabelled ConfigMap per write and patches its Namespace (cluster-scoped), and
+/// its ServiceAccount is opted in on its Lease (`kubefence.io/writers: ctl`); the installed
+/// kube-fence routes and judges those writes. The history checker finds no write of a paused
+/// leader committed after its successor's on any object. Cycles: LEADER_GO_CYCLES.
+#[tokio::test]
+#[ignore = "needs the node: hack/e2e-node.sh"]
+async fn a_paused_leader_pods_every_write_is_fenced_once_its_writer_opts_in() {
+    paused_leader_pods("e2e-leader-writers", true).await;
+}
+
+async fn paused_leader_pods(test: &str, everything: bool) {
     assert!(installed(), "runs against an installed kube-fence on the node (hack/e2e-node.sh sets KUBE_FENCE_E2E_INSTALLED=1)");
     let image = std::env::var("LEADER_GO_IMAGE").expect("LEADER_GO_IMAGE: the imported leader-go image (hack/e2e-node.sh)");
     let cycles: usize = std::env::var("LEADER_GO_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(3);
-    let kf = KubeFence::start("e2e-leader-go").await;
+    let kf = KubeFence::start(test).await;
     let (client, ns) = (kf.client.clone(), kf.ns.clone());
     let widgets: ApiResource = leader::install_widget_crd(&client).await;
-    rbac(&client, &ns).await;
+    rbac(&client, &ns, everything).await;
     leader::opted_in_lease(&client, &ns, LEASE).await;
+    if everything {
+        let opt_in = Patch::Merge(json!({"metadata": {"annotations": {kube_fence::admission::writer::WRITERS_ANNOTATION: "ctl"}}}));
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), &ns)
+            .patch(LEASE, &PatchParams::default(), &opt_in)
+            .await
+            .expect("opt the writer in");
+        // The installed kube-fence registers the writer webhook for the Lease.
+        let webhooks = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(client.clone());
+        let path = format!("/writer/{ns}/{LEASE}");
+        leader::until("the installed kube-fence routes the writer's writes", Duration::from_secs(60), async || {
+            webhooks.list(&ListParams::default()).await.is_ok_and(|list| {
+                list.items
+                    .iter()
+                    .flat_map(|c| c.webhooks.iter().flatten())
+                    .any(|w| w.client_config.service.as_ref().and_then(|s| s.path.as_deref()) == Some(path.as_str()))
+            })
+        })
+        .await;
+    }
     let seen = Arc::new(Mutex::new(leader::Seen::default()));
     let recorder = leader::record(&client, &ns, &widgets, seen.clone());
-    Api::<Deployment>::namespaced(client.clone(), &ns).create(&PostParams::default(), &deployment(&image)).await.expect("Deployment");
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &deployment(&image, everything))
+        .await
+        .expect("Deployment");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let mut replicas = PodReplicas(
         running_pods(&pods)
@@ -296,7 +347,11 @@ async fn a_paused_leader_pod_is_fenced_when_it_resumes() {
         assert_eq!(restarts, Some(0), "{}: the controller campaigned again in the same container", replica.pod);
     }
     let seen = std::mem::take(&mut *seen.lock().expect("seen"));
-    run.check("leader-go on the node", &seen, accepted);
+    if everything {
+        assert!(seen.writes.iter().any(|(_, o, _)| o == leader::MADE), "the watch saw the new ConfigMaps");
+        assert!(seen.writes.iter().any(|(_, o, _)| o.starts_with("namespace/")), "the watch saw the Namespace writes");
+    }
+    run.check(if everything { "leader-go writers on the node" } else { "leader-go on the node" }, &seen, accepted);
     // Its Pods would keep writing through the tests that follow.
     Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await.expect("delete the namespace");
     kf.stop().await;

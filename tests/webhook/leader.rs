@@ -57,7 +57,14 @@ pub async fn controller_pods(f: &Fixture, names: &[&str]) -> Vec<Pod> {
 }
 
 /// What client-go's LeaseLock writes when it acquires, renews or takes over: the whole spec.
-async fn elect(client: &Client, ns: &str, lease: &str, holder: &str, renew: &str, transitions: i32) -> Result<LeaderLease, kube::Error> {
+pub async fn elect(
+    client: &Client,
+    ns: &str,
+    lease: &str,
+    holder: &str,
+    renew: &str,
+    transitions: i32,
+) -> Result<LeaderLease, kube::Error> {
     let leases: Api<LeaderLease> = Api::namespaced(client.clone(), ns);
     let mut current = leases.get(lease).await?;
     current.spec = Some(
@@ -68,7 +75,7 @@ async fn elect(client: &Client, ns: &str, lease: &str, holder: &str, renew: &str
     leases.replace(lease, &PostParams::default(), &current).await
 }
 
-fn not_holder(result: Result<impl std::fmt::Debug, kube::Error>, holder: &str, requester: &str) {
+pub fn not_holder(result: Result<impl std::fmt::Debug, kube::Error>, holder: &str, requester: &str) {
     let status = common::rejected(result);
     let denial = Denial::from_status(&status).unwrap_or_else(|| panic!("a kube-fence denial, got {status:?}"));
     assert_eq!((denial.code, denial.reason), (409, Reason::NotHolder), "{status:?}");
@@ -77,7 +84,7 @@ fn not_holder(result: Result<impl std::fmt::Debug, kube::Error>, holder: &str, r
     assert!(status.message.contains(holder) && status.message.contains(requester), "{}", status.message);
 }
 
-fn forbidden(result: Result<LeaderLease, kube::Error>, says: &str) {
+pub fn forbidden(result: Result<LeaderLease, kube::Error>, says: &str) {
     let status = common::rejected(result);
     assert_eq!(status.code, 403, "{status:?}");
     assert!(status.message.contains(says), "{says:?} not in {}", status.message);
@@ -85,7 +92,7 @@ fn forbidden(result: Result<LeaderLease, kube::Error>, says: &str) {
 
 /// Waits until the holder policy judges writes to opted-in Leases in the test's namespace (a
 /// policy takes effect a moment after it is created): a spoofed claim is refused.
-async fn wait_holder_policy(f: &Fixture, spoofer: &Client, lease: &str) {
+pub async fn wait_holder_policy(f: &Fixture, spoofer: &Client, lease: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while elect(spoofer, &f.ns, lease, "nobody-of-mine_x", "2026-12-03T09:00:00.000000Z", 0).await.is_ok() {
         assert!(Instant::now() < deadline, "a claim under another Pod's name kept being admitted");
@@ -255,7 +262,7 @@ struct Replica {
 }
 
 impl Replica {
-    fn start(bin: &std::path::Path, dir: &std::path::Path, pod: &str, ns: &str) -> Replica {
+    fn start(bin: &std::path::Path, dir: &std::path::Path, pod: &str, ns: &str, env: &[(&str, &str)]) -> Replica {
         use std::io::BufRead;
         let stderr = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{pod}.log"))).expect("log file");
         let mut child = std::process::Command::new(bin)
@@ -267,6 +274,7 @@ impl Replica {
             .env("RESOURCE", leader::WIDGET)
             .env("LEASE_DURATION", "2s")
             .env("WRITE_INTERVAL", "100ms")
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
             .stderr(stderr)
             .spawn()
@@ -308,19 +316,24 @@ impl leader::Replicas for Processes {
     }
 }
 
-/// Stale-but-honest writer, end to end: two replicas of an unmodified client-go
-/// leader-elected controller (examples/leader-go, built from the Go module proxy), as processes
-/// authenticated with their Pods' bound tokens, write a guarded ConfigMap and a guarded Widget's
-/// status. Each cycle SIGSTOPs the leader past its Lease; the other replica takes over and
-/// writes; the old leader gets SIGCONT and sends its pending writes, which are refused (409
-/// NotHolder); it then stops leading and campaigns again. A watch records the Lease's holders and
-/// every accepted write, and the history checker finds no stale write accepted. Cycles:
-/// LEADER_GO_CYCLES (default 3). The same cycle with Pods on a real node: tests/e2e/leader.rs.
-#[tokio::test]
-async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
+/// How the example controller runs in a pause test: what it writes besides its two labelled
+/// objects, and whether its ServiceAccount is opted in on its Lease (`kubefence.io/writers`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Writes {
+    /// The labelled ConfigMap and Widget status only.
+    Labelled,
+    /// Also a new unlabelled ConfigMap per write and a patch of its Namespace (cluster-scoped),
+    /// with the writer opted in.
+    EverythingFenced,
+    /// The same writes without the opt-in: the unlabelled ones are not fenced.
+    EverythingUnfenced,
+}
+
+/// Runs two replicas of examples/leader-go as processes authenticated with their Pods' bound
+/// tokens through `cycles` pause cycles, and returns what the cycles and the watch found.
+async fn leader_go_cycles(test: &str, writes: Writes, cycles: usize) -> (leader::Run, leader::Seen, usize) {
     use kube_fence::admission::decision::{DEFAULT_EXEMPT, Exemptions};
     use kube_fence::admission::local::LocalOptions;
-    let cycles: usize = std::env::var("LEADER_GO_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(3);
     let built = tokio::task::spawn_blocking(|| {
         std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/build-leader-go.sh")).output().expect("build leader-go")
     })
@@ -330,14 +343,28 @@ async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
     let bin = std::path::PathBuf::from(String::from_utf8_lossy(&built.stdout).trim().to_string());
 
     let client = common::client().await;
-    let ns = common::namespace(&client, "leader-go").await;
+    let ns = common::namespace(&client, test).await;
     let mut options = LocalOptions::new(format!("kf-test-{ns}"));
     options.only_namespaces = Some(vec![ns.clone()]);
     options.exempt = Exemptions::new(DEFAULT_EXEMPT.iter().map(|u| u.to_string()).chain([SETUP.to_string()]));
     let f = Fixture::with_options(client, ns, options).await;
     let widgets = leader::install_widget_crd(&f.client).await;
     let pods = controller_pods(&f, &["p1", "p2"]).await;
+    leader::may_patch_namespace(&f.client, &f.ns, "ctl").await;
     leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
+    if writes == Writes::EverythingFenced {
+        let opt_in = Patch::Merge(json!({"metadata": {"annotations": {kube_fence::admission::writer::WRITERS_ANNOTATION: "ctl"}}}));
+        Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns)
+            .patch(leader::LEASE, &PatchParams::default(), &opt_in)
+            .await
+            .expect("opt in");
+        let routed = kube_fence::admission::writer_routing::configuration_name(&format!("kf-test-{}", f.ns));
+        let configurations = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(f.client.clone());
+        leader::until("the writer webhook is registered", Duration::from_secs(30), async || {
+            configurations.get_opt(&routed).await.ok().flatten().and_then(|c| c.webhooks).is_some_and(|w| w.len() == 1)
+        })
+        .await;
+    }
     let setup = common::identity::client_as(SETUP).await;
     let labelled = json!({LEADER_LEASE_LABEL: leader::LEASE});
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": leader::CONFIGMAP, "labels": labelled}})).unwrap();
@@ -356,7 +383,8 @@ async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
     }
     let seen = std::sync::Arc::new(std::sync::Mutex::new(leader::Seen::default()));
     let recorder = leader::record(&f.client, &f.ns, &widgets, seen.clone());
-    let mut replicas = Processes(["p1", "p2"].iter().map(|pod| Replica::start(&bin, dir.path(), pod, &f.ns)).collect());
+    let env: &[(&str, &str)] = if writes == Writes::Labelled { &[] } else { &[("CREATE_OBJECTS", "1"), ("PATCH_NAMESPACE", "1")] };
+    let mut replicas = Processes(["p1", "p2"].iter().map(|pod| Replica::start(&bin, dir.path(), pod, &f.ns, env)).collect());
 
     let run = leader::pause_cycles(&f.client, &f.ns, &widgets, cycles, &mut replicas).await;
     let mut accepted = 0;
@@ -370,6 +398,118 @@ async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     recorder.abort();
     let seen = std::mem::take(&mut *seen.lock().expect("seen"));
+    f.stop().await;
+    (run, seen, accepted)
+}
+
+/// Stale-but-honest writer, end to end: two replicas of an unmodified client-go
+/// leader-elected controller (examples/leader-go, built from the Go module proxy), as processes
+/// authenticated with their Pods' bound tokens, write a guarded ConfigMap and a guarded Widget's
+/// status. Each cycle SIGSTOPs the leader past its Lease; the other replica takes over and
+/// writes; the old leader gets SIGCONT and sends its pending writes, which are refused (409
+/// NotHolder); it then stops leading and campaigns again. A watch records the Lease's holders and
+/// every accepted write, and the history checker finds no stale write accepted. Cycles:
+/// LEADER_GO_CYCLES (default 3). The same cycle with Pods on a real node: tests/e2e/leader.rs.
+#[tokio::test]
+async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
+    let cycles: usize = std::env::var("LEADER_GO_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(3);
+    let (run, seen, accepted) = leader_go_cycles("leader-go", Writes::Labelled, cycles).await;
     run.check("leader-go", &seen, accepted);
+}
+
+/// Stale-but-honest writer, on everything it writes: the same controller also creates a new
+/// unlabelled ConfigMap per write and patches its Namespace (cluster-scoped), and its
+/// ServiceAccount is opted in on its Lease (`kubefence.io/writers`) — no label on those objects.
+/// The history checker finds no stale write on any of them. Cycles: LEADER_GO_CYCLES (default 3).
+#[tokio::test]
+async fn a_paused_client_go_leader_is_fenced_on_everything_it_writes_once_its_writer_opts_in() {
+    let cycles: usize = std::env::var("LEADER_GO_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(3);
+    let (run, seen, accepted) = leader_go_cycles("leader-go-writers", Writes::EverythingFenced, cycles).await;
+    assert!(seen.writes.iter().any(|(_, o, _)| o == leader::MADE), "the watch saw the created ConfigMaps");
+    assert!(seen.writes.iter().any(|(_, o, _)| o.starts_with("namespace/")), "the watch saw writes of the Namespace");
+    run.check("leader-go writers", &seen, accepted);
+}
+
+/// The same run without the opt-in shows what it closes (the test above can fail): the resumed
+/// leader's pending creates and Namespace patches land after its successor's writes — stale writes
+/// the history checker finds — while the labelled objects stay fenced.
+#[tokio::test]
+async fn without_the_opt_in_a_paused_leaders_unlabelled_writes_land_stale() {
+    let (_run, seen, _) = leader_go_cycles("leader-go-unfenced", Writes::EverythingUnfenced, 3).await;
+    let (violations, _) = leader::violations(&seen);
+    let on = |v: &kube_fence::history::Violation| match v {
+        kube_fence::history::Violation::StaleWriteAccepted { object, .. } => object.clone(),
+        other => format!("{other}"),
+    };
+    let objects: std::collections::BTreeSet<String> = violations.iter().map(on).collect();
+    println!("leader-go without the opt-in: {} stale writes accepted, on {objects:?}", violations.len());
+    assert!(!violations.is_empty(), "without the opt-in some stale unlabelled write landed");
+    assert!(
+        objects.iter().all(|o| o == leader::MADE || o.starts_with("namespace/")),
+        "only unlabelled objects took stale writes: {objects:?}"
+    );
+}
+
+/// Worker with ordinary RBAC: a Pod's identity includes its namespace. Pod `p1` of namespace
+/// `<ns>-other`, whose ServiceAccount is bound to the same Roles in the test's namespace as the
+/// controller's, is not Pod `p1` of the test's namespace: it cannot name itself holder of an
+/// opted-in Lease there (holder policy), write an object bound to that Lease (leader webhook),
+/// nor write a holder-only object of a kube-fence Lease held by `p1` (token webhook).
+#[tokio::test]
+async fn a_pod_of_another_namespace_is_not_the_pod_of_the_same_name_here() {
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    let f = Fixture::new("pod-namespace").await;
+    let (p1, _p2) = opted_in_pods(&f).await;
+    let other = common::namespace(&f.client, "pod-namespace-other").await;
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "ctl"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(f.client.clone(), &other).create(&PostParams::default(), &sa).await.expect("service account");
+    let twin_user = format!("system:serviceaccount:{other}:ctl");
+    common::identity::grant_worker_rbac(&f.client, &f.ns, &twin_user).await;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "leader-elected-twin", "namespace": f.ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "leader-elected"},
+        "subjects": [{"kind": "ServiceAccount", "name": "ctl", "namespace": other}],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &binding).await.expect("binding");
+    let twin_pod = common::identity::pods_of(&f.client, &other, "ctl", &["p1"]).await;
+    let twin = common::identity::client_as_pod(&f.client, &other, "ctl", &twin_pod[0]).await;
+    common::identity::wait_authorized(&twin, &f.ns, "coordination.k8s.io", "leases", "update").await;
+
+    // The holder policy: the twin cannot claim the Lease, not even as `p1_…`.
+    forbidden(
+        elect(&twin, &f.ns, "ctl", "p1_evil", "2026-12-03T09:00:01.000000Z", 1).await,
+        &format!("the request carries no Pod identity of namespace {}", f.ns),
+    );
+    elect(&p1, &f.ns, "ctl", "p1_1111", "2026-12-03T09:00:01.000000Z", 1).await.expect("p1 acquires");
+
+    // The leader webhook: the twin is not the holder of the Lease its object is bound to.
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "state", "labels": {LEADER_LEASE_LABEL: "ctl"}}})).unwrap();
+    common::accepted(Api::<ConfigMap>::namespaced(p1.clone(), &f.ns).create(&PostParams::default(), &cm).await);
+    let written = Api::<ConfigMap>::namespaced(twin.clone(), &f.ns)
+        .patch("state", &PatchParams::default(), &Patch::Merge(json!({"data": {"writer": "twin"}})))
+        .await;
+    let status = common::rejected(written);
+    assert_eq!((status.code, status.reason.as_str()), (403, Reason::NotHolder.as_str()), "{status:?}");
+    assert!(status.message.contains(&format!("Pod {other}/p1 is not in the Lease's namespace {}", f.ns)), "{}", status.message);
+
+    // The token webhook's holder-only objects: lease `work` (spec.identity Pod) is held by `p1`.
+    let lease = serde_json::from_value(json!({"apiVersion": "kubefence.io/v1alpha1", "kind": "Lease",
+        "metadata": {"name": "work"}, "spec": {"identity": "Pod"}}))
+    .unwrap();
+    f.leases().create(&PostParams::default(), &lease).await.expect("lease");
+    f.grant("work", "p1", 5).await;
+    let guarded: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "holder-only",
+        "labels": {"kubefence.io/lease": "work", "kubefence.io/writer": "holder"}, "annotations": {"kubefence.io/token": "5"}}}))
+    .unwrap();
+    let made = common::accepted(Api::<ConfigMap>::namespaced(p1.clone(), &f.ns).create(&PostParams::default(), &guarded).await);
+    let dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions { resource_version: made.resource_version(), uid: None }),
+        ..DeleteParams::default()
+    };
+    let deleted = Api::<ConfigMap>::namespaced(twin.clone(), &f.ns).delete("holder-only", &dp).await;
+    let status = common::rejected(deleted);
+    assert_eq!((status.code, status.reason.as_str()), (409, Reason::NotHolder.as_str()), "{status:?}");
+    assert!(status.message.contains(&format!("Pod {other}/p1, which is not in the lease's namespace {}", f.ns)), "{}", status.message);
     f.stop().await;
 }

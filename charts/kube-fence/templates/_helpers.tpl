@@ -52,10 +52,10 @@ matchExpressions:
 request.operation == 'UPDATE' && (!has(request.subResource) || request.subResource == '') && object != null && oldObject != null && (has(oldObject.metadata.labels) && 'kubefence.io/lease' in oldObject.metadata.labels) && (has(object.metadata.labels) && 'kubefence.io/lease' in object.metadata.labels) && object.metadata.labels['kubefence.io/lease'] == oldObject.metadata.labels['kubefence.io/lease'] && !(has(oldObject.metadata.labels) && 'kubefence.io/writer' in oldObject.metadata.labels) && !(has(object.metadata.labels) && 'kubefence.io/writer' in object.metadata.labels) && (has(oldObject.metadata.annotations) && 'kubefence.io/token' in oldObject.metadata.annotations) && (has(object.metadata.annotations) && 'kubefence.io/token' in object.metadata.annotations) && (oldObject.metadata.annotations['kubefence.io/token'].matches('^(0|[1-9][0-9]{0,18})$') && (size(oldObject.metadata.annotations['kubefence.io/token']) < 19 || oldObject.metadata.annotations['kubefence.io/token'] <= '9223372036854775807')) && (object.metadata.annotations['kubefence.io/token'].matches('^(0|[1-9][0-9]{0,18})$') && (size(object.metadata.annotations['kubefence.io/token']) < 19 || object.metadata.annotations['kubefence.io/token'] <= '9223372036854775807')) && int(object.metadata.annotations['kubefence.io/token']) > int(oldObject.metadata.annotations['kubefence.io/token'])
 {{- end -}}
 {{- define "kube-fence.policyPathRule" -}}
-variables.issued != '' && (variables.issued.matches('^(0|[1-9][0-9]{0,18})$') && (size(variables.issued) < 19 || variables.issued <= '9223372036854775807')) && int(variables.presented) <= int(variables.issued)
+variables.issued >= 0 && int(variables.presented) <= variables.issued
 {{- end -}}
 {{- define "kube-fence.policyPathMessage" -}}
-'kubefence.io/policy-path TokenNotIssued ' + object.metadata.namespace + '/' + variables.lease + ' presented=' + variables.presented + ' issued=' + (variables.issued == '' ? 'none' : variables.issued) + ': token ' + variables.presented + ' is newer than the newest token of lease ' + object.metadata.namespace + '/' + variables.lease + ' the API server has seen issued (ConfigMap kube-fence-tokens): it was never issued, or it was granted a moment ago and the cache has not seen it yet (retry)'
+'kubefence.io/policy-path TokenNotIssued ' + object.metadata.namespace + '/' + variables.lease + ' presented=' + variables.presented + ' issued=' + (variables.issued < 0 ? 'none' : string(variables.issued)) + ': token ' + variables.presented + ' is newer than the newest token of lease ' + object.metadata.namespace + '/' + variables.lease + ' the API server has seen issued (LeaseTokens kube-fence-tokens): it was never issued, or it was granted a moment ago and the cache has not seen it yet (retry)'
 {{- end -}}
 {{- define "kube-fence.policyPathVariable.lease" -}}
 object.metadata.labels['kubefence.io/lease']
@@ -64,5 +64,5 @@ object.metadata.labels['kubefence.io/lease']
 object.metadata.annotations['kubefence.io/token']
 {{- end -}}
 {{- define "kube-fence.policyPathVariable.issued" -}}
-has(params.data) && variables.lease in params.data ? params.data[variables.lease] : ''
+has(params.spec) && has(params.spec.tokens) && variables.lease in params.spec.tokens ? params.spec.tokens[variables.lease] : -1
 {{- end -}}

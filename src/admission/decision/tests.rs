@@ -502,8 +502,36 @@ fn bound(issued: u64, holder: Option<&str>) -> LeaseFacts {
 /// A request from Pod `pod` (a Pod-bound ServiceAccount token).
 fn from_pod(pod: &str, mut req: Request) -> Request {
     req.user = "system:serviceaccount:team:worker".into();
-    req.pod = Some(pod.into());
+    req.pod = PodIdentity::of(&req.user, Some(pod));
     req
+}
+
+/// Threat: a worker with ordinary RBAC in the lease's namespace whose Pod, in another namespace,
+/// has the holder's name. It is not the holder of a lease in `team`.
+#[test]
+fn a_pod_of_another_namespace_is_not_the_holder() {
+    let mut req = on("status", from_pod("a", request(Operation::Update, h(Some("5")), h(Some("5")))));
+    req.user = "system:serviceaccount:elsewhere:worker".into();
+    req.pod = PodIdentity::of(&req.user, Some("a"));
+    let Verdict::Deny { code, reason, message, .. } = judge_now(&req, bound(6, Some("a"))) else { panic!("expected a denial") };
+    assert_eq!((code, reason), (409, Reason::NotHolder));
+    assert!(message.contains("Pod elsewhere/a, which is not in the lease's namespace team"), "{message}");
+}
+
+#[rstest]
+#[case::service_account("system:serviceaccount:team:worker", Some("a"), Some(("team", "a")))]
+#[case::no_pod_name("system:serviceaccount:team:worker", None, None)]
+#[case::empty_pod_name("system:serviceaccount:team:worker", Some(""), None)]
+#[case::not_a_service_account("alice", Some("a"), None)]
+#[case::no_namespace("system:serviceaccount::worker", Some("a"), None)]
+#[case::no_account_name_separator("system:serviceaccount:team", Some("a"), None)]
+fn a_pod_identity_is_a_service_account_namespace_and_a_pod_name(
+    #[case] user: &str,
+    #[case] pod: Option<&str>,
+    #[case] expect: Option<(&str, &str)>,
+) {
+    let got = PodIdentity::of(user, pod);
+    assert_eq!(got.as_ref().map(|p| (p.namespace.as_str(), p.name.as_str())), expect);
 }
 
 #[rstest]

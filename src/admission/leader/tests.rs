@@ -3,6 +3,7 @@
 use rstest::rstest;
 
 use super::*;
+use crate::admission::decision::PodIdentity;
 
 const NS: &str = "team";
 const GC: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
@@ -16,7 +17,29 @@ fn plain() -> Option<ObjectFacts> {
 }
 
 fn by_pod(operation: Operation, old: Option<ObjectFacts>, new: Option<ObjectFacts>, pod: Option<&str>) -> Request {
-    Request { pod: pod.map(str::to_string), ..Request::new(operation, NS, old, new, "system:serviceaccount:team:ctl") }
+    let user = "system:serviceaccount:team:ctl";
+    Request { pod: PodIdentity::of(user, pod), ..Request::new(operation, NS, old, new, user) }
+}
+
+/// The same request by Pod `pod` of ServiceAccount `ctl` in namespace `namespace`.
+fn by_pod_of(namespace: &str, operation: Operation, old: Option<ObjectFacts>, new: Option<ObjectFacts>, pod: &str) -> Request {
+    let user = format!("system:serviceaccount:{namespace}:ctl");
+    Request { pod: PodIdentity::of(&user, Some(pod)), ..Request::new(operation, NS, old, new, &user) }
+}
+
+/// Threat: a worker with ordinary RBAC in the Lease's namespace, whose Pod runs in another
+/// namespace under the same name as the holder: it is not the holder.
+#[test]
+fn a_pod_of_another_namespace_is_not_the_holder() {
+    let req = by_pod_of("other", Operation::Update, bound("ctl-lease"), bound("ctl-lease"), "web-0");
+    let v = judge(&req, Some("web-0_1234"));
+    assert!(matches!(v, Verdict::Deny { code: 403, reason: Reason::NotHolder, .. }), "{v:?}");
+    let Verdict::Deny { message, facts, .. } = v else { unreachable!() };
+    assert!(message.contains("Pod other/web-0 is not in the Lease's namespace team"), "{message}");
+    assert_eq!(facts.requester.as_deref(), Some("other/web-0"));
+    // The same Pod name in the Lease's own namespace is the holder.
+    let same = by_pod_of(NS, Operation::Update, bound("ctl-lease"), bound("ctl-lease"), "web-0");
+    assert_eq!(judge(&same, Some("web-0_1234")).reason(), Reason::Fenced);
 }
 
 /// Judges as the server does: the plan, then the quorum read it asks for, from a Lease whose
@@ -206,4 +229,34 @@ fn the_webhook_judges_by_the_configured_rule() {
     assert!(message.contains("Pod web-0 holds it only as web-0;") && message.contains("--leader-identity-separator"), "{message}");
     let Verdict::Deny { message, .. } = judge_by(&rule(":"), &req, Some("web-0_a")) else { panic!("denied") };
     assert!(message.contains("only as web-0 or web-0:<suffix>;"), "{message}");
+}
+
+/// kube-fence's admins (`--lease-admin`) opt objects in and out — create one labelled, add the
+/// label, remove it — as Helm or an operator would; their other writes to a bound object, and
+/// anyone else's label moves, are judged as before (worker with ordinary RBAC: not an admin).
+#[rstest]
+#[case::creates_labelled(Operation::Create, None, bound("ctl"), "admin", Ok(Reason::Exempt))]
+#[case::adds_the_label(Operation::Update, plain(), bound("ctl"), "admin", Ok(Reason::Exempt))]
+#[case::removes_the_label(Operation::Update, bound("ctl"), plain(), "admin", Ok(Reason::Exempt))]
+#[case::writes_a_bound_object(Operation::Update, bound("ctl"), bound("ctl"), "admin", Err(403))]
+#[case::deletes_a_bound_object(Operation::Delete, bound("ctl"), None, "admin", Err(403))]
+#[case::a_worker_adds_the_label(Operation::Update, plain(), bound("ctl"), "worker", Err(403))]
+fn admins_move_the_leader_label(
+    #[case] operation: Operation,
+    #[case] old: Option<ObjectFacts>,
+    #[case] new: Option<ObjectFacts>,
+    #[case] user: &str,
+    #[case] expect: Result<Reason, u16>,
+) {
+    let exempt = Exemptions::default().with_label_admins(["admin"]);
+    let req = Request::new(operation, NS, old, new, user);
+    let verdict = match plan(&req, &exempt, &IdentityRule::default()) {
+        LeaderPlan::Done(verdict) => verdict,
+        LeaderPlan::Quorum(_) => panic!("{user} is no Pod: judged without a read"),
+    };
+    match (expect, &verdict) {
+        (Ok(reason), _) => assert_eq!(verdict.reason(), reason, "{verdict:?}"),
+        (Err(code), Verdict::Deny { code: c, reason, .. }) => assert_eq!((*c, *reason), (code, Reason::NotHolder), "{verdict:?}"),
+        (Err(_), _) => panic!("expected a denial: {verdict:?}"),
+    }
 }

@@ -1,0 +1,145 @@
+//! The writer fence, row by row: what a Lease opts in, what its webhook is sent, who may write.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::coordination::v1::LeaseSpec;
+use kube::api::ObjectMeta;
+use rstest::rstest;
+
+use super::*;
+use crate::admission::decision::{Operation, PodIdentity};
+
+const NS: &str = "team";
+
+fn lease(labels: &[(&str, &str)], annotations: &[(&str, &str)], holder: Option<&str>) -> LeaderElectionLease {
+    let map = |pairs: &[(&str, &str)]| {
+        (!pairs.is_empty()).then(|| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>())
+    };
+    LeaderElectionLease {
+        metadata: ObjectMeta {
+            name: Some("ctl".into()),
+            namespace: Some(NS.into()),
+            labels: map(labels),
+            annotations: map(annotations),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec { holder_identity: holder.map(str::to_string), ..LeaseSpec::default() }),
+    }
+}
+
+fn opted_in(writers: &str, holder: Option<&str>) -> LeaderElectionLease {
+    lease(&[(HOLDER_IDENTITY_LABEL, HOLDER_IS_POD)], &[(WRITERS_ANNOTATION, writers)], holder)
+}
+
+#[rstest]
+#[case::none(lease(&[], &[], None), Ok(None))]
+#[case::label_only(lease(&[(HOLDER_IDENTITY_LABEL, HOLDER_IS_POD)], &[], None), Ok(None))]
+#[case::empty_list(opted_in(" , ", None), Ok(None))]
+#[case::annotation_without_label(lease(&[], &[(WRITERS_ANNOTATION, "ctl")], None), Err(OptInError::NotHolderBound))]
+#[case::not_an_account(opted_in("ctl,Bad_Name", None), Err(OptInError::NotAServiceAccount("Bad_Name".into())))]
+#[case::two(opted_in("ctl, helper", None), Ok(Some(vec!["ctl", "helper"])))]
+fn what_a_lease_opts_in(#[case] lease: LeaderElectionLease, #[case] expect: Result<Option<Vec<&str>>, OptInError>) {
+    let got = OptIn::of(&lease).map(|o| o.map(|o| o.accounts.into_iter().collect::<Vec<_>>()));
+    assert_eq!(got, expect.map(|o| o.map(|v| v.into_iter().map(String::from).collect())));
+}
+
+#[rstest]
+#[case::core("configmaps", Some(("configmaps", "")))]
+#[case::grouped("deployments.apps", Some(("deployments", "apps")))]
+#[case::crd("widgets.example.kubefence.io", Some(("widgets", "example.kubefence.io")))]
+#[case::upper("ConfigMaps", None)]
+#[case::subresource("pods/status", None)]
+#[case::empty_group("configmaps.", None)]
+fn exempt_resources_are_spelled_as_kubectl_does(#[case] item: &str, #[case] expect: Option<(&str, &str)>) {
+    let lease = lease(&[(HOLDER_IDENTITY_LABEL, HOLDER_IS_POD)], &[(WRITERS_ANNOTATION, "ctl"), (WRITERS_EXEMPT_ANNOTATION, item)], None);
+    let got = OptIn::of(&lease).map(|o| o.and_then(|o| o.exempt.into_iter().next()).map(|r| (r.resource, r.group)));
+    match expect {
+        Some((resource, group)) => assert_eq!(got, Ok(Some((resource.to_string(), group.to_string())))),
+        None => assert_eq!(got, Err(OptInError::NotAResource(item.to_string()))),
+    }
+}
+
+#[test]
+fn the_match_condition_names_the_accounts_and_leaves_out_what_a_follower_writes() {
+    let lease = lease(
+        &[(HOLDER_IDENTITY_LABEL, HOLDER_IS_POD)],
+        &[(WRITERS_ANNOTATION, "ctl"), (WRITERS_EXEMPT_ANNOTATION, "configmaps,deployments.apps")],
+        None,
+    );
+    let opt_in = OptIn::of(&lease).ok().flatten().expect("opted in");
+    assert_eq!(opt_in.path(), "/writer/team/ctl");
+    let cel = opt_in.match_condition();
+    assert!(cel.starts_with("request.userInfo.username in ['system:serviceaccount:team:ctl']"), "{cel}");
+    for part in [
+        "request.namespace == 'team' && request.name == 'ctl'",
+        "request.resource.resource == 'events'",
+        "'authentication.k8s.io', 'authorization.k8s.io'",
+        "request.resource.resource == 'configmaps' && request.resource.group == ''",
+        "request.resource.resource == 'deployments' && request.resource.group == 'apps'",
+    ] {
+        assert!(cel.contains(part), "{part} in {cel}");
+    }
+}
+
+fn by(user: &str, pod: Option<&str>) -> Request {
+    Request { pod: PodIdentity::of(user, pod), ..Request::new(Operation::Update, "anywhere", None, None, user) }
+}
+
+fn judge(req: &Request, fresh: Option<LeaderElectionLease>) -> Verdict {
+    let identity = IdentityRule::default();
+    match plan(req, LeaseRef { namespace: NS, name: "ctl" }, &identity) {
+        WriterPlan::Done(verdict) => verdict,
+        WriterPlan::Quorum(read) => read.judge(WriterQuorum::from_read(fresh)),
+    }
+}
+
+const CTL: &str = "system:serviceaccount:team:ctl";
+
+/// Both threat cases: a stale-but-honest ex-leader replica (rows `ex_leader`, `released`), and a
+/// worker with ordinary RBAC that borrows the ServiceAccount from another namespace or without a
+/// Pod (rows `pod_of_another_namespace`, `not_a_pod`).
+#[rstest]
+#[case::leader(by(CTL, Some("ctl-0")), Some(opted_in("ctl", Some("ctl-0_1a2b"))), Ok(Reason::Fenced))]
+#[case::ex_leader(by(CTL, Some("ctl-1")), Some(opted_in("ctl", Some("ctl-0_1a2b"))), Err((409, Reason::NotHolder)))]
+#[case::released(by(CTL, Some("ctl-0")), Some(opted_in("ctl", Some(""))), Err((409, Reason::NotHolder)))]
+#[case::never_held(by(CTL, Some("ctl-0")), Some(opted_in("ctl", None)), Err((409, Reason::NotHolder)))]
+#[case::prefix_is_not_the_pod(by(CTL, Some("ctl")), Some(opted_in("ctl", Some("ctl-0_1a2b"))), Err((409, Reason::NotHolder)))]
+#[case::not_a_pod(by(CTL, None), Some(opted_in("ctl", Some("ctl-0_1a2b"))), Err((403, Reason::NotHolder)))]
+#[case::pod_of_another_namespace(
+    by("system:serviceaccount:other:ctl", Some("ctl-0")),
+    Some(opted_in("ctl", Some("ctl-0_1a2b"))),
+    Ok(Reason::Unguarded)
+)]
+#[case::opt_in_removed(by(CTL, Some("ctl-1")), Some(lease(&[(HOLDER_IDENTITY_LABEL, HOLDER_IS_POD)], &[], Some("ctl-0"))), Ok(Reason::Unguarded))]
+#[case::account_no_longer_named(by(CTL, Some("ctl-1")), Some(opted_in("other", Some("ctl-0"))), Ok(Reason::Unguarded))]
+#[case::label_removed(by(CTL, Some("ctl-1")), Some(lease(&[], &[(WRITERS_ANNOTATION, "ctl")], Some("ctl-0"))), Ok(Reason::Unguarded))]
+#[case::lease_deleted(by(CTL, Some("ctl-1")), None, Ok(Reason::Unguarded))]
+fn who_may_write(#[case] req: Request, #[case] fresh: Option<LeaderElectionLease>, #[case] expect: Result<Reason, (u16, Reason)>) {
+    let v = judge(&req, fresh);
+    match (expect, &v) {
+        (Ok(reason), _) => assert_eq!(v.reason(), reason, "{v:?}"),
+        (Err((code, reason)), Verdict::Deny { code: c, reason: r, .. }) => assert_eq!((*c, *r), (code, reason), "{v:?}"),
+        (Err(e), _) => panic!("expected {e:?}, got {v:?}"),
+    }
+}
+
+#[test]
+fn a_refusal_names_the_lease_the_holder_and_the_requester() {
+    let v = judge(&by(CTL, Some("ctl-1")), Some(opted_in("ctl", Some("ctl-0_1a2b"))));
+    let Verdict::Deny { message, facts, .. } = v else { panic!("expected a denial: {v:?}") };
+    assert_eq!(facts.lease.as_deref(), Some("team/ctl"));
+    assert_eq!(facts.holder.as_deref(), Some("ctl-0_1a2b"));
+    assert_eq!(facts.requester.as_deref(), Some("ctl-1"));
+    assert!(message.contains("is held by ctl-0_1a2b") && message.contains("Pod ctl-1"), "{message}");
+}
+
+#[rstest]
+#[case("team", "ctl", true)]
+#[case("team", "kube-controller-manager", true)]
+#[case("a.b", "ctl", false)]
+#[case("", "ctl", false)]
+#[case("team", "", false)]
+#[case("Team", "ctl", false)]
+fn a_path_names_a_lease(#[case] namespace: &str, #[case] name: &str, #[case] ok: bool) {
+    assert_eq!(lease_of_path(namespace, name).is_some(), ok);
+}
