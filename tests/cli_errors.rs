@@ -30,9 +30,15 @@ enum Cluster<'a> {
 /// Runs `kube-fence args` with a clean environment and `cluster`; a run that does not end
 /// within two minutes is killed and fails the test (a failure must end the process).
 fn kube_fence(cluster: Cluster<'_>, home: &Path, args: &[&str]) -> Output {
+    kube_fence_with(cluster, home, args, &[])
+}
+
+/// [`kube_fence`] with extra environment variables (a delegated grant, as a Pod has it).
+fn kube_fence_with(cluster: Cluster<'_>, home: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let out = tempfile::tempdir().expect("output dir");
     let (stdout, stderr) = (out.path().join("stdout"), out.path().join("stderr"));
     let mut child = command(cluster, home, args)
+        .envs(env.iter().copied())
         .stdout(std::fs::File::create(&stdout).expect("stdout file"))
         .stderr(std::fs::File::create(&stderr).expect("stderr file"))
         .spawn()
@@ -61,7 +67,8 @@ fn command(cluster: Cluster<'_>, home: &Path, args: &[&str]) -> Command {
         .env_remove("POD_NAME")
         .env_remove("POD_NAMESPACE")
         .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("RUST_LOG");
+        .env_remove("RUST_LOG")
+        .env_remove("KUBE_FENCE_GRANT");
     if let Cluster::Kubeconfig(path) = cluster {
         cmd.env("KUBECONFIG", path);
     }
@@ -181,6 +188,8 @@ struct Case {
     documented_as: &'static str,
     /// The cause, as the message must state it (exactly once).
     cause: String,
+    /// Extra environment (a delegated grant).
+    env: Vec<(&'static str, String)>,
 }
 
 fn case(name: &'static str, kubeconfig: Option<&Path>, args: &[&str], exit: i32, documented_as: &'static str, cause: &str) -> Case {
@@ -191,6 +200,14 @@ fn case(name: &'static str, kubeconfig: Option<&Path>, args: &[&str], exit: i32,
         exit,
         documented_as,
         cause: cause.to_string(),
+        env: Vec::new(),
+    }
+}
+
+impl Case {
+    fn with_env(mut self, name: &'static str, value: &str) -> Case {
+        self.env.push((name, value.to_string()));
+        self
     }
 }
 
@@ -203,7 +220,8 @@ fn documented(help: &str, code: i32) -> Option<String> {
 fn check(case: &Case, home: &Path, help: &str) -> Vec<String> {
     let args: Vec<&str> = case.args.iter().map(String::as_str).collect();
     let cluster = case.kubeconfig.as_deref().map_or(Cluster::None, Cluster::Kubeconfig);
-    let out = kube_fence(cluster, home, &args);
+    let env: Vec<(&str, &str)> = case.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let out = kube_fence_with(cluster, home, &args, &env);
     let stderr = text(&out.stderr);
     eprintln!("{:<34} exit {:?}  {}", case.name, out.status.code(), stderr.lines().last().unwrap_or_default());
     let mut wrong = Vec::new();
@@ -368,6 +386,48 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
             &format!("ConfigMap \"nosuchobject\" in namespace \"{ns}\" does not exist"),
         ),
         case(
+            "missing object (fenced delete)",
+            kc,
+            &["delete", "configmap/nosuchobject", "-n", &ns],
+            5,
+            "object",
+            &format!("ConfigMap \"nosuchobject\" in namespace \"{ns}\" does not exist"),
+        ),
+        case(
+            "fenced write without a grant",
+            kc,
+            &["patch", "configmap/shared", "-n", &ns, "-p", "{}"],
+            2,
+            "bad command line",
+            "no grant to write with: give --lease and --token",
+        ),
+        case(
+            "malformed delegated grant",
+            kc,
+            &["patch", "configmap/shared", "-p", "{}"],
+            2,
+            "bad command line",
+            "KUBE_FENCE_GRANT is not a usable grant",
+        )
+        .with_env("KUBE_FENCE_GRANT", "no-namespace:12"),
+        case(
+            "delegated grant, other namespace",
+            kc,
+            &["delete", "configmap/shared", "-n", "elsewhere"],
+            2,
+            "bad command line",
+            &format!("the delegated grant is for lease \"l\" in namespace \"{ns}\""),
+        )
+        .with_env("KUBE_FENCE_GRANT", &format!("{ns}/l:{token_b}")),
+        case(
+            "manifests to delegate missing",
+            kc,
+            &["delegate", "--lease", "l", "--token", "5", "-n", &ns, "-f", &missing_cert],
+            1,
+            "any other failure",
+            &format!("cannot read the manifests {missing_cert}: no such file or directory"),
+        ),
+        case(
             "bad duration",
             kc,
             &["lease", "acquire", "l", "--holder", "c", "--duration", "soon", "-n", &ns],
@@ -417,6 +477,25 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
                 "stale token: ConfigMap \"shared\" in namespace \"{ns}\" records token {token_b} of lease \"l\", the write presented {token_a}"
             ),
         ),
+        case(
+            "stale token on a fenced delete",
+            kc,
+            &["delete", "configmap/shared", "--lease", "l", "--token", &token_a, "-n", &ns],
+            8,
+            "stale token",
+            &format!(
+                "stale token: ConfigMap \"shared\" in namespace \"{ns}\" records token {token_b} of lease \"l\", the write presented {token_a}"
+            ),
+        ),
+        case(
+            "stale delegated grant",
+            kc,
+            &["patch", "configmap/shared", "-p", r#"{"data":{"writer":"a"}}"#],
+            8,
+            "stale token",
+            &format!("records token {token_b} of lease \"l\", the write presented {token_a}"),
+        )
+        .with_env("KUBE_FENCE_GRANT", &format!("{ns}/l:{token_a}")),
         case("webhook without TLS", kc, &["webhook", "--addr", "127.0.0.1:0"], 2, "bad command line", "the webhook serves HTTPS only"),
         case(
             "local webhook port taken",
@@ -525,4 +604,154 @@ fn the_readme_and_the_help_document_the_same_exit_statuses() {
     let in_help: Vec<i32> = (0..=255).filter(|code| documented(&help, *code).is_some()).collect();
     assert!(in_help.len() >= 9, "--help documents the exit statuses:\n{help}");
     assert_eq!(in_readme, in_help, "README.md's exit table and --help agree");
+}
+
+/// `kube-fence delete` deletes exactly the version it read, which a guarded DELETE needs and
+/// `kubectl delete` cannot send: of a token-guarded object with the grant's token, and of a
+/// holder-only object as the lease's holder Pod, whose plain DELETE (what `kubectl delete`
+/// sends) the webhook refuses with `DeletePreconditionRequired`. Threat case: a stale-but-honest
+/// writer (a stale token's delete exits 8 in the table above; here another Pod's delete of the
+/// holder's object exits 8 `NotHolder`), and the holder's own delete works from the shell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_removes_exactly_the_version_read_as_holder_or_with_a_token() {
+    use kube::api::DeleteParams;
+    use kube_fence::admission::decision::Reason;
+    use kube_fence::admission::denial::Denial;
+    use kube_fence::api::Lease;
+    use kube_fence::token::{HOLDER_ONLY, LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
+
+    let client = common::client().await;
+    let ns = common::namespace(&client, "cli-delete").await;
+    let kubeconfig = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("kubeconfig");
+    let home = tempfile::tempdir().expect("HOME");
+    let home = home.path();
+    let mut local = Local::start(&kubeconfig, home, &ns, "delete", &[]);
+    local.wait_ready();
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let precondition_required = |result: Result<_, kube::Error>| match result {
+        Err(kube::Error::Api(status)) => Denial::from_status(&status).is_some_and(|d| d.reason == Reason::DeletePreconditionRequired),
+        _ => false,
+    };
+
+    // A token-guarded ConfigMap: a plain DELETE is refused; `kube-fence delete` with the token
+    // deletes it; delegated, the grant comes from KUBE_FENCE_GRANT.
+    let token = run_ok(&kubeconfig, home, &["lease", "acquire", "t", "--holder", "a", "--duration", "60s", "-n", &ns]);
+    for name in ["by-flags", "by-delegation"] {
+        configmaps.create(&PostParams::default(), &common::guarded_configmap(name, "t")).await.expect_err("no token: refused");
+        let guarded = ConfigMap {
+            metadata: ObjectMeta {
+                annotations: Some([(TOKEN_ANNOTATION.into(), token.clone())].into()),
+                ..common::guarded_configmap(name, "t").metadata
+            },
+            ..Default::default()
+        };
+        configmaps.create(&PostParams::default(), &guarded).await.expect("created with the newest token");
+        assert!(precondition_required(configmaps.delete(name, &DeleteParams::default()).await), "a plain DELETE of {name} is refused");
+    }
+    let out = run_ok(&kubeconfig, home, &["delete", "configmap/by-flags", "--lease", "t", "--token", &token, "-n", &ns]);
+    assert!(out.starts_with("configmaps/by-flags deleted (resourceVersion "), "{out}");
+    let delegated = format!("{ns}/t:{token}");
+    let out = kube_fence_with(
+        Cluster::Kubeconfig(&kubeconfig),
+        home,
+        &["delete", "configmap/by-delegation"],
+        &[("KUBE_FENCE_GRANT", &delegated)],
+    );
+    assert!(out.status.success(), "a delegated delete: {}", text(&out.stderr));
+    for name in ["by-flags", "by-delegation"] {
+        assert!(configmaps.get_opt(name).await.expect("get").is_none(), "{name} is gone");
+    }
+
+    // `kube-fence delegate` stamps a Job manifest; `kubectl create` makes it, and the Pod the Job
+    // controller makes carries the grant where the kubelet fills KUBE_FENCE_GRANT from.
+    let manifest = home.join("job.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: delegated}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      \
+         containers: [{name: work, image: registry.invalid/none}]\n",
+    )
+    .expect("write the manifest");
+    let stamped =
+        run_ok(&kubeconfig, home, &["delegate", "--lease", "t", "--token", &token, "-n", &ns, "-f", &manifest.display().to_string()]);
+    let stamped_file = home.join("job-delegated.yaml");
+    std::fs::write(&stamped_file, stamped).expect("write the stamped manifest");
+    let bin = kube_fence_testenv::binaries().expect("kubectl");
+    let created = Command::new(bin.join("kubectl"))
+        .args(["create", "-n", &ns, "-f"])
+        .arg(&stamped_file)
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .expect("kubectl create");
+    assert!(created.status.success(), "kubectl create the delegated Job: {}", text(&created.stderr));
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pod = loop {
+        let listed =
+            pods.list(&kube::api::ListParams::default().labels("batch.kubernetes.io/job-name=delegated")).await.expect("list Pods");
+        if let Some(pod) = listed.items.into_iter().next() {
+            break pod;
+        }
+        assert!(Instant::now() < deadline, "the Job controller made no Pod within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let annotation = pod.metadata.annotations.unwrap_or_default().get("kubefence.io/delegated-grant").cloned();
+    assert_eq!(annotation, Some(delegated.clone()), "the Job's Pod carries the grant");
+    let env = pod
+        .spec
+        .map(|s| s.containers)
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|c| c.env.unwrap_or_default())
+        .find(|e| e.name == "KUBE_FENCE_GRANT");
+    let path = env.and_then(|e| e.value_from).and_then(|v| v.field_ref).map(|f| f.field_path);
+    assert_eq!(path.as_deref(), Some("metadata.annotations['kubefence.io/delegated-grant']"), "from the annotation, by the kubelet");
+
+    // A holder-only ConfigMap of a Pod-identity lease, held by Pod p1.
+    let made = common::identity::worker_pods(&client, &ns, &["p1", "p2"]).await;
+    let lease: Lease = serde_json::from_value(serde_json::json!({"apiVersion": "kubefence.io/v1alpha1", "kind": "Lease",
+        "metadata": {"name": "work"}, "spec": {"identity": "Pod"}}))
+    .expect("a Lease literal");
+    Api::<Lease>::namespaced(client.clone(), &ns).create(&PostParams::default(), &lease).await.expect("create the lease");
+    let p1 = common::identity::kubeconfig_as_pod(&client, &ns, "worker", &made[0]).await;
+    let p2 = common::identity::kubeconfig_as_pod(&client, &ns, "worker", &made[1]).await;
+    let p1_client = common::identity::client_as_pod(&client, &ns, "worker", &made[0]).await;
+    common::identity::wait_authorized(&p1_client, &ns, "", "configmaps", "delete").await;
+    let token = run_ok(p1.path(), home, &["lease", "acquire", "work", "--holder", "p1", "--duration", "60s", "-n", &ns]);
+    let holder_only = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("state".into()),
+            labels: Some([(LEASE_LABEL.into(), "work".into()), (WRITER_LABEL.into(), HOLDER_ONLY.into())].into()),
+            annotations: Some([(TOKEN_ANNOTATION.into(), token.clone())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let p1_configmaps: Api<ConfigMap> = Api::namespaced(p1_client, &ns);
+    p1_configmaps.create(&PostParams::default(), &holder_only).await.expect("the holder creates its object");
+    // What `kubectl delete` sends, from the holder itself: refused, it names no version.
+    assert!(precondition_required(p1_configmaps.delete("state", &DeleteParams::default()).await), "the holder's plain DELETE is refused");
+    let kubectl = Command::new(bin.join("kubectl"))
+        .args(["delete", "configmap", "state", "-n", &ns])
+        .env("KUBECONFIG", p1.path())
+        .output()
+        .expect("run kubectl delete");
+    let kubectl_err = text(&kubectl.stderr);
+    assert!(!kubectl.status.success() && kubectl_err.contains("resourceVersion"), "the holder's kubectl delete is refused: {kubectl_err}");
+
+    // Another Pod cannot delete it (exit 8, NotHolder, one line naming the holder).
+    let out = kube_fence(Cluster::Kubeconfig(p2.path()), home, &["delete", "configmap/state", "-n", &ns]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(8), "{stderr}");
+    assert!(
+        stderr.starts_with("kube-fence: error: not the holder:") && stderr.contains("is held by p1") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+    assert!(configmaps.get_opt("state").await.expect("get").is_some(), "the refused delete left it");
+
+    // The holder deletes it from the shell.
+    let out = run_ok(p1.path(), home, &["delete", "configmap/state", "-n", &ns]);
+    assert!(out.starts_with("configmaps/state deleted"), "{out}");
+    assert!(configmaps.get_opt("state").await.expect("get").is_none(), "the holder's delete removed it");
+    let status = local.stop();
+    assert!(status.success(), "{status}\n{}", local.log());
 }

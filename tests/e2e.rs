@@ -8,6 +8,8 @@
 //! Pods — webhook behind its Service, controller with in-cluster config and the chart's RBAC.
 
 mod common;
+#[path = "e2e/delegation.rs"]
+mod delegation;
 #[path = "e2e/leader.rs"]
 mod leader;
 #[path = "e2e/status.rs"]

@@ -169,6 +169,32 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// `patch`/`delegate` with neither `--lease`/`--token` nor a delegated grant.
+    #[error(
+        "no grant to write with: give --lease and --token (the token `kube-fence lease acquire` printed), or run where {} holds a delegated grant (a Pod started with `kube-fence delegate`)",
+        client::GRANT_ENV
+    )]
+    NoGrant,
+    /// `$KUBE_FENCE_GRANT` is set but is not a grant.
+    #[error("{} is not a usable grant: {source}", client::GRANT_ENV)]
+    ReadDelegatedGrant {
+        #[source]
+        source: client::DelegationError,
+    },
+    /// `-n` names another namespace than the delegated grant's lease.
+    #[error(
+        "the delegated grant is for lease {:?} in namespace {:?}, which guards objects in that namespace only, not in {namespace:?}: leave -n out",
+        .grant.lease, .grant.namespace
+    )]
+    DelegatedElsewhere { grant: client::Delegated, namespace: String },
+    #[error("cannot read the manifests {}: {}", .path.display(), io(.source))]
+    ReadManifest {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot stamp the manifests {}: {why}", .path.display())]
+    ParseManifest { path: PathBuf, why: String },
     #[error("{}", explain_write(.server, .object, .lease, .source).1)]
     WriteFenced {
         object: Object,
@@ -252,7 +278,12 @@ impl Error {
     /// The exit status for this failure.
     pub fn exit(&self) -> Exit {
         match self {
-            Error::ParseArguments(_) | Error::ChooseTls => Exit::Usage,
+            Error::ParseArguments(_)
+            | Error::ChooseTls
+            | Error::NoGrant
+            | Error::ReadDelegatedGrant { .. }
+            | Error::DelegatedElsewhere { .. }
+            | Error::ParseManifest { .. } => Exit::Usage,
             Error::FindCluster { .. } => Exit::NoCluster,
             Error::AcquireLease { lease, holder, wait, source, server } => {
                 explain_lease(server, lease, Some(holder), Some(*wait), source).0
@@ -277,6 +308,7 @@ impl Error {
             | Error::ServeMetrics { .. }
             | Error::WriteReadyFile { .. }
             | Error::EncodeOutput { .. }
+            | Error::ReadManifest { .. }
             | Error::WriteOutput { .. } => Exit::Failed,
         }
     }

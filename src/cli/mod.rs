@@ -9,7 +9,10 @@ use clap::{Parser, Subcommand};
 pub mod cluster;
 pub mod controller;
 mod crd;
+pub mod delegate;
+pub mod delete;
 pub mod error;
+pub mod grant;
 pub mod lease;
 pub mod patch;
 pub mod run;
@@ -51,6 +54,15 @@ pub enum Command {
     /// when the object records a token at least as new.
     #[command(after_help = EXIT_STATUS_HELP)]
     Patch(patch::PatchArgs),
+    /// Delete exactly the version of an object read (the resourceVersion precondition a guarded
+    /// DELETE needs): as the holder of a holder-only object, or with a lease's token (exit
+    /// status 8 when the object records a newer one).
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Delete(delete::DeleteArgs),
+    /// Stamp a grant onto manifests a holder starts (a Job, a Pod, a work item) and print them:
+    /// their Pods get it in $KUBE_FENCE_GRANT, with which `patch` and `delete` then write.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Delegate(delegate::DelegateArgs),
 }
 
 /// Runs one parsed command line.
@@ -62,6 +74,8 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Controller(args) => controller::run(args).await,
         Command::Lease(args) => lease::run(args).await,
         Command::Patch(args) => patch::run(args).await,
+        Command::Delete(args) => delete::run(args).await,
+        Command::Delegate(args) => delegate::run(args).await,
     }
 }
 

@@ -1,7 +1,9 @@
 //! `kube-fence patch TYPE/NAME --lease L --token T -p PATCH`: a fenced write from the shell.
 //!
 //! The patch is stamped with the lease label and the token annotation, as the library's
-//! [`Grant::patch`] does, so the fencing webhook judges it; a stale token exits with status 8:
+//! [`crate::client::Grant::patch`] does, so the fencing webhook judges it; a stale token exits
+//! with status 8. Without `--lease` and `--token` it writes with the grant delegated to the
+//! process (`$KUBE_FENCE_GRANT`):
 //!
 //! ```sh
 //! TOKEN=$(kube-fence lease acquire jobs --holder "$HOSTNAME" -n work)
@@ -9,15 +11,13 @@
 //! ```
 
 use std::io::Write;
-use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::discovery::{ApiCapabilities, ApiResource, Discovery, Scope};
 
 use super::cluster::Cluster;
 use super::error::{Error, Object};
-use crate::client::Grant;
-use crate::token::Token;
+use super::grant::GrantArgs;
 
 /// Arguments of `kube-fence patch`.
 #[derive(Debug, clap::Args)]
@@ -28,12 +28,8 @@ pub struct PatchArgs {
     /// Namespace of the object (default: the kubeconfig context's namespace).
     #[arg(short = 'n', long, env = "KUBE_FENCE_NAMESPACE")]
     pub namespace: Option<String>,
-    /// The lease that guards the object (written as its kubefence.io/lease label).
-    #[arg(long)]
-    pub lease: String,
-    /// The fencing token `kube-fence lease acquire` printed.
-    #[arg(long, value_parser = parse_token)]
-    pub token: Token,
+    #[command(flatten)]
+    pub grant: GrantArgs,
     /// The patch, a JSON object: merged into the object, e.g. '{"data":{"total":"42"}}'.
     #[arg(short = 'p', long, value_parser = parse_patch)]
     pub patch: serde_json::Value,
@@ -50,15 +46,11 @@ pub enum PatchType {
     Strategic,
 }
 
-fn parse_object(s: &str) -> Result<(String, String), String> {
+pub(super) fn parse_object(s: &str) -> Result<(String, String), String> {
     match s.split_once('/') {
         Some((kind, name)) if !kind.is_empty() && !name.is_empty() && !name.contains('/') => Ok((kind.to_string(), name.to_string())),
         _ => Err("write the object as TYPE/NAME, e.g. configmap/report".to_string()),
     }
-}
-
-fn parse_token(s: &str) -> Result<Token, String> {
-    s.parse::<Token>().map_err(|e| format!("not a fencing token ({e}); pass what `kube-fence lease acquire` printed"))
 }
 
 fn parse_patch(s: &str) -> Result<serde_json::Value, String> {
@@ -71,35 +63,41 @@ fn parse_patch(s: &str) -> Result<serde_json::Value, String> {
 
 pub async fn run(args: PatchArgs) -> Result<(), Error> {
     let cluster = Cluster::connect().await?;
+    let Some((grant, _)) = args.grant.resolve(args.namespace.as_deref(), &cluster.namespace)? else {
+        return Err(Error::NoGrant);
+    };
     let (resource, name) = args.object;
-    let (ar, caps) = resolve(&cluster, &resource).await?;
-    let namespace = args.namespace.unwrap_or_else(|| cluster.namespace.clone());
-    let (api, object): (Api<DynamicObject>, Object) = match caps.scope {
-        Scope::Namespaced => {
-            (Api::namespaced_with(cluster.client.clone(), &namespace, &ar), Object::namespaced(&ar.kind, &namespace, &name))
-        }
-        Scope::Cluster => (Api::all_with(cluster.client.clone(), &ar), Object::cluster_scoped(&ar.kind, &name)),
-    };
-    // A grant known by its lease and token alone: all a fenced write needs.
-    let grant = Grant {
-        namespace: namespace.clone(),
-        lease: args.lease.clone(),
-        holder: String::new(),
-        token: args.token,
-        duration: Duration::ZERO,
-        valid_until: tokio::time::Instant::now(),
-        uid: None,
-    };
+    let target = Target::resolve(&cluster, &resource, &name, &grant.namespace).await?;
     let patch = match args.patch_type {
         PatchType::Merge => Patch::Merge(args.patch),
         PatchType::Strategic => Patch::Strategic(args.patch),
     };
-    match grant.patch(&api, &name, &PatchParams::default(), patch).await {
+    match grant.patch(&target.api, &name, &PatchParams::default(), patch).await {
         Ok(_) => {
-            writeln!(std::io::stdout().lock(), "{}/{name} patched with token {}", ar.plural, args.token)?;
+            writeln!(std::io::stdout().lock(), "{}/{name} patched with token {}", target.resource.plural, grant.token)?;
             Ok(())
         }
-        Err(source) => Err(Error::WriteFenced { object, lease: args.lease, server: cluster.server, source }),
+        Err(source) => Err(Error::WriteFenced { object: target.object, lease: grant.lease, server: cluster.server, source }),
+    }
+}
+
+/// The object a command names, resolved: how to reach it, and how messages name it.
+pub(super) struct Target {
+    pub api: Api<DynamicObject>,
+    pub object: Object,
+    pub resource: ApiResource,
+}
+
+impl Target {
+    pub(super) async fn resolve(cluster: &Cluster, resource: &str, name: &str, namespace: &str) -> Result<Target, Error> {
+        let (ar, caps) = resolve(cluster, resource).await?;
+        let (api, object) = match caps.scope {
+            Scope::Namespaced => {
+                (Api::namespaced_with(cluster.client.clone(), namespace, &ar), Object::namespaced(&ar.kind, namespace, name))
+            }
+            Scope::Cluster => (Api::all_with(cluster.client.clone(), &ar), Object::cluster_scoped(&ar.kind, name)),
+        };
+        Ok(Target { api, object, resource: ar })
     }
 }
 
@@ -131,8 +129,8 @@ mod tests {
         for bad in ["report", "configmap/", "/report", "a/b/c"] {
             assert!(parse_object(bad).is_err(), "{bad}");
         }
-        assert!(parse_token("42").is_ok());
-        assert!(parse_token("-1").is_err() && parse_token("x").is_err());
+        assert!(super::super::grant::parse_token("42").is_ok());
+        assert!(super::super::grant::parse_token("-1").is_err() && super::super::grant::parse_token("x").is_err());
         assert!(parse_patch(r#"{"data":{}}"#).is_ok());
         assert!(parse_patch("[1]").is_err() && parse_patch("{").is_err());
     }

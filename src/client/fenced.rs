@@ -1,4 +1,4 @@
-//! Fenced writes: create / replace / patch / delete any resource with the grant's token.
+//! Fenced writes: create / replace / patch / update / delete any resource with the grant's token.
 //!
 //! Each helper stamps the object with the `kubefence.io/lease: <lease>` label and the
 //! `kubefence.io/token: <token>` annotation and maps the fencing webhook's rejection to
@@ -20,9 +20,15 @@ use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token, WRITE_ANNOTATION};
 
 /// Stamps `obj` with the grant's lease label and token annotation.
 pub fn stamp<K: Resource>(grant: &Grant, obj: &mut K) {
-    obj.labels_mut().insert(LEASE_LABEL.to_string(), grant.lease.clone());
-    obj.annotations_mut().insert(TOKEN_ANNOTATION.to_string(), grant.token.to_string());
-    obj.annotations_mut().insert(WRITE_ANNOTATION.to_string(), write_id());
+    grant.fence().stamp(obj);
+}
+
+/// What a fenced write needs: the lease and the token. [`Grant`] and [`super::Delegated`] write
+/// through it, so a delegated write is the holder's write, byte for byte.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Fence<'a> {
+    pub lease: &'a str,
+    pub token: Token,
 }
 
 /// A value for the `kubefence.io/write` annotation no earlier write of this process (or, by
@@ -127,9 +133,7 @@ impl Grant {
     where
         K: Resource + Clone + Serialize + DeserializeOwned + Debug,
     {
-        let mut obj = obj.clone();
-        stamp(self, &mut obj);
-        api.create(&PostParams::default(), &obj).await.map_err(classify)
+        self.fence().create(api, obj).await
     }
 
     /// Replaces `obj` (as read, with its resourceVersion) stamped with this grant's token.
@@ -151,11 +155,7 @@ impl Grant {
     where
         K: Resource + Clone + Serialize + DeserializeOwned + Debug,
     {
-        let mut obj = obj.clone();
-        stamp(self, &mut obj);
-        let name = obj.meta().name.clone().ok_or(Error::Missing("name"))?;
-        let params = PostParams::default();
-        retry_unseen_token(|| api.replace(&name, &params, &obj)).await.map_err(classify)
+        self.fence().replace(api, obj).await
     }
 
     /// Patches `name` with a merge, strategic-merge or apply patch, into whose `metadata` the
@@ -174,14 +174,29 @@ impl Grant {
     where
         K: Resource + Clone + DeserializeOwned + Debug,
     {
-        #[allow(unreachable_patterns)]
-        let patch = match patch {
-            Patch::Merge(v) => Patch::Merge(self.stamp_patch(v)?),
-            Patch::Strategic(v) => Patch::Strategic(self.stamp_patch(v)?),
-            Patch::Apply(v) => Patch::Apply(self.stamp_patch(v)?),
-            _ => return Err(Error::UnsupportedPatch("JSON patches cannot be stamped; use a merge or apply patch")),
-        };
-        retry_unseen_token(|| api.patch(name, params, &patch)).await.map_err(classify)
+        self.fence().patch(api, name, params, patch).await
+    }
+
+    /// Reads `name`, lets `edit` change it, and replaces it with this grant's token; when the
+    /// object changed in between (the API server's own 409, [`Error::Conflict`]) it reads it
+    /// again and edits again, up to 8 times. [`Error::StaleToken`] is returned as it is: a newer
+    /// grant wrote the object, and retrying with this token cannot succeed — reread the state the
+    /// newer holder left and decide from it.
+    ///
+    /// ```no_run
+    /// # async fn example(grant: kube_fence::client::Grant, client: kube::Client) -> Result<(), kube_fence::client::Error> {
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &grant.namespace);
+    /// grant.update(&api, "result", |cm: &mut ConfigMap| {
+    ///     cm.data.get_or_insert_with(Default::default).insert("phase".into(), "done".into());
+    /// }).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn update<K>(&self, api: &Api<K>, name: &str, edit: impl FnMut(&mut K)) -> Result<K, Error>
+    where
+        K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    {
+        self.fence().update(api, name, edit).await
     }
 
     /// Deletes `obj` with a resourceVersion (and uid) precondition, so it deletes exactly the
@@ -200,19 +215,7 @@ impl Grant {
     where
         K: Resource + Clone + DeserializeOwned + Debug,
     {
-        let meta = obj.meta();
-        let name = meta.name.clone().ok_or(Error::Missing("name"))?;
-        let resource_version = meta.resource_version.clone().ok_or(Error::Missing("resourceVersion"))?;
-        if let Some(recorded) = obj.annotations().get(TOKEN_ANNOTATION).and_then(|t| t.parse::<Token>().ok())
-            && recorded > self.token
-        {
-            return Err(Error::StaleToken { presented: self.token, recorded });
-        }
-        let params = DeleteParams {
-            preconditions: Some(Preconditions { resource_version: Some(resource_version), uid: meta.uid.clone() }),
-            ..DeleteParams::default()
-        };
-        api.delete(&name, &params).await.map(|_| ()).map_err(classify)
+        self.fence().delete(api, obj).await
     }
 
     /// Patches the `/status` of `name`, a holder-only object (`kubefence.io/writer: holder`) of
@@ -237,12 +240,92 @@ impl Grant {
         api.patch_status(name, params, &patch).await.map_err(classify)
     }
 
+    pub(super) fn fence(&self) -> Fence<'_> {
+        Fence { lease: &self.lease, token: self.token }
+    }
+}
+
+/// How many times [`Fence::update`] reads again after the object changed under it.
+const UPDATE_ATTEMPTS: usize = 8;
+
+impl Fence<'_> {
+    fn stamp<K: Resource>(&self, obj: &mut K) {
+        obj.labels_mut().insert(LEASE_LABEL.to_string(), self.lease.to_string());
+        obj.annotations_mut().insert(TOKEN_ANNOTATION.to_string(), self.token.to_string());
+        obj.annotations_mut().insert(WRITE_ANNOTATION.to_string(), write_id());
+    }
+
+    pub(super) async fn create<K>(&self, api: &Api<K>, obj: &K) -> Result<K, Error>
+    where
+        K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    {
+        let mut obj = obj.clone();
+        self.stamp(&mut obj);
+        api.create(&PostParams::default(), &obj).await.map_err(classify)
+    }
+
+    pub(super) async fn replace<K>(&self, api: &Api<K>, obj: &K) -> Result<K, Error>
+    where
+        K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    {
+        let mut obj = obj.clone();
+        self.stamp(&mut obj);
+        let name = obj.meta().name.clone().ok_or(Error::Missing("name"))?;
+        let params = PostParams::default();
+        retry_unseen_token(|| api.replace(&name, &params, &obj)).await.map_err(classify)
+    }
+
+    pub(super) async fn patch<K>(&self, api: &Api<K>, name: &str, params: &PatchParams, patch: Patch<serde_json::Value>) -> Result<K, Error>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug,
+    {
+        #[allow(unreachable_patterns)]
+        let patch = match patch {
+            Patch::Merge(v) => Patch::Merge(self.stamp_patch(v)?),
+            Patch::Strategic(v) => Patch::Strategic(self.stamp_patch(v)?),
+            Patch::Apply(v) => Patch::Apply(self.stamp_patch(v)?),
+            _ => return Err(Error::UnsupportedPatch("JSON patches cannot be stamped; use a merge or apply patch")),
+        };
+        retry_unseen_token(|| api.patch(name, params, &patch)).await.map_err(classify)
+    }
+
+    pub(super) async fn update<K>(&self, api: &Api<K>, name: &str, mut edit: impl FnMut(&mut K)) -> Result<K, Error>
+    where
+        K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    {
+        let mut last = String::new();
+        for _ in 0..UPDATE_ATTEMPTS {
+            let mut obj = api.get(name).await.map_err(classify)?;
+            edit(&mut obj);
+            match self.replace(api, &obj).await {
+                Err(Error::Conflict(message)) => last = message,
+                other => return other,
+            }
+        }
+        Err(Error::Conflict(last))
+    }
+
+    pub(super) async fn delete<K>(&self, api: &Api<K>, obj: &K) -> Result<(), Error>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug,
+    {
+        let meta = obj.meta();
+        let name = meta.name.clone().ok_or(Error::Missing("name"))?;
+        let resource_version = meta.resource_version.clone().ok_or(Error::Missing("resourceVersion"))?;
+        if let Some(recorded) = obj.annotations().get(TOKEN_ANNOTATION).and_then(|t| t.parse::<Token>().ok())
+            && recorded > self.token
+        {
+            return Err(Error::StaleToken { presented: self.token, recorded });
+        }
+        delete_read_version(api, &name, &resource_version, meta.uid.clone()).await
+    }
+
     fn stamp_patch(&self, mut patch: serde_json::Value) -> Result<serde_json::Value, Error> {
         let root = patch.as_object_mut().ok_or(Error::UnsupportedPatch("the patch is not a JSON object"))?;
         let metadata = root.entry("metadata").or_insert_with(|| serde_json::json!({}));
         let metadata = metadata.as_object_mut().ok_or(Error::UnsupportedPatch("metadata is not an object"))?;
         for (field, key, value) in [
-            ("labels", LEASE_LABEL, self.lease.clone()),
+            ("labels", LEASE_LABEL, self.lease.to_string()),
             ("annotations", TOKEN_ANNOTATION, self.token.to_string()),
             ("annotations", WRITE_ANNOTATION, write_id()),
         ] {
@@ -252,6 +335,21 @@ impl Grant {
         }
         Ok(patch)
     }
+}
+
+/// Deletes `name` only in the version `resource_version` (and `uid`) that was read: a DELETE
+/// carries no token, so "delete what you saw" is what the webhook asks of a guarded object. A
+/// write in between fails it with [`Error::Conflict`]; a holder-only object's webhook refusal
+/// with [`Error::NotHolder`].
+pub async fn delete_read_version<K>(api: &Api<K>, name: &str, resource_version: &str, uid: Option<String>) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let params = DeleteParams {
+        preconditions: Some(Preconditions { resource_version: Some(resource_version.to_string()), uid }),
+        ..DeleteParams::default()
+    };
+    api.delete(name, &params).await.map(|_| ()).map_err(classify)
 }
 
 #[cfg(test)]
@@ -369,10 +467,11 @@ mod tests {
             valid_until: tokio::time::Instant::now(),
             uid: None,
         };
-        let stamped = grant.stamp_patch(serde_json::json!({"metadata": {"labels": {"a": "b"}}, "data": {"x": "1"}})).unwrap_or_default();
+        let stamped =
+            grant.fence().stamp_patch(serde_json::json!({"metadata": {"labels": {"a": "b"}}, "data": {"x": "1"}})).unwrap_or_default();
         assert_eq!(stamped["metadata"]["labels"]["a"], "b");
         assert_eq!(stamped["metadata"]["labels"][LEASE_LABEL], "l");
         assert_eq!(stamped["metadata"]["annotations"][TOKEN_ANNOTATION], "77");
-        assert!(grant.stamp_patch(serde_json::json!([1])).is_err());
+        assert!(grant.fence().stamp_patch(serde_json::json!([1])).is_err());
     }
 }

@@ -34,14 +34,20 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A holder that starts work someone else finishes — a Job, a Pod, a work item — hands its
+//! grant down with [`Grant::delegate`]; the worker writes with [`Delegated::from_env`] (or
+//! [`Delegated::from_object`]), fenced exactly like the holder, with nothing to renew or release.
+//!
 //! Safety never rests on the keep-alive or on clocks: a write is accepted only if its token is
 //! newer than the one the object records, and that is judged by the API server in the same
 //! compare-and-swap as the write. The keep-alive exists so a worker *stops trying* promptly.
 
+mod delegate;
 mod fenced;
 mod lease;
 
-pub use fenced::{UNSEEN_TOKEN_BUDGET, retry_unseen_token, stamp, write_id};
+pub use delegate::{DELEGATED_GRANT_ANNOTATION, Delegated, DelegationError, GRANT_ENV, stamp_delegation};
+pub use fenced::{UNSEEN_TOKEN_BUDGET, delete_read_version, retry_unseen_token, stamp, write_id};
 pub use lease::{AcquireOptions, Grant, Holding, KeepAlive, KeepAliveOptions, Leases, Loss, Step, loss, next_step};
 
 use std::time::Duration;

@@ -133,7 +133,7 @@ async fn setup_client() -> Client {
 }
 
 /// The host process id of a container (`containerd://<id>`), from the node's containerd.
-fn host_pid(container_id: &str) -> u32 {
+pub(super) fn host_pid(container_id: &str) -> u32 {
     let id = container_id.strip_prefix("containerd://").unwrap_or_else(|| panic!("a containerd container: {container_id}"));
     let address = std::env::var("CONTAINERD_ADDRESS").expect("CONTAINERD_ADDRESS (hack/test-node.sh exports it)");
     let namespace = std::env::var("CONTAINERD_NAMESPACE").unwrap_or_else(|_| "k8s.io".into());
@@ -150,7 +150,7 @@ fn host_pid(container_id: &str) -> u32 {
 }
 
 /// Whether process `pid` is stopped (state `T` in /proc/<pid>/stat).
-fn stopped(pid: u32) -> bool {
+pub(super) fn stopped(pid: u32) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_else(|e| panic!("/proc/{pid}/stat: {e}"));
     stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("T")
 }
