@@ -49,10 +49,21 @@ image_tar=$(hack/build-image.sh "${profile_args[@]}" --ref "$IMAGE" --out "$work
 mapfile -t leader_go < <(hack/build-leader-go.sh --image)   # binary, image tarball, image ref
 [[ ${#leader_go[@]} -eq 3 ]] || die "hack/build-leader-go.sh --image printed ${#leader_go[@]} lines, not 3"
 cargo build --locked --examples
+# The delegated Job's worker (tests/e2e/delegation.rs) as an image of its own: a static build, as
+# the kube-fence image is (same target and flags, so the dependencies are built once).
+profile_dir=debug
+[[ ${KUBE_FENCE_IMAGE_PROFILE:-release} == debug ]] || profile_dir=release
+release_args=()
+[[ $profile_dir == release ]] && release_args=(--release)
+RUSTFLAGS="-C target-feature=+crt-static" cargo build --locked "${release_args[@]}" --target x86_64-unknown-linux-gnu --example delegated_writer >&2
+export DELEGATED_WRITER_IMAGE=localhost/kube-fence/delegated-writer:dev
+hack/make-image.sh --binary "${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-gnu/$profile_dir/examples/delegated_writer" \
+  --ref "$DELEGATED_WRITER_IMAGE" --out "$work/delegated-writer.tar" >&2
 
 say "loading the images: ${load[*]} TARBALL"
 "${load[@]}" "$image_tar" >&2
 "${load[@]}" "${leader_go[1]}" >&2
+"${load[@]}" "$work/delegated-writer.tar" >&2
 export LEADER_GO_IMAGE=${leader_go[2]}
 
 say "installing the CRDs and the chart"
@@ -75,8 +86,11 @@ if [[ -n ${CONTAINERD_ADDRESS:-} ]]; then
   # 20 cycles each here; the README's 100-cycle figures were measured with LEADER_GO_CYCLES=100.
   LEADER_GO_CYCLES=${LEADER_GO_CYCLES:-20} cargo test --locked --test e2e \
     leader::a_paused_leader_pod -- --ignored --test-threads 1 --nocapture
+  say "running the delegated Job's pause cycles (image $DELEGATED_WRITER_IMAGE)"
+  KF_DELEGATION_NODE_CYCLES=${KF_DELEGATION_NODE_CYCLES:-20} cargo test --locked --test e2e \
+    delegation::a_paused_delegated_job_pod_on_the_node_is_fenced -- --ignored --exact --nocapture
 else
-  say "leader-go pause cycles not run: they signal the container's host process, found through the node's containerd (CONTAINERD_ADDRESS), which this cluster does not give"
+  say "leader-go and delegated-Job pause cycles not run: they signal the container's host process, found through the node's containerd (CONTAINERD_ADDRESS), which this cluster does not give"
 fi
 say "running the operations tests"
 cargo test --locked --test operations -- --ignored --test-threads 1 --nocapture
