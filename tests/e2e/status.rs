@@ -1,6 +1,8 @@
 //! The pause test for status writes, with real processes: a holder Pod's worker
-//! (`examples/status_writer.rs`, authenticated with a token bound to its Pod) is stopped with
-//! SIGSTOP between preparing a `/status` write and sending it; its lease expires; the other Pod's
+//! (`examples/status_writer.rs`, authenticated with a token bound to its Pod) stops itself
+//! (SIGSTOP) between preparing its second `/status` write and sending it, and the test waits
+//! until the kernel shows it stopped — the pause is injected, never raced against a timer; its
+//! lease expires; the other Pod's
 //! worker acquires the lease and writes; the first is resumed with SIGCONT and sends the write
 //! it had prepared. Threat case: a stale-but-honest holder (paused, partitioned). Every such
 //! write must be refused (`NotHolder`), and a watch of the Lease and the object, judged by the
@@ -43,7 +45,8 @@ struct Worker {
 impl Worker {
     fn start(pod: &str, ns: &str, kubeconfig: tempfile::NamedTempFile) -> Worker {
         let mut child = Command::new(status_writer())
-            .args([ns, "work", "web", "150"])
+            // Each worker writes once, prepares its second write and stops itself before sending.
+            .args([ns, "work", "web", "0", "--stop-before-write", "2"])
             .env("KUBECONFIG", kubeconfig.path())
             .env("POD_NAME", pod)
             .stdout(Stdio::piped())
@@ -91,6 +94,15 @@ impl Worker {
     fn signal(&self, signal: &str) {
         let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status().expect("run kill");
         assert!(status.success(), "kill {signal} {}", self.child.id());
+    }
+
+    /// Waits until the worker has stopped itself (state `T` in `/proc/<pid>/stat`), at most 10 s.
+    fn wait_stopped(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !common::is_stopped(self.child.id()) {
+            assert!(Instant::now() < deadline, "{}: did not stop itself within 10 s of preparing its write", self.pod);
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
@@ -166,8 +178,8 @@ async fn a_paused_holder_pod_cannot_write_status_after_losing_its_lease() {
         let other = if holder.pod == "p1" { 1 } else { 0 };
         holder.next("written").await;
         let seq = holder.next("prepared").await["seq"].as_u64().unwrap_or_default();
-        // Paused between preparing the write and sending it, past its lease.
-        holder.signal("-STOP");
+        // Paused (by itself) between preparing the write and sending it, past its lease.
+        holder.wait_stopped();
         let mut next = Worker::start(["p1", "p2"][other], &ns, kubeconfig(other).await);
         next.next("granted").await;
         next.next("written").await;

@@ -283,9 +283,10 @@ impl Replica {
         Replica { pod: pod.to_string(), child, lines }
     }
 
+    /// Signals the replica and waits until the signal took effect (what [`leader::Replicas`]
+    /// promises: the cycle's next step must not race the kernel's delivery).
     fn signal(&self, signal: &str) {
-        let status = std::process::Command::new("kill").args([signal, &self.child.id().to_string()]).status().expect("kill");
-        assert!(status.success(), "kill {signal} {}", self.child.id());
+        common::signal_and_wait(self.child.id(), signal);
     }
 }
 
