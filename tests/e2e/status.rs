@@ -43,10 +43,11 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(pod: &str, ns: &str, kubeconfig: tempfile::NamedTempFile) -> Worker {
+    /// A worker that stops itself before sending each write in `stops` (`1,2`: before its first
+    /// and before its second).
+    fn start(pod: &str, ns: &str, kubeconfig: tempfile::NamedTempFile, stops: &str) -> Worker {
         let mut child = Command::new(status_writer())
-            // Each worker writes once, prepares its second write and stops itself before sending.
-            .args([ns, "work", "web", "0", "--stop-before-write", "2"])
+            .args([ns, "work", "web", "0", "--stop-before-write", stops])
             .env("KUBECONFIG", kubeconfig.path())
             .env("POD_NAME", pod)
             .stdout(Stdio::piped())
@@ -160,8 +161,11 @@ async fn a_paused_holder_pod_cannot_write_status_after_losing_its_lease() {
     let (seen, recorder) = record(client.clone(), &ns);
 
     let kubeconfig = |i: usize| common::identity::kubeconfig_as_pod(&client, &ns, "worker", &made[i]);
-    let mut holder = Worker::start("p1", &ns, kubeconfig(0).await);
+    // The first holder stops before its first write too, until web exists.
+    let mut holder = Worker::start("p1", &ns, kubeconfig(0).await, "1,2");
     let granted = holder.next("granted").await;
+    holder.next("prepared").await;
+    holder.wait_stopped();
     // The holder-only Deployment is created by its holder, with the lease's newest token.
     let web: Deployment = serde_json::from_value(json!({
         "metadata": {"name": "web", "labels": {LEASE_LABEL: "work", WRITER_LABEL: HOLDER_ONLY},
@@ -171,16 +175,19 @@ async fn a_paused_holder_pod_cannot_write_status_after_losing_its_lease() {
     }))
     .unwrap();
     Api::<Deployment>::namespaced(p1_client, &ns).create(&PostParams::default(), &web).await.expect("the holder creates web");
+    holder.signal("-CONT");
 
     let started = Instant::now();
     let mut refused = 0;
+    // Every holder writes once, prepares its next write and stops itself before sending it.
+    holder.next("written").await;
+    let mut seq = holder.next("prepared").await["seq"].as_u64().unwrap_or_default();
     for round in 0..rounds {
         let other = if holder.pod == "p1" { 1 } else { 0 };
-        holder.next("written").await;
-        let seq = holder.next("prepared").await["seq"].as_u64().unwrap_or_default();
         // Paused (by itself) between preparing the write and sending it, past its lease.
         holder.wait_stopped();
-        let mut next = Worker::start(["p1", "p2"][other], &ns, kubeconfig(other).await);
+        // Each next holder writes once, prepares its second write and stops itself before sending.
+        let mut next = Worker::start(["p1", "p2"][other], &ns, kubeconfig(other).await, "2");
         next.next("granted").await;
         next.next("written").await;
         holder.signal("-CONT");
@@ -189,6 +196,7 @@ async fn a_paused_holder_pod_cannot_write_status_after_losing_its_lease() {
         assert_eq!(outcome["reason"], "NotHolder", "round {round}: {outcome}");
         assert_eq!(outcome["holder"], next.pod.as_str(), "round {round}: the refusal names the holder");
         refused += 1;
+        seq = next.next("prepared").await["seq"].as_u64().unwrap_or_default();
         holder = next;
     }
     let elapsed = started.elapsed();
