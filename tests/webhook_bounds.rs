@@ -287,7 +287,8 @@ async fn open_many(
 }
 
 /// Connections open at once are bounded: per source (a client cannot take every place, and
-/// the API server — calling from another address — keeps being served) and in all. A
+/// the API server — calling from another address — keeps being served) and in all (the last
+/// quarter of the places only for sources with few connections open, such as an API server). A
 /// connection beyond a bound is closed at once, and its place comes back when one closes.
 #[tokio::test]
 async fn connections_open_at_once_are_bounded_in_all_and_per_source() {

@@ -37,6 +37,10 @@ pub const MAX_CONNECTIONS: usize = 2048;
 /// Connections open at once from one source address: what the API server needs, and a client
 /// that opens more cannot take every place.
 pub const MAX_CONNECTIONS_PER_SOURCE: usize = 512;
+/// The last quarter of [`Bounds::max_connections`] is kept for sources with fewer than this
+/// many connections open: clients that open many connections from many addresses fill at most
+/// three quarters, and an API server with a few connections open still gets a new one.
+pub const FEW_CONNECTIONS: usize = 8;
 /// Reviews that need a quorum read, per second and source address.
 pub const QUORUM_READS_PER_SECOND: u32 = 100;
 
@@ -82,13 +86,17 @@ pub struct OpenConnections {
 impl OpenConnections {
     /// Takes a place for a connection from `source`, or says why there is none.
     pub fn open(&mut self, source: IpAddr, limits: &Bounds) -> Result<(), Crowded> {
-        if self.total >= limits.max_connections {
+        let from_source = self.by_source.get(&source).copied().unwrap_or(0);
+        // The last quarter of the places is for sources with few connections open.
+        let shared = limits.max_connections - limits.max_connections / 4;
+        let cap = if from_source < FEW_CONNECTIONS { limits.max_connections } else { shared };
+        if self.total >= cap {
             return Err(Crowded::Total);
         }
-        let from_source = self.by_source.entry(source).or_insert(0);
-        if *from_source >= limits.max_connections_per_source {
+        if from_source >= limits.max_connections_per_source {
             return Err(Crowded::Source);
         }
+        let from_source = self.by_source.entry(source).or_insert(0);
         *from_source += 1;
         self.total += 1;
         self.peak = self.peak.max(self.total);
@@ -356,6 +364,22 @@ mod tests {
         // Closing what was never opened changes nothing.
         open.close(ip(9));
         assert_eq!(open.total(), 0);
+    }
+
+    #[test]
+    fn the_last_quarter_of_the_places_is_kept_for_sources_with_few_connections() {
+        let limits = Bounds { max_connections: 40, max_connections_per_source: 16, quorum_reads_per_source: None };
+        let mut open = OpenConnections::default();
+        // Sources with many connections fill the shared three quarters (30), then each its
+        // first FEW_CONNECTIONS more from the rest: 16, 14 (8 + 6 to 30), 8.
+        let many: Vec<usize> = [66, 67, 68].iter().map(|s| (0..16).filter(|_| open.open(ip(*s), &limits).is_ok()).count()).collect();
+        assert_eq!(many, [16, 14, FEW_CONNECTIONS]);
+        assert_eq!(open.open(ip(67), &limits), Err(Crowded::Total), "a source with many open is kept out of the last quarter");
+        // A source with few open still gets a place.
+        assert_eq!(open.open(ip(1), &limits), Ok(()));
+        assert_eq!(open.open(ip(2), &limits), Ok(()));
+        assert_eq!(open.total(), 40);
+        assert_eq!(open.open(ip(4), &limits), Err(Crowded::Total), "never more than the bound in all");
     }
 
     #[test]
