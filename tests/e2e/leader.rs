@@ -273,10 +273,11 @@ async fn a_paused_leader_pod_is_fenced_when_it_resumes() {
     .await;
 
     let run = leader::pause_cycles(&client, &ns, &widgets, cycles, &mut replicas).await;
-    // Let the watch and the logs catch up with the last writes.
+    // Let the logs catch up with the last writes, then the watch with what the logs say.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    recorder.abort();
     let accepted: usize = replicas.0.iter().map(|r| leader::accepted(&r.lines.lock().expect("lines"))).sum();
+    leader::catch_up(&seen, accepted, Duration::from_secs(30)).await;
+    recorder.abort();
     for replica in &replicas.0 {
         replica.follower.abort();
         let pod = pods.get(&replica.pod).await.expect("the Pod");

@@ -201,7 +201,12 @@ async fn a_paused_holder_pod_cannot_write_status_after_losing_its_lease() {
     }
     let elapsed = started.elapsed();
     drop(holder);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The watch catches up: each of the rounds + 1 holders wrote once.
+    let watched = || seen.lock().expect("history lock").iter().filter(|o| matches!(o, Observation::HolderWrite { .. })).count() as u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while watched() <= rounds && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     recorder.abort();
     let observations = seen.lock().expect("history lock").clone();
     let writes = observations.iter().filter(|o| matches!(o, Observation::HolderWrite { .. })).count();

@@ -367,8 +367,8 @@ async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
         assert!(exited.success(), "{} exited with {exited} on SIGTERM", replica.pod);
         accepted += leader::accepted(&replica.lines.lock().expect("lines"));
     }
-    // Let the watch catch up with the last writes.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The watch catches up with the last writes.
+    leader::catch_up(&seen, accepted, Duration::from_secs(30)).await;
     recorder.abort();
     let seen = std::mem::take(&mut *seen.lock().expect("seen"));
     run.check("leader-go", &seen, accepted);
