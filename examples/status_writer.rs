@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! export KUBECONFIG=...      # in a Pod: nothing to set; the Pod's own ServiceAccount token is used
-//! cargo run --example status_writer -- NAMESPACE LEASE DEPLOYMENT [THINK_MS]
+//! cargo run --example status_writer -- NAMESPACE LEASE DEPLOYMENT [THINK_MS] [--stop-before-write N[,N...]]
 //! ```
 //!
 //! It acquires `LEASE` (a kube-fence Lease with `spec.identity: Pod`) as its own Pod
@@ -13,7 +13,10 @@
 //! `kubefence.io/writer: holder`) again and again: it prepares a write, thinks for `THINK_MS`
 //! (default 300), then sends it. A status write carries no token; the webhook admits it only
 //! while this Pod holds the lease. Paused past its lease (SIGSTOP) and resumed, the write it had
-//! prepared is refused with `NotHolder`, and the worker stops.
+//! prepared is refused with `NotHolder`, and the worker stops. With `--stop-before-write N` it
+//! pauses itself exactly there: having prepared write `N` (or each of a comma-separated list)
+//! it stops its own process (SIGSTOP) before sending it, until someone sends it SIGCONT — the
+//! pause test's deterministic pause.
 //!
 //! One JSON line per step on stdout (`granted`, `prepared`, `written`, `refused`), for people and
 //! for the pause test (`tests/e2e.rs`).
@@ -28,11 +31,26 @@ use serde_json::json;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: status_writer NAMESPACE LEASE DEPLOYMENT [THINK_MS] [--stop-before-write N[,N...]]";
     let [namespace, lease, name, rest @ ..] = args.as_slice() else {
-        eprintln!("usage: status_writer NAMESPACE LEASE DEPLOYMENT [THINK_MS]");
+        eprintln!("{usage}");
         std::process::exit(2);
     };
-    let think = Duration::from_millis(rest.first().map(|t| t.parse()).transpose()?.unwrap_or(300));
+    let (mut think, mut stop_before) = (Duration::from_millis(300), Vec::<u64>::new());
+    let mut rest = rest.iter();
+    while let Some(arg) = rest.next() {
+        match (arg.as_str(), rest.clone().next()) {
+            ("--stop-before-write", Some(list)) if list.split(',').all(|n| n.parse::<u64>().is_ok()) => {
+                stop_before = list.split(',').filter_map(|n| n.parse().ok()).collect();
+                rest.next();
+            }
+            (ms, _) if ms.parse::<u64>().is_ok() => think = Duration::from_millis(ms.parse()?),
+            (other, _) => {
+                eprintln!("status_writer: unexpected argument {other:?}; {usage}");
+                std::process::exit(2);
+            }
+        }
+    }
     let Some(me) = kube_fence::client::pod_name() else {
         eprintln!("status_writer runs as a Pod: set POD_NAME (the downward API does) or run it in a Pod");
         std::process::exit(2);
@@ -48,7 +66,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", json!({"event": "prepared", "seq": seq}));
         // The worker is busy here; a pause (SIGSTOP, a long GC) between preparing a write and
         // sending it is what fencing is for.
-        tokio::time::sleep(think).await;
+        if stop_before.contains(&seq) {
+            // stdout is line-buffered: the line above is out. SIGSTOP stops every thread.
+            // SAFETY: raise(3) with a signal number; no memory is involved.
+            unsafe { libc::raise(libc::SIGSTOP) };
+        } else {
+            tokio::time::sleep(think).await;
+        }
         let status = json!({"status": {"conditions": [{
             "type": "Progressing", "status": "True", "reason": "StatusWriter", "message": format!("{me} {seq}"),
         }]}});

@@ -712,6 +712,7 @@ async fn rotated_certificate_is_picked_up_without_a_failed_admission() {
         tls,
         Exemptions::default(),
         Default::default(),
+        Default::default(),
         metrics,
         registry.clone(),
         stop.clone().cancelled_owned(),

@@ -1,19 +1,26 @@
-//! Finding 5 of the hardening issue (anyone who can reach the webhook port; the port is open
-//! to every Pod unless the chart's NetworkPolicy or client-certificate authentication is on):
-//! memory and time per connection are bounded.
+//! Threat case: anyone who can reach the webhook port (no RBAC needed; the port is open to
+//! every Pod unless the chart's NetworkPolicy or client-certificate authentication is on):
+//! memory and time per connection are bounded, the port speaks only the HTTP/1.1 its ALPN
+//! advertises (an HTTP/2 connection would have no idle deadline), and the connections open at
+//! once are bounded in all and per source.
 //!
-//! A test binary of its own, with one test, so the resident memory it reads (`/proc/self`) is
-//! the webhook's and this attack's alone.
+//! A test binary of its own, its tests one at a time ([`SERIAL`]), so the resident memory it
+//! reads (`/proc/self`) is the webhook's and one attack's alone.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kube_fence::admission::bounds::Bounds;
 use kube_fence::admission::local::{LocalOptions, LocalWebhook};
-use kube_fence::admission::server::{BODY_BUDGET_BYTES, BODY_READ_TIMEOUT, MAX_BODY_BYTES, Metrics};
+use kube_fence::admission::server::{BODY_BUDGET_BYTES, BODY_READ_TIMEOUT, HEADER_READ_TIMEOUT, MAX_BODY_BYTES, Metrics};
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The tests of this binary run one at a time: each measures the process's memory or counts
+/// the webhook's connections.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn rss_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -26,6 +33,15 @@ fn rss_bytes() -> u64 {
 }
 
 async fn connect(addr: std::net::SocketAddr, ca_pem: &str) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    connect_from(None, addr, ca_pem).await.expect("TLS handshake")
+}
+
+/// A TLS connection from `source` (an address of 127.0.0.0/8), or the handshake's error.
+async fn connect_from(
+    source: Option<&str>,
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
@@ -36,9 +52,32 @@ async fn connect(addr: std::net::SocketAddr, ca_pem: &str) -> tokio_rustls::clie
         .expect("TLS versions")
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    if let Some(source) = source {
+        socket.bind(std::net::SocketAddr::new(source.parse().expect("a source address"), 0))?;
+    }
+    let tcp = socket.connect(addr).await?;
     let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
-    tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.expect("TLS handshake")
+    tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await
+}
+
+async fn start(client: &kube::Client, test: &str, bounds: Bounds) -> (String, LocalWebhook, Arc<Registry>) {
+    let ns = common::namespace(client, test).await;
+    let mut options = LocalOptions::new(format!("kf-test-{ns}"));
+    options.only_namespaces = Some(vec![ns.clone()]);
+    options.bounds = bounds;
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let registry = Arc::new(registry);
+    let hook = LocalWebhook::start(client.clone(), options, metrics, registry.clone()).await.expect("start the webhook");
+    (ns, hook, registry)
+}
+
+/// The value of the metric sample whose line starts with `sample` (0 when absent).
+fn metric(registry: &Registry, sample: &str) -> f64 {
+    let text = kube_fence::telemetry::render(registry);
+    let line = text.lines().find(|l| l.starts_with(sample)).unwrap_or_default();
+    line.split_whitespace().last().and_then(|v| v.parse().ok()).unwrap_or(0.0)
 }
 
 fn head(length: usize) -> String {
@@ -56,6 +95,7 @@ async fn status_of(tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStre
 
 #[tokio::test]
 async fn memory_and_time_per_connection_are_bounded() {
+    let _serial = SERIAL.lock().await;
     let client = common::client().await;
     let ns = common::namespace(&client, "bounds").await;
     let mut options = LocalOptions::new(format!("kf-test-{ns}"));
@@ -137,5 +177,175 @@ async fn memory_and_time_per_connection_are_bounded() {
     };
     eprintln!("a body trickled at a byte per 2 s was answered {code} after {:?}", trickle.elapsed());
     assert_eq!(code, 408, "the trickled body is cut off");
+    hook.stop(&client).await.expect("remove the registration");
+}
+
+/// The port advertises only `http/1.1` in ALPN; a client that speaks HTTP/2 by prior knowledge
+/// gets no HTTP/2 (hyper's HTTP/2 server has no idle deadline: such a connection, after one
+/// request, stayed open forever, and 20,000 of them took the webhook's file descriptors and
+/// every guarded write with them). An HTTP/1.1 keep-alive connection left idle after a request
+/// is closed at the header deadline.
+#[tokio::test]
+async fn the_port_speaks_no_http2_and_idle_connections_are_closed() {
+    let _serial = SERIAL.lock().await;
+    let client = common::client().await;
+    let (_ns, hook, _registry) = start(&client, "bounds-h2", Bounds::default()).await;
+    let (addr, ca) = (hook.addr, hook.ca_pem.clone());
+
+    let tls = connect(addr, &ca).await;
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("the client side of an HTTP/2 handshake needs no answer");
+    let opened = Instant::now();
+    let connection = tokio::spawn(connection);
+    let request = http::Request::get(format!("https://{addr}/healthz")).body(http_body_util::Empty::<axum::body::Bytes>::new()).unwrap();
+    let answered = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request)).await;
+    let served = matches!(&answered, Ok(Ok(response)) if response.status() == 200);
+    // However it ended, the server must not keep the connection: wait for it to go.
+    let limit = HEADER_READ_TIMEOUT * 2 + Duration::from_secs(5);
+    let closed = tokio::time::timeout(limit, connection).await.is_ok();
+    eprintln!(
+        "HTTP/2 by prior knowledge: request {}; connection {} after {:.1?}",
+        if served { "served" } else { "refused" },
+        if closed { "closed" } else { "still open" },
+        opened.elapsed()
+    );
+    assert!(!served, "an HTTP/2 request was served on a port that advertises only http/1.1");
+    assert!(closed, "the HTTP/2 connection was still open {limit:?} after it was opened");
+
+    // HTTP/1.1: one request, then idle on the kept-alive connection: closed at the header deadline.
+    let mut tls = connect(addr, &ca).await;
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").await.expect("request");
+    let mut buf = vec![0u8; 1024];
+    let n = tls.read(&mut buf).await.expect("response");
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    let idle = Instant::now();
+    let end = tokio::time::timeout(HEADER_READ_TIMEOUT * 2 + Duration::from_secs(5), tls.read(&mut buf)).await;
+    eprintln!("an idle HTTP/1.1 keep-alive connection was closed after {:.1?}", idle.elapsed());
+    assert!(matches!(end, Ok(Ok(0)) | Ok(Err(_))), "the idle keep-alive connection was not closed: {end:?}");
+    hook.stop(&client).await.expect("remove the registration");
+}
+
+/// One connection held open from `source`: handshaken, then kept alive with a request every
+/// two seconds until `stop`. Reports whether the webhook let it in (a connection without a
+/// place is closed before its handshake completes).
+fn hold(
+    source: &'static str,
+    addr: std::net::SocketAddr,
+    ca: String,
+    stop: tokio_util::sync::CancellationToken,
+) -> (tokio::sync::oneshot::Receiver<bool>, tokio::task::JoinHandle<()>) {
+    let (admitted, result) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut tls = match connect_from(Some(source), addr, &ca).await {
+            Ok(tls) => tls,
+            Err(_) => {
+                let _ = admitted.send(false);
+                return;
+            }
+        };
+        let mut admitted = Some(admitted);
+        let mut buf = vec![0u8; 1024];
+        loop {
+            let served = async {
+                tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").await.ok()?;
+                let n = tls.read(&mut buf).await.ok()?;
+                String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200").then_some(())
+            };
+            let served = served.await.is_some();
+            if let Some(admitted) = admitted.take() {
+                let _ = admitted.send(served);
+            }
+            if !served {
+                return;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
+    });
+    (result, task)
+}
+
+/// Opens `n` connections from `source` with [`hold`]: how many were admitted, and their tasks.
+async fn open_many(
+    source: &'static str,
+    n: usize,
+    addr: std::net::SocketAddr,
+    ca: String,
+    stop: tokio_util::sync::CancellationToken,
+) -> (usize, Vec<tokio::task::JoinHandle<()>>) {
+    let pending: Vec<_> = (0..n).map(|_| hold(source, addr, ca.clone(), stop.clone())).collect();
+    let (mut admitted, mut tasks) = (0, Vec::new());
+    for (result, task) in pending {
+        admitted += usize::from(result.await.unwrap_or(false));
+        tasks.push(task);
+    }
+    (admitted, tasks)
+}
+
+/// Connections open at once are bounded: per source (a client cannot take every place, and
+/// the API server — calling from another address — keeps being served) and in all (the last
+/// quarter of the places only for sources with few connections open, such as an API server). A
+/// connection beyond a bound is closed at once, and its place comes back when one closes.
+#[tokio::test]
+async fn connections_open_at_once_are_bounded_in_all_and_per_source() {
+    let _serial = SERIAL.lock().await;
+    let client = common::client().await;
+    let bounds = Bounds { max_connections: 40, max_connections_per_source: 16, ..Bounds::default() };
+    let (ns, hook, registry) = start(&client, "bounds-conns", bounds).await;
+    let (addr, ca) = (hook.addr, hook.ca_pem.clone());
+    // The registration is in effect, and a lease to judge a guarded create by.
+    common::wait_fenced(&client, &ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(30)).await;
+    let leases: kube::Api<kube_fence::api::Lease> = kube::Api::namespaced(client.clone(), &ns);
+    leases.create(&Default::default(), &kube_fence::api::Lease::new("work", Default::default())).await.expect("create the lease");
+    let status = serde_json::json!({"status": {"phase": "Held", "holder": "a", "token": 5}});
+    leases.patch_status("work", &Default::default(), &kube::api::Patch::Merge(&status)).await.expect("grant");
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(serde_json::json!({"metadata": {"name": "guarded",
+        "labels": {kube_fence::token::LEASE_LABEL: "work"}, "annotations": {kube_fence::token::TOKEN_ANNOTATION: "5"}}}))
+    .unwrap();
+    let configmaps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client.clone(), &ns);
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let open = |source: &'static str, n: usize| open_many(source, n, addr, ca.clone(), stop.clone());
+
+    // One source: 16 places, and no more.
+    let (from_one, mut tasks) = open("127.0.0.2", 20).await;
+    eprintln!("20 connections from 127.0.0.2: {from_one} admitted (per-source bound 16)");
+    assert_eq!(from_one, 16, "one source gets its bound, no more");
+    assert!(metric(&registry, "kube_fence_webhook_refused_connections_total{cause=\"per_source\"}") >= 4.0);
+
+    // The API server still reaches the webhook: a guarded create is judged (one quorum read).
+    configmaps.create(&Default::default(), &cm).await.expect("the API server's review is judged while another source is at its bound");
+
+    // In all: 40 places, whoever asks.
+    let (from_two, held) = open("127.0.0.3", 16).await;
+    tasks.extend(held);
+    let (from_three, held) = open("127.0.0.4", 16).await;
+    tasks.extend(held);
+    let open_now = metric(&registry, "kube_fence_webhook_open_connections ");
+    eprintln!("then 16 from 127.0.0.3 and 16 from 127.0.0.4: {from_two} and {from_three} admitted; {open_now} open (bound 40)");
+    assert!(from_one + from_two + from_three <= 40, "at most 40 connections at once");
+    assert!(from_two + from_three < 32, "the bound in all refused some");
+    assert!(open_now <= 40.0, "{open_now} connections open");
+    assert!(metric(&registry, "kube_fence_webhook_refused_connections_total{cause=\"total\"}") >= 1.0);
+
+    // Their places come back when they close.
+    stop.cancel();
+    for task in tasks {
+        let _ = task.await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&registry, "kube_fence_webhook_open_connections ") > 8.0 {
+        assert!(Instant::now() < deadline, "the closed connections' places were not given back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (again, held) = open("127.0.0.2", 1).await;
+    assert_eq!(again, 1, "a connection is admitted again once places are free");
+    for task in held {
+        task.abort();
+    }
     hook.stop(&client).await.expect("remove the registration");
 }

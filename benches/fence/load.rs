@@ -135,7 +135,8 @@ pub async fn serve_noop(args: &[String]) -> anyhow::Result<()> {
         .route("/readyz", axum::routing::get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     let listener = std::net::TcpListener::bind(addr)?;
-    kube_fence::admission::server::serve(listener, RustlsConfig::from_config(config), router, std::future::pending()).await?;
+    let gate = kube_fence::admission::bounds::ConnectionGate::new(Default::default(), Default::default());
+    kube_fence::admission::server::serve(listener, RustlsConfig::from_config(config), router, gate, std::future::pending()).await?;
     Ok(())
 }
 

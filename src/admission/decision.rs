@@ -219,11 +219,14 @@ pub enum Reason {
     MalformedRequest,
     /// The lease could not be read (API server unreachable): failed closed.
     LeaseReadFailed,
+    /// The review needed a quorum read, and its source address has used up its read budget
+    /// (HTTP 429; retry after a second).
+    ReadsThrottled,
 }
 
 impl Reason {
     /// Every reason, for tests and documentation.
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 19] = [
         Reason::Fenced,
         Reason::Unguarded,
         Reason::Exempt,
@@ -242,6 +245,7 @@ impl Reason {
         Reason::NotHolder,
         Reason::MalformedRequest,
         Reason::LeaseReadFailed,
+        Reason::ReadsThrottled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -264,6 +268,7 @@ impl Reason {
             Reason::NotHolder => "NotHolder",
             Reason::MalformedRequest => "MalformedRequest",
             Reason::LeaseReadFailed => "LeaseReadFailed",
+            Reason::ReadsThrottled => "ReadsThrottled",
         }
     }
 

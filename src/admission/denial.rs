@@ -44,7 +44,9 @@ pub fn status(code: u16, reason: Reason, message: &str, facts: &Facts) -> Status
         }
     }
     let status = Status::failure(message, reason.as_str()).with_code(code);
-    if causes.is_empty() {
+    // The API server turns retryAfterSeconds into a Retry-After header, which client-go obeys.
+    let retry_after_seconds = retry_after(reason);
+    if causes.is_empty() && retry_after_seconds == 0 {
         status
     } else {
         status.with_details(StatusDetails {
@@ -53,8 +55,17 @@ pub fn status(code: u16, reason: Reason, message: &str, facts: &Facts) -> Status
             kind: String::new(),
             uid: String::new(),
             causes,
-            retry_after_seconds: 0,
+            retry_after_seconds,
         })
+    }
+}
+
+/// Seconds after which a write denied for `reason` may be sent again unchanged (0: never, it
+/// needs something else first, such as a newer token).
+pub fn retry_after(reason: Reason) -> u32 {
+    match reason {
+        Reason::ReadsThrottled => 1,
+        _ => 0,
     }
 }
 
@@ -131,5 +142,8 @@ mod tests {
         assert_eq!(Denial::from_status(&Status::failure("x", "Forbidden").with_code(403)), None);
         let without_facts = Denial::from_status(&status(403, Reason::TokenMissing, "no token", &Facts::default()));
         assert_eq!(without_facts.map(|d| (d.reason, d.presented)), Some((Reason::TokenMissing, None)));
+        assert_eq!(status(403, Reason::TokenMissing, "no token", &Facts::default()).details, None);
+        let throttled = status(429, Reason::ReadsThrottled, "too many", &Facts::default());
+        assert_eq!(throttled.details.map(|d| d.retry_after_seconds), Some(1), "a throttled write says when to retry");
     }
 }

@@ -13,6 +13,7 @@ use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::bounds::Bounds;
 use super::decision::Exemptions;
 use super::leader::IdentityRule;
 use super::leases::LeaseDirectory;
@@ -35,6 +36,8 @@ pub struct LocalOptions {
     /// How a leader-election Lease's holder names a Pod: the webhook judges guarded writes and
     /// the holder policy judges claims by this one rule.
     pub leader_identity: IdentityRule,
+    /// What one client of the port can cost (connections, quorum reads).
+    pub bounds: Bounds,
 }
 
 impl LocalOptions {
@@ -47,6 +50,7 @@ impl LocalOptions {
             exempt: Exemptions::default(),
             policy_path: false,
             leader_identity: IdentityRule::default(),
+            bounds: Bounds::default(),
         }
     }
 }
@@ -103,6 +107,7 @@ impl LocalWebhook {
             tls,
             exempt,
             options.leader_identity.clone(),
+            options.bounds,
             metrics.clone(),
             registry,
             stop.clone().cancelled_owned(),

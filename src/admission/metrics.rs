@@ -7,6 +7,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::bounds::ConnectionMetrics;
 use super::decision::Verdict;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -67,6 +68,10 @@ pub struct Metrics {
     pub events_suppressed: Counter,
     /// Certificate reloads (files changed, or the shared Secret changed).
     pub tls_reloads: Counter,
+    /// Open connections, and connections closed at once because too many were open.
+    pub connections: ConnectionMetrics,
+    /// Reviews denied without their quorum read: their source used up its read budget.
+    pub reads_throttled: Counter,
 }
 
 impl Metrics {
@@ -75,6 +80,10 @@ impl Metrics {
         let lease_reads = Family::<ReadLabels, Counter>::default();
         let cache_reads = lease_reads.get_or_create(&ReadLabels { read: "cache" }).clone();
         let linearizable_reads = lease_reads.get_or_create(&ReadLabels { read: "linearizable" }).clone();
+        let refused_connections = Family::<RefusalLabels, Counter>::default();
+        let refused_total = refused_connections.get_or_create(&RefusalLabels { cause: "total" }).clone();
+        let refused_source = refused_connections.get_or_create(&RefusalLabels { cause: "per_source" }).clone();
+        let connections = ConnectionMetrics { open: Default::default(), refused_total, refused_source };
         let m = Metrics {
             decisions: Family::default(),
             cache_reads,
@@ -83,6 +92,8 @@ impl Metrics {
             latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             events_suppressed: Counter::default(),
             tls_reloads: Counter::default(),
+            connections,
+            reads_throttled: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("kube_fence_webhook");
         r.register("decisions", "Admission decisions by verdict (allowed, warned, denied) and reason", m.decisions.clone());
@@ -95,6 +106,17 @@ impl Metrics {
             m.events_suppressed.clone(),
         );
         r.register("tls_reloads", "Serving certificate reloads", m.tls_reloads.clone());
+        r.register("open_connections", "Connections open now", m.connections.open.clone());
+        r.register(
+            "refused_connections",
+            "Connections closed as soon as they were accepted: too many open in all (total) or from their source (per_source)",
+            refused_connections,
+        );
+        r.register(
+            "reads_throttled",
+            "Reviews denied (429 ReadsThrottled) without the quorum read they needed: their source used up its read budget",
+            m.reads_throttled.clone(),
+        );
         m
     }
 

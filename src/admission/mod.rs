@@ -10,13 +10,15 @@
 //!   [`writer_routing`]: the webhooks that send exactly those writes, kept in step.
 //! - [`leases`]: reading the bound lease — watch cache, or a quorum read when the cache could be
 //!   stale in the unsafe direction.
-//! - [`server`]: the HTTPS server (`/validate`, `/healthz`, `/readyz`, `/metrics`) and its bounds.
+//! - [`server`]: the HTTPS server (`/validate`, `/healthz`, `/readyz`, `/metrics`) and its deadlines.
+//! - [`bounds`]: what one client can cost: connections open at once, quorum reads per source.
 //! - [`events`]: Kubernetes Events for rejected writes, budgeted per source.
 //! - [`metrics`]: the webhook's metrics.
 //! - [`tls`]: serving certificates — files hot-reloaded, or self-managed in a Secret.
 //! - [`policy_path`]: the writes the API server judges itself with `--policy-path` (CEL).
 //! - [`registration`]: the ValidatingWebhookConfiguration and the lease-status policy.
 
+pub mod bounds;
 pub mod decision;
 pub mod denial;
 pub mod events;

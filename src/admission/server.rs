@@ -2,14 +2,18 @@
 //! `/metrics`. A thin adapter: body → [`review::decode`] → [`decision::plan`] → at most one
 //! lease read → verdict → [`review::response`].
 //!
-//! The port is reachable by more than the API server, so every connection is bounded: headers
-//! and body each have a deadline, a body at most [`MAX_BODY_BYTES`], and all bodies in flight
-//! together at most [`BODY_BUDGET_BYTES`] (beyond that a request is refused at once with 503,
-//! before any of its body is read).
+//! The port is reachable by more than the API server, so every connection is bounded: it speaks
+//! HTTP/1.1 only (what its ALPN advertises; an HTTP/2 connection has no idle deadline), the
+//! connections open at once are bounded in all and per source (`super::bounds`), the TLS
+//! handshake, the headers of every request (the first, and the next on an idle keep-alive
+//! connection) and the body each have a deadline, a body is at most [`MAX_BODY_BYTES`], and all
+//! bodies in flight together at most [`BODY_BUDGET_BYTES`] (beyond that a request is refused at
+//! once with 503, before any of its body is read). The reviews of one source that need a quorum
+//! read are budgeted (`super::bounds::ReadBudget`).
 
 use std::future::Future;
-use std::net::{SocketAddr, TcpListener};
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -18,10 +22,11 @@ use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum_server::tls_rustls::RustlsConfig;
+use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use prometheus_client::registry::Registry;
 use tokio::sync::Semaphore;
 
+use super::bounds::{Bounds, ConnectionGate, GateAcceptor, ReadBudget};
 use super::decision::{self, Exemptions, Judged, Plan, QuorumRead, Reason, Verdict};
 use super::events::RejectionEvents;
 use super::leader::{self, HolderRead, IdentityRule, LeaderPlan};
@@ -32,7 +37,10 @@ use super::review::{self, Unreadable};
 use super::shared_reads::SharedReads;
 use super::writer::{self, WriterPlan};
 
-/// How long a client may take to send a request's headers (also the first request's).
+/// How long a client may take to complete its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send a request's headers (also the first request's), and how
+/// long a keep-alive connection may stay idle between requests.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client may take to send a request's body. The API server sends a review at once
 /// and waits at most 30 s for the verdict.
@@ -56,6 +64,8 @@ pub struct Webhook {
     pub body_budget: Arc<Semaphore>,
     /// Quorum reads of opted-in Leases, shared by the writes waiting for them.
     pub writer_reads: Arc<SharedReads<(String, String), Result<writer::WriterQuorum, String>>>,
+    /// Reviews needing a quorum read, per source (`None`: unbudgeted).
+    read_budget: Option<Mutex<ReadBudget>>,
 }
 
 impl Webhook {
@@ -74,29 +84,40 @@ impl Webhook {
             events,
             body_budget: Arc::new(Semaphore::new(BODY_BUDGET_BYTES)),
             writer_reads: Arc::default(),
+            read_budget: None,
         }
     }
 
-    /// Judges one request: by the leader-election Lease it is bound to, if any
-    /// ([`leader::plan`]), and by its kube-fence lease (an object may carry both guards: both
-    /// must admit the write).
-    pub async fn judge(&self, req: &decision::Request) -> Verdict {
+    /// Budgets the reviews that need a quorum read: `per_second` per source address (`None`:
+    /// unbudgeted).
+    pub fn with_read_budget(mut self, per_second: Option<u32>) -> Webhook {
+        self.read_budget = per_second.map(|n| Mutex::new(ReadBudget::new(n)));
+        self
+    }
+
+    /// Judges one request, sent from `source`: by the leader-election Lease it is bound to, if
+    /// any ([`leader::plan`]), and by its kube-fence lease (an object may carry both guards:
+    /// both must admit the write).
+    pub async fn judge(&self, req: &decision::Request, source: IpAddr) -> Verdict {
         let by_holder = match leader::plan(req, &self.exempt, &self.identity) {
             LeaderPlan::Done(verdict) => verdict,
-            LeaderPlan::Quorum(read) => self.judge_by_holder(read).await,
+            LeaderPlan::Quorum(read) => self.judge_by_holder(read, source).await,
         };
         if !by_holder.is_allowed() {
             return by_holder;
         }
-        let by_token = self.judge_by_token(req).await;
+        let by_token = self.judge_by_token(req, source).await;
         if by_token.reason() == Reason::Unguarded { by_holder } else { by_token }
     }
 
     /// Judges one request sent by the writer webhook of opted-in Lease `lease` (`super::writer`).
-    pub async fn judge_writer(&self, req: &decision::Request, lease: decision::LeaseRef<'_>) -> Verdict {
+    pub async fn judge_writer(&self, req: &decision::Request, lease: decision::LeaseRef<'_>, source: IpAddr) -> Verdict {
         match writer::plan(req, lease, &self.identity) {
             WriterPlan::Done(verdict) => verdict,
             WriterPlan::Quorum(read) => {
+                if let Some(throttled) = self.throttled(source) {
+                    return throttled;
+                }
                 let lease = read.lease();
                 // Concurrent writes of one controller share the next quorum read of its Lease.
                 let key = (lease.namespace.to_string(), lease.name.to_string());
@@ -122,7 +143,25 @@ impl Webhook {
         }
     }
 
-    async fn judge_by_holder(&self, read: HolderRead<'_>) -> Verdict {
+    /// `None` when `source` may cause one more quorum read; the denial if not.
+    fn throttled(&self, source: IpAddr) -> Option<Verdict> {
+        let budget = self.read_budget.as_ref()?;
+        let mut budget = budget.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if budget.admit(source, Instant::now()) {
+            return None;
+        }
+        self.metrics.reads_throttled.inc();
+        Some(Verdict::deny(
+            429,
+            Reason::ReadsThrottled,
+            format!("too many reviews needing a quorum read from {source} (at most {} a second); retry in a second", budget.per_second()),
+        ))
+    }
+
+    async fn judge_by_holder(&self, read: HolderRead<'_>, source: IpAddr) -> Verdict {
+        if let Some(throttled) = self.throttled(source) {
+            return throttled;
+        }
         self.metrics.lease_read(LeaseReadKind::Linearizable);
         let lease = read.lease();
         match leader::read_holder(self.leases.client(), lease).await {
@@ -134,7 +173,7 @@ impl Webhook {
     }
 
     /// The plan, then at most one read of the kube-fence lease.
-    async fn judge_by_token(&self, req: &decision::Request) -> Verdict {
+    async fn judge_by_token(&self, req: &decision::Request, source: IpAddr) -> Verdict {
         match decision::plan(req, &self.exempt) {
             Plan::Done(verdict) => verdict,
             Plan::Cache(read) => {
@@ -142,14 +181,17 @@ impl Webhook {
                 let cached = self.leases.cached(read.lease());
                 match read.judge(cached) {
                     Judged::Done(verdict) => verdict,
-                    Judged::Quorum(read) => self.judge_by_quorum(read).await,
+                    Judged::Quorum(read) => self.judge_by_quorum(read, source).await,
                 }
             }
-            Plan::Quorum(read) => self.judge_by_quorum(read).await,
+            Plan::Quorum(read) => self.judge_by_quorum(read, source).await,
         }
     }
 
-    async fn judge_by_quorum(&self, read: QuorumRead<'_>) -> Verdict {
+    async fn judge_by_quorum(&self, read: QuorumRead<'_>, source: IpAddr) -> Verdict {
+        if let Some(throttled) = self.throttled(source) {
+            return throttled;
+        }
         self.metrics.lease_read(LeaseReadKind::Linearizable);
         let lease = read.lease();
         match self.leases.quorum(lease).await {
@@ -231,8 +273,8 @@ async fn review_for(webhook: Arc<Webhook>, peer: SocketAddr, request: Request, g
     };
     let facts = review::request_facts(&request);
     let verdict = match &guard {
-        Guard::Objects => webhook.judge(&facts).await,
-        Guard::Writer { namespace, name } => webhook.judge_writer(&facts, decision::LeaseRef { namespace, name }).await,
+        Guard::Objects => webhook.judge(&facts, peer.ip()).await,
+        Guard::Writer { namespace, name } => webhook.judge_writer(&facts, decision::LeaseRef { namespace, name }, peer.ip()).await,
     };
     let answer = review::response(&request, &verdict).to_vec();
     webhook.metrics.decided(&verdict, started.elapsed().as_secs_f64());
@@ -299,11 +341,13 @@ pub fn router(webhook: Arc<Webhook>, registry: Arc<Registry>) -> Router {
 }
 
 /// Serves `router` over TLS on `listener` until `shutdown` resolves (then drains for up to
-/// ten seconds). Handlers may extract the peer's address (`ConnectInfo<SocketAddr>`).
+/// ten seconds), with the connections open at once bounded by `gate`. Handlers may extract
+/// the peer's address (`ConnectInfo<SocketAddr>`).
 pub async fn serve(
     listener: TcpListener,
     tls: RustlsConfig,
     router: Router,
+    gate: ConnectionGate,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
@@ -313,15 +357,25 @@ pub async fn serve(
         shutdown.await;
         stopper.graceful_shutdown(Some(Duration::from_secs(10)));
     });
-    let mut server = axum_server::from_tcp_rustls(listener, tls)?.handle(handle).first_request_timeout(HEADER_READ_TIMEOUT);
+    let trim = tokio::spawn(super::bounds::trim_after_bursts(gate.clone(), Duration::from_secs(5), 256));
+    // The gate runs first, before the handshake: a connection without a place costs nothing more.
+    let acceptor = RustlsAcceptor::new(tls).handshake_timeout(HANDSHAKE_TIMEOUT).acceptor(GateAcceptor(gate));
+    let server = axum_server::from_tcp(listener)?.acceptor(acceptor).handle(handle).first_request_timeout(HEADER_READ_TIMEOUT);
+    // HTTP/1.1 only, as ALPN says: hyper's HTTP/2 server has no idle deadline, so a client that
+    // spoke HTTP/2 by prior knowledge could keep a connection forever.
+    let mut server = server.http1_only();
     // The API server sends whole requests at once; a client that trickles its headers
-    // (slowloris) must not keep the webhook's connections, so headers get a deadline.
+    // (slowloris) or idles between requests must not keep the webhook's connections, so the
+    // headers of every request get a deadline.
     server.http_builder().http1().header_read_timeout(Some(HEADER_READ_TIMEOUT));
-    server.serve(router.into_make_service_with_connect_info::<SocketAddr>()).await
+    let served = server.serve(router.into_make_service_with_connect_info::<SocketAddr>()).await;
+    trim.abort();
+    served
 }
 
 /// Everything one webhook process serves, given its lease directory (whose cache future the
-/// caller runs), judging leader-election holders by `identity`. Returns when `shutdown` resolves.
+/// caller runs), judging leader-election holders by `identity`, within `bounds`. Returns when
+/// `shutdown` resolves.
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     leases: LeaseDirectory,
@@ -329,11 +383,13 @@ pub async fn run(
     tls: RustlsConfig,
     exempt: Exemptions,
     identity: IdentityRule,
+    bounds: Bounds,
     metrics: Metrics,
     registry: Arc<Registry>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let events = Some(RejectionEvents::new(leases.client(), crate::process::identity()));
-    let webhook = Arc::new(Webhook::new(exempt, identity, leases, metrics, events));
-    serve(listener, tls, router(webhook, registry), shutdown).await
+    let gate = ConnectionGate::new(bounds, metrics.connections.clone());
+    let webhook = Arc::new(Webhook::new(exempt, identity, leases, metrics, events).with_read_budget(bounds.quorum_reads_per_source));
+    serve(listener, tls, router(webhook, registry), gate, shutdown).await
 }

@@ -403,7 +403,8 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let router = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
         let stop = tokio_util::sync::CancellationToken::new();
-        tokio::spawn(super::super::server::serve(listener, tls, router, stop.clone().cancelled_owned()));
+        let gate = crate::admission::bounds::ConnectionGate::new(Default::default(), Default::default());
+        tokio::spawn(super::super::server::serve(listener, tls, router, gate, stop.clone().cancelled_owned()));
         assert!(handshake(addr, &serving.ca_cert, None).await.is_err(), "no client certificate: refused");
         let (other_ca, other_cert, other_key) = client_identity();
         drop(other_ca);

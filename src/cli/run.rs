@@ -120,6 +120,7 @@ async fn local(
     options.only_namespaces = args.watch_namespace.clone().map(|ns| vec![ns]);
     options.policy_path = args.policy_path;
     options.leader_identity = args.webhook.leader_identity.clone();
+    options.bounds = args.webhook.bounds();
     let local = LocalWebhook::start(cluster.client.clone(), options, metrics, registry)
         .await
         .map_err(|source| Error::StartLocalWebhook { server: cluster.server.clone(), source })?;

@@ -8,6 +8,7 @@ use axum_server::tls_rustls::RustlsConfig;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::bounds::{self, Bounds};
 use crate::admission::decision::{DEFAULT_EXEMPT, Exemptions};
 use crate::admission::leader::IdentityRule;
 use crate::admission::leases::LeaseDirectory;
@@ -86,11 +87,38 @@ pub struct WebhookArgs {
     #[arg(long = "leader-identity-separator", value_name = "SEP", default_value = IdentityRule::DEFAULT_SEPARATOR)]
     pub leader_identity: IdentityRule,
 
+    /// Connections the webhook port keeps open at once, all clients together; a connection
+    /// beyond it is closed as soon as it is accepted. Each idle one costs some 20-40 KiB.
+    #[arg(long, value_name = "N", default_value_t = bounds::MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// Connections open at once from one source address (the API server needs one per review
+    /// in flight).
+    #[arg(long, value_name = "N", default_value_t = bounds::MAX_CONNECTIONS_PER_SOURCE as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_source: u32,
+
+    /// Reviews that need a quorum read of a lease, per second and source address (bursts of
+    /// twice that); beyond it a review is denied with 429 ReadsThrottled (the API server asks
+    /// the writer to retry in a second) and costs the API server nothing. 0: no budget. No
+    /// budget applies with --client-ca-file: every caller is then the API server.
+    #[arg(long, value_name = "N", default_value_t = bounds::QUORUM_READS_PER_SECOND)]
+    pub quorum_reads_per_source: u32,
+
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }
 
 impl WebhookArgs {
+    /// What one client of the port can cost.
+    pub fn bounds(&self) -> Bounds {
+        let authenticated = self.client_ca_file.is_some();
+        Bounds {
+            max_connections: self.max_connections as usize,
+            max_connections_per_source: self.max_connections_per_source as usize,
+            quorum_reads_per_source: Some(self.quorum_reads_per_source).filter(|n| *n > 0 && !authenticated),
+        }
+    }
+
     /// HTTPS only: some source of certificates must be given.
     pub fn check_tls(&self) -> Result<(), Error> {
         if self.tls_cert_file.is_none() && !self.self_managed_tls {
@@ -167,8 +195,9 @@ pub async fn serve(
     let (leases, cache) = LeaseDirectory::new(client);
     spawn_until(cache, shutdown.clone());
     tracing::info!(addr = %args.addr, exempt = ?args.exempt, leader_identity_separator = %args.leader_identity, "fencing webhook serving");
+    let bounds = args.bounds();
     let exempt = Exemptions::new(args.exempt).with_label_admins(args.lease_admins);
-    server::run(leases, listener, tls, exempt, args.leader_identity, metrics, registry, shutdown.cancelled_owned())
+    server::run(leases, listener, tls, exempt, args.leader_identity, bounds, metrics, registry, shutdown.cancelled_owned())
         .await
         .map_err(|source| Error::ServeWebhook { source })
 }

@@ -119,6 +119,7 @@ struct Component {
     /// How it was started, so [`ControlPlane::restart`] can start it again the same way.
     program: std::ffi::OsString,
     args: Vec<std::ffi::OsString>,
+    cwd: Option<PathBuf>,
     die_with_parent: bool,
 }
 
@@ -143,9 +144,41 @@ pub struct ControlPlane {
 }
 
 /// A free TCP port on 127.0.0.1. It is free now; whoever binds it does so a moment later, and
-/// a clash then fails with that program's own message, never silently.
+/// a clash then fails with that program's own message, never silently. Only for what cannot
+/// be retried: a control plane's own ports are picked by [`listen_port`] and their start is
+/// retried on a clash.
 pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A port on 127.0.0.1 for a server that binds it itself, free now, and outside the range the
+/// kernel hands out to outgoing connections and `bind(0)` (`ip_local_port_range`): no client
+/// on the machine can take it in between, only another program that picks ports the same
+/// way, which a start retried on a clash survives ([`is_bind_conflict`]).
+pub fn listen_port() -> Result<u16> {
+    let (low, _) = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| {
+            let mut parts = r.split_whitespace().map(|p| p.parse::<u16>().ok());
+            Some((parts.next()??, parts.next()??))
+        })
+        .unwrap_or((32768, 60999));
+    // Above the well-known and the usual service ports, below the ephemeral range.
+    let (from, to) = (10_000u16, low.max(10_001));
+    for _ in 0..100 {
+        let mut bytes = [0u8; 2];
+        std::io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut bytes)?;
+        let port = from + u16::from_le_bytes(bytes) % (to - from);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port in {from}..{to} on 127.0.0.1 after 100 tries")
+}
+
+/// Whether a component's log says it could not bind its port because another process has it.
+pub fn is_bind_conflict(log: &str) -> bool {
+    log.contains("address already in use")
 }
 
 pub(crate) fn random_hex(bytes: usize) -> Result<String> {
@@ -343,54 +376,81 @@ impl ControlPlane {
         let dir = self.dir.clone();
         let (token, kcm_token) = self.write_credentials(&pki::generate(&[], &[])?)?;
 
-        let etcd_port = free_port()?;
-        let peer_port = free_port()?;
-        let api_port = free_port()?;
-        self.server = format!("https://127.0.0.1:{api_port}");
-        self.write_kubeconfig(&self.kubeconfig, "admin", &token)?;
-        self.write_kubeconfig(&dir.join("kcm.kubeconfig"), "system:kube-controller-manager", &kcm_token)?;
+        // etcd on unix sockets in the state directory: no port to race for. etcd wants
+        // `unix://host:port` and makes the socket file `host:port` in its working directory (the
+        // state directory, for it and for the kube-apiserver that connects).
+        self.say(opts, &format!("starting etcd on unix sockets (state in {})", dir.display()));
+        let (etcd_url, etcd_socket) = ("unix://etcd-client:0", dir.join("etcd-client:0"));
+        let mut etcd = Command::new(self.bin_dir.join("etcd"));
+        etcd.args(self.etcd_args(etcd_url, "unix://etcd-peer:0", &[])).current_dir(&dir);
+        self.spawn(opts, "etcd", &mut etcd)?;
+        self.wait_until(opts, "etcd", Duration::from_secs(30), |cp| cp.curl_unix_ok(&etcd_socket, "/health"))?;
 
-        self.say(opts, &format!("starting etcd on 127.0.0.1:{etcd_port} (state in {})", dir.display()));
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        self.spawn(
-            opts,
-            "etcd",
-            Command::new(self.bin_dir.join("etcd")).args(self.etcd_args(&etcd_url, &format!("http://127.0.0.1:{peer_port}"), &[])),
-        )?;
-        self.wait_until(opts, "etcd", Duration::from_secs(30), |cp| cp.curl_ok(&format!("{etcd_url}/health"), false))?;
-
-        self.say(opts, &format!("starting kube-apiserver on {}", self.server));
-        self.spawn(
-            opts,
-            "kube-apiserver",
-            Command::new(self.bin_dir.join("kube-apiserver")).args(self.apiserver_args(
-                &ApiServerFlags {
-                    etcd: &etcd_url,
-                    bind: "127.0.0.1",
-                    advertise: "127.0.0.1",
-                    port: api_port,
-                    issuer: &format!("{}/", self.server),
-                    service_cidr: "10.0.0.0/24",
-                    // Required on 1.37 with a loopback advertise address: with the default
-                    // reconciler the API server refuses to start ("may not be in the loopback range").
-                    endpoint_reconciler: "none",
-                },
-                &[],
-            )),
-        )?;
-        let readyz = format!("{}/readyz", self.server);
-        let default_ns = format!("{}/api/v1/namespaces/default", self.server);
-        self.wait_until(opts, "kube-apiserver", Duration::from_secs(90), |cp| cp.curl_ok(&readyz, true) && cp.curl_ok(&default_ns, true))?;
+        // kube-apiserver on a port outside the ephemeral range (no client takes it in between);
+        // should another program bind it first all the same, it is started again on another.
+        for attempt in 1.. {
+            let api_port = listen_port()?;
+            self.server = format!("https://127.0.0.1:{api_port}");
+            self.write_kubeconfig(&self.kubeconfig, "admin", &token)?;
+            self.write_kubeconfig(&dir.join("kcm.kubeconfig"), "system:kube-controller-manager", &kcm_token)?;
+            self.say(opts, &format!("starting kube-apiserver on {}", self.server));
+            let mut apiserver = Command::new(self.bin_dir.join("kube-apiserver"));
+            apiserver
+                .args(self.apiserver_args(
+                    &ApiServerFlags {
+                        etcd: etcd_url,
+                        bind: "127.0.0.1",
+                        advertise: "127.0.0.1",
+                        port: api_port,
+                        issuer: &format!("{}/", self.server),
+                        service_cidr: "10.0.0.0/24",
+                        // Required on 1.37 with a loopback advertise address: with the default
+                        // reconciler the API server refuses to start ("may not be in the loopback range").
+                        endpoint_reconciler: "none",
+                    },
+                    &[],
+                ))
+                .current_dir(&dir);
+            self.spawn(opts, "kube-apiserver", &mut apiserver)?;
+            let readyz = format!("{}/readyz", self.server);
+            let default_ns = format!("{}/api/v1/namespaces/default", self.server);
+            match self.wait_until(opts, "kube-apiserver", Duration::from_secs(90), |cp| {
+                cp.curl_ok(&readyz, true) && cp.curl_ok(&default_ns, true)
+            }) {
+                Ok(()) => break,
+                Err(err) if attempt < 5 && self.lost_its_port("kube-apiserver") => {
+                    self.say(opts, &format!("port {api_port} was taken before kube-apiserver bound it; another port ({err:#})"));
+                }
+                Err(err) => return Err(err),
+            }
+        }
 
         if opts.controller_manager {
             self.say(opts, "starting kube-controller-manager (garbage collector, namespace controller)");
             // No node here: its lifecycle controller would only mark a node that never comes.
+            // `--secure-port 0`: it listens on no port.
             let args =
                 self.controller_manager_args("*,-node-ipam-controller,-node-lifecycle-controller,-persistentvolume-binder-controller");
             self.spawn(opts, "kube-controller-manager", Command::new(self.bin_dir.join("kube-controller-manager")).args(args))?;
         }
         self.say(opts, &format!("ready in {:.1}s; KUBECONFIG={}", started.elapsed().as_secs_f64(), self.kubeconfig.display()));
         Ok(())
+    }
+
+    /// Whether component `name`, the last started, exited because its port was taken; if so it
+    /// is forgotten (so it can be started again).
+    fn lost_its_port(&mut self, name: &str) -> bool {
+        let Some(last) = self.components.last_mut().filter(|c| c.name == name) else { return false };
+        let exited = matches!(last.child.try_wait(), Ok(Some(_)));
+        if exited && is_bind_conflict(&fs::read_to_string(&last.log).unwrap_or_default()) {
+            let log = last.log.clone();
+            self.components.pop();
+            if let Ok(file) = fs::OpenOptions::new().append(true).open(&log) {
+                let _ = writeln!(&file, "----- its port was taken: started again on another -----");
+            }
+            return true;
+        }
+        false
     }
 
     fn write_kubeconfig(&self, path: &Path, user: &str, token: &str) -> Result<()> {
@@ -422,7 +482,8 @@ impl ControlPlane {
         }
         let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
         let (program, args) = (cmd.get_program().to_owned(), cmd.get_args().map(ToOwned::to_owned).collect());
-        self.components.push(Component { name, child, log, program, args, die_with_parent: opts.die_with_parent });
+        let cwd = cmd.get_current_dir().map(Path::to_path_buf);
+        self.components.push(Component { name, child, log, program, args, cwd, die_with_parent: opts.die_with_parent });
         Ok(())
     }
 
@@ -439,6 +500,9 @@ impl ControlPlane {
         writeln!(&file, "----- restarted by ControlPlane::restart -----")?;
         let mut cmd = Command::new(&old.program);
         cmd.args(&old.args);
+        if let Some(cwd) = &old.cwd {
+            cmd.current_dir(cwd);
+        }
         let opts = Options { die_with_parent: old.die_with_parent, ..Options::default() };
         self.spawn(&opts, old.name, &mut cmd)?;
         if let Some(c) = self.components.pop() {
@@ -470,6 +534,14 @@ impl ControlPlane {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// Whether `path` on the HTTP server at unix socket `socket` answers 2xx.
+    fn curl_unix_ok(&self, socket: &Path, path: &str) -> bool {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sf", "-o", "/dev/null", "--max-time", "3", "--unix-socket"]).arg(socket);
+        cmd.arg(format!("http://localhost{path}")).stdout(Stdio::null()).stderr(Stdio::null());
+        cmd.status().map(|s| s.success()).unwrap_or(false)
     }
 
     fn curl_ok(&self, url: &str, tls: bool) -> bool {

@@ -197,6 +197,16 @@ impl Run {
     }
 }
 
+/// Waits until the watch has seen `accepted` writes (every accepted write makes a new
+/// resourceVersion, so it sees one event for each), at most `limit`: the watch catches up
+/// however busy the machine is, instead of a sleep that hopes it did.
+pub async fn catch_up(seen: &Mutex<Seen>, accepted: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while seen.lock().expect("seen").writes.len() < accepted && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// What the watch saw, by resourceVersion: Lease holders, and each guarded object's writer.
 #[derive(Default)]
 pub struct Seen {

@@ -432,7 +432,7 @@ async fn node_cycle(kf: &KubeFence, image: &str, round: u64, object: &str, fence
         assert!(Instant::now() < deadline, "round {round}: the Job's Pod did not run within 120 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    while !super::leader::stopped(pid) {
+    while !common::is_stopped(pid) {
         assert!(Instant::now() < deadline, "round {round}: the worker (host pid {pid}) did not stop itself");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -150,11 +150,6 @@ pub(super) fn host_pid(container_id: &str) -> u32 {
 }
 
 /// Whether process `pid` is stopped (state `T` in /proc/<pid>/stat).
-pub(super) fn stopped(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_else(|e| panic!("/proc/{pid}/stat: {e}"));
-    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("T")
-}
-
 /// One replica: its Pod, its container's host process, and the JSON lines of its log.
 struct PodReplica {
     pod: String,
@@ -201,14 +196,7 @@ impl PodReplicas {
 
 impl leader::Replicas for PodReplicas {
     fn signal(&mut self, pod: &str, signal: &str) {
-        let pid = self.replica(pod).pid;
-        let status = Command::new("kill").args([signal, &pid.to_string()]).status().expect("kill");
-        assert!(status.success(), "kill {signal} {pid} (Pod {pod})");
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while stopped(pid) != (signal == "-STOP") {
-            assert!(std::time::Instant::now() < deadline, "kill {signal} {pid} (Pod {pod}) took no effect in 5 s");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        common::signal_and_wait(self.replica(pod).pid, signal);
     }
 
     fn with_lines<R>(&self, pod: &str, f: impl FnOnce(&[Value]) -> R) -> R {
@@ -333,10 +321,11 @@ async fn paused_leader_pods(test: &str, everything: bool) {
     .await;
 
     let run = leader::pause_cycles(&client, &ns, &widgets, cycles, &mut replicas).await;
-    // Let the watch and the logs catch up with the last writes.
+    // Let the logs catch up with the last writes, then the watch with what the logs say.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    recorder.abort();
     let accepted: usize = replicas.0.iter().map(|r| leader::accepted(&r.lines.lock().expect("lines"))).sum();
+    leader::catch_up(&seen, accepted, Duration::from_secs(30)).await;
+    recorder.abort();
     for replica in &replicas.0 {
         replica.follower.abort();
         let pod = pods.get(&replica.pod).await.expect("the Pod");

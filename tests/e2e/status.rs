@@ -1,6 +1,8 @@
 //! The pause test for status writes, with real processes: a holder Pod's worker
-//! (`examples/status_writer.rs`, authenticated with a token bound to its Pod) is stopped with
-//! SIGSTOP between preparing a `/status` write and sending it; its lease expires; the other Pod's
+//! (`examples/status_writer.rs`, authenticated with a token bound to its Pod) stops itself
+//! (SIGSTOP) between preparing its second `/status` write and sending it, and the test waits
+//! until the kernel shows it stopped — the pause is injected, never raced against a timer; its
+//! lease expires; the other Pod's
 //! worker acquires the lease and writes; the first is resumed with SIGCONT and sends the write
 //! it had prepared. Threat case: a stale-but-honest holder (paused, partitioned). Every such
 //! write must be refused (`NotHolder`), and a watch of the Lease and the object, judged by the
@@ -41,9 +43,11 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(pod: &str, ns: &str, kubeconfig: tempfile::NamedTempFile) -> Worker {
+    /// A worker that stops itself before sending each write in `stops` (`1,2`: before its first
+    /// and before its second).
+    fn start(pod: &str, ns: &str, kubeconfig: tempfile::NamedTempFile, stops: &str) -> Worker {
         let mut child = Command::new(status_writer())
-            .args([ns, "work", "web", "150"])
+            .args([ns, "work", "web", "0", "--stop-before-write", stops])
             .env("KUBECONFIG", kubeconfig.path())
             .env("POD_NAME", pod)
             .stdout(Stdio::piped())
@@ -91,6 +95,15 @@ impl Worker {
     fn signal(&self, signal: &str) {
         let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status().expect("run kill");
         assert!(status.success(), "kill {signal} {}", self.child.id());
+    }
+
+    /// Waits until the worker has stopped itself (state `T` in `/proc/<pid>/stat`), at most 10 s.
+    fn wait_stopped(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !common::is_stopped(self.child.id()) {
+            assert!(Instant::now() < deadline, "{}: did not stop itself within 10 s of preparing its write", self.pod);
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
@@ -148,8 +161,11 @@ async fn a_paused_holder_pod_cannot_write_status_after_losing_its_lease() {
     let (seen, recorder) = record(client.clone(), &ns);
 
     let kubeconfig = |i: usize| common::identity::kubeconfig_as_pod(&client, &ns, "worker", &made[i]);
-    let mut holder = Worker::start("p1", &ns, kubeconfig(0).await);
+    // The first holder stops before its first write too, until web exists.
+    let mut holder = Worker::start("p1", &ns, kubeconfig(0).await, "1,2");
     let granted = holder.next("granted").await;
+    holder.next("prepared").await;
+    holder.wait_stopped();
     // The holder-only Deployment is created by its holder, with the lease's newest token.
     let web: Deployment = serde_json::from_value(json!({
         "metadata": {"name": "web", "labels": {LEASE_LABEL: "work", WRITER_LABEL: HOLDER_ONLY},
@@ -159,16 +175,19 @@ async fn a_paused_holder_pod_cannot_write_status_after_losing_its_lease() {
     }))
     .unwrap();
     Api::<Deployment>::namespaced(p1_client, &ns).create(&PostParams::default(), &web).await.expect("the holder creates web");
+    holder.signal("-CONT");
 
     let started = Instant::now();
     let mut refused = 0;
+    // Every holder writes once, prepares its next write and stops itself before sending it.
+    holder.next("written").await;
+    let mut seq = holder.next("prepared").await["seq"].as_u64().unwrap_or_default();
     for round in 0..rounds {
         let other = if holder.pod == "p1" { 1 } else { 0 };
-        holder.next("written").await;
-        let seq = holder.next("prepared").await["seq"].as_u64().unwrap_or_default();
-        // Paused between preparing the write and sending it, past its lease.
-        holder.signal("-STOP");
-        let mut next = Worker::start(["p1", "p2"][other], &ns, kubeconfig(other).await);
+        // Paused (by itself) between preparing the write and sending it, past its lease.
+        holder.wait_stopped();
+        // Each next holder writes once, prepares its second write and stops itself before sending.
+        let mut next = Worker::start(["p1", "p2"][other], &ns, kubeconfig(other).await, "2");
         next.next("granted").await;
         next.next("written").await;
         holder.signal("-CONT");
@@ -177,11 +196,17 @@ async fn a_paused_holder_pod_cannot_write_status_after_losing_its_lease() {
         assert_eq!(outcome["reason"], "NotHolder", "round {round}: {outcome}");
         assert_eq!(outcome["holder"], next.pod.as_str(), "round {round}: the refusal names the holder");
         refused += 1;
+        seq = next.next("prepared").await["seq"].as_u64().unwrap_or_default();
         holder = next;
     }
     let elapsed = started.elapsed();
     drop(holder);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The watch catches up: each of the rounds + 1 holders wrote once.
+    let watched = || seen.lock().expect("history lock").iter().filter(|o| matches!(o, Observation::HolderWrite { .. })).count() as u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while watched() <= rounds && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     recorder.abort();
     let observations = seen.lock().expect("history lock").clone();
     let writes = observations.iter().filter(|o| matches!(o, Observation::HolderWrite { .. })).count();

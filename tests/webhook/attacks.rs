@@ -362,6 +362,93 @@ async fn forged_reviews_cannot_use_up_the_api_servers_events() {
     f.stop().await;
 }
 
+/// Anyone who can reach the webhook port (no RBAC needed): forged reviews that need a quorum
+/// read of a lease (a CREATE of a guarded object is judged by one) no longer turn into API
+/// server reads one for one. A flood of 400 from 127.0.0.2 causes at most its source's budget
+/// of reads (a burst of twice the rate, then the rate; 5 a second here, so that even a slow
+/// machine floods faster than that); the rest are denied 429 `ReadsThrottled` without a read.
+/// The API server (calling from 127.0.0.1) keeps its own budget: a genuine guarded create in
+/// the middle of the flood is admitted.
+#[tokio::test]
+async fn forged_reviews_cost_the_api_server_reads_only_within_their_sources_budget() {
+    const PER_SECOND: u32 = 5;
+    let client = common::client().await;
+    let ns = common::namespace(&client, "attack-reads").await;
+    let mut options = kube_fence::admission::local::LocalOptions::new(format!("kf-test-{ns}"));
+    options.only_namespaces = Some(vec![ns.clone()]);
+    options.policy_path = common::policy_path();
+    options.bounds.quorum_reads_per_source = Some(PER_SECOND);
+    let f = Fixture::with_options(client, ns, options).await;
+    f.grant("work", "a", 5).await;
+    let hook = f.hook.as_ref().expect("webhook");
+    let forged = serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "forged", "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+                    "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+                    "name": "forged", "namespace": f.ns, "operation": "CREATE", "userInfo": {"username": "mallory"},
+                    "object": {"apiVersion": "v1", "kind": "ConfigMap",
+                               "metadata": {"name": "forged", "labels": {LEASE: "work"}, "annotations": {TOKEN: "5"}}}}
+    }))
+    .unwrap();
+    let reads = || {
+        let metrics = kube_fence::telemetry::render(&f.registry);
+        let line =
+            metrics.lines().find(|l| l.starts_with("kube_fence_webhook_lease_reads_total{read=\"linearizable\"}")).unwrap_or_default();
+        line.split_whitespace().last().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) as u64
+    };
+    let before = reads();
+    let started = Instant::now();
+    let per_flooder = 100;
+    let flooders: Vec<_> = (0..4)
+        .map(|_| {
+            let (addr, ca, forged) = (hook.addr, hook.ca_pem.clone(), forged.clone());
+            tokio::spawn(async move {
+                let (mut throttled, mut other) = (0u32, Vec::new());
+                for _ in 0..per_flooder {
+                    let (status, body, _) = super::https_from("127.0.0.2", addr, &ca, &super::post(&forged), &forged).await;
+                    assert_eq!(status, 200, "a forged review is answered: {body}");
+                    let review: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                    let answer = &review["response"]["status"];
+                    if answer["code"] == 429 && answer["reason"] == "ReadsThrottled" {
+                        assert_eq!(answer["details"]["retryAfterSeconds"], 1, "a throttled review says when to retry: {body}");
+                        throttled += 1;
+                    } else if review["response"]["allowed"] != true {
+                        other.push(answer.clone());
+                    }
+                }
+                (throttled, other)
+            })
+        })
+        .collect();
+    // A genuine guarded create (one quorum read) through the API server, during the flood.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    f.api::<ConfigMap>().create(&PostParams::default(), &configmap("genuine", "work", 5)).await.expect("the API server's review is judged");
+    let mut throttled = 0;
+    for flooder in flooders {
+        let (t, other) = flooder.await.expect("flood task");
+        throttled += t;
+        assert!(other.is_empty(), "the forged reviews within budget are judged as usual (admitted: token 5 is fresh): {other:?}");
+    }
+    let judged = 4 * per_flooder - throttled;
+    let took = started.elapsed();
+    let caused = reads() - before;
+    // Within budget: a burst of twice the rate, then the rate; and the genuine create's read,
+    // and a read's worth of slack each side of the clock.
+    let budget = 2 * u64::from(PER_SECOND) + (took.as_secs_f64() * f64::from(PER_SECOND)).ceil() as u64 + 3;
+    eprintln!(
+        "{} forged reviews in {took:.1?} caused {caused} quorum reads (budget {budget}): {judged} judged, {throttled} denied 429 ReadsThrottled",
+        4 * per_flooder
+    );
+    assert!(caused <= budget, "{caused} quorum reads from {} forged reviews in {took:?}, budget {budget}", 4 * per_flooder);
+    assert!(throttled > 0, "some forged reviews were throttled");
+    let metrics = kube_fence::telemetry::render(&f.registry);
+    assert!(
+        metrics.lines().any(|l| l.starts_with("kube_fence_webhook_reads_throttled_total ") && !l.ends_with(" 0")),
+        "the throttling is counted"
+    );
+    f.stop().await;
+}
+
 /// Finding 9, statements pinned down (stale worker): (a) a token the lease never granted is
 /// admitted when it is newer than the recorded one and not newer than the lease's newest token —
 /// the promise is "not greater than the newest grant", not "issued"; (b) a stale holder that
@@ -424,7 +511,8 @@ impl SlowWebhook {
             }),
         );
         let stop = tokio_util::sync::CancellationToken::new();
-        tokio::spawn(kube_fence::admission::server::serve(listener, tls, router, stop.clone().cancelled_owned()));
+        let gate = kube_fence::admission::bounds::ConnectionGate::new(Default::default(), Default::default());
+        tokio::spawn(kube_fence::admission::server::serve(listener, tls, router, gate, stop.clone().cancelled_owned()));
         let name = format!("kf-slow-{}", f.ns);
         let config: k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration = serde_json::from_value(json!({
             "metadata": {"name": name},

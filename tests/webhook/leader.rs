@@ -291,9 +291,10 @@ impl Replica {
         Replica { pod: pod.to_string(), child, lines }
     }
 
+    /// Signals the replica and waits until the signal took effect (what [`leader::Replicas`]
+    /// promises: the cycle's next step must not race the kernel's delivery).
     fn signal(&self, signal: &str) {
-        let status = std::process::Command::new("kill").args([signal, &self.child.id().to_string()]).status().expect("kill");
-        assert!(status.success(), "kill {signal} {}", self.child.id());
+        common::signal_and_wait(self.child.id(), signal);
     }
 }
 
@@ -394,8 +395,8 @@ async fn leader_go_cycles(test: &str, writes: Writes, cycles: usize) -> (leader:
         assert!(exited.success(), "{} exited with {exited} on SIGTERM", replica.pod);
         accepted += leader::accepted(&replica.lines.lock().expect("lines"));
     }
-    // Let the watch catch up with the last writes.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The watch catches up with the last writes.
+    leader::catch_up(&seen, accepted, Duration::from_secs(30)).await;
     recorder.abort();
     let seen = std::mem::take(&mut *seen.lock().expect("seen"));
     f.stop().await;

@@ -1,0 +1,437 @@
+//! What one client of the webhook port can cost kube-fence and the API server.
+//!
+//! The port is reachable by more than the API server (every Pod, unless the chart's
+//! NetworkPolicy or `--client-ca-file` keeps others out), so:
+//! - [`ConnectionGate`]: the connections open at once are bounded, in all and per source
+//!   address. A connection holds its place ([`Ticket`]) from the moment it is accepted — before
+//!   its TLS handshake — until it is closed; beyond either bound a connection is closed at once.
+//!   The deadlines of a connection (handshake, headers, body, idle) are in `super::server`.
+//! - [`ReadBudget`]: the reviews of one source address that need a quorum read of a lease are
+//!   budgeted (a token bucket per source): a forged review costs the API server a read only
+//!   within its source's budget; beyond it the review is denied `429 ReadsThrottled` without a
+//!   read. With `--client-ca-file` every caller is the API server and no budget applies.
+//! - [`trim_after_bursts`]: memory a burst of connections used is given back to the system
+//!   (glibc keeps freed memory in its arenas otherwise; the binary says how,
+//!   [`set_memory_release`]).
+//!
+//! The bookkeeping is pure (the clock is passed in) and tested here.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Connections open at once, all sources together. An idle TLS connection costs kube-fence
+/// some 20–40 KiB; 2,048 of them stay well inside the chart's 256 MiB memory limit beside the
+/// request bodies' own budget (`super::server::BODY_BUDGET_BYTES`). The API server keeps one
+/// connection per review in flight (a few hundred at most).
+pub const MAX_CONNECTIONS: usize = 2048;
+/// Connections open at once from one source address: what the API server needs, and a client
+/// that opens more cannot take every place.
+pub const MAX_CONNECTIONS_PER_SOURCE: usize = 512;
+/// The last quarter of [`Bounds::max_connections`] is kept for sources with fewer than this
+/// many connections open: clients that open many connections from many addresses fill at most
+/// three quarters, and an API server with a few connections open still gets a new one.
+pub const FEW_CONNECTIONS: usize = 8;
+/// Reviews that need a quorum read, per second and source address.
+pub const QUORUM_READS_PER_SECOND: u32 = 100;
+
+/// Bounds on what the webhook port's clients can cost (`--max-connections`,
+/// `--max-connections-per-source`, `--quorum-reads-per-source`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub max_connections: usize,
+    pub max_connections_per_source: usize,
+    /// Reviews needing a quorum read, per second and source (a burst of twice that is allowed);
+    /// `None`: unbudgeted (every caller is authenticated, or a benchmark).
+    pub quorum_reads_per_source: Option<u32>,
+}
+
+impl Default for Bounds {
+    fn default() -> Bounds {
+        Bounds {
+            max_connections: MAX_CONNECTIONS,
+            max_connections_per_source: MAX_CONNECTIONS_PER_SOURCE,
+            quorum_reads_per_source: Some(QUORUM_READS_PER_SECOND),
+        }
+    }
+}
+
+/// Why a connection was closed as soon as it was accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Crowded {
+    /// All sources together have [`Bounds::max_connections`] open.
+    Total,
+    /// Its source address has [`Bounds::max_connections_per_source`] open.
+    Source,
+}
+
+/// Counts of open connections, in all and per source. Pure.
+#[derive(Debug, Default)]
+pub struct OpenConnections {
+    total: usize,
+    by_source: HashMap<IpAddr, usize>,
+    /// The most open at once since [`OpenConnections::take_peak`] was last called.
+    peak: usize,
+}
+
+impl OpenConnections {
+    /// Takes a place for a connection from `source`, or says why there is none.
+    pub fn open(&mut self, source: IpAddr, limits: &Bounds) -> Result<(), Crowded> {
+        let from_source = self.by_source.get(&source).copied().unwrap_or(0);
+        // The last quarter of the places is for sources with few connections open.
+        let shared = limits.max_connections - limits.max_connections / 4;
+        let cap = if from_source < FEW_CONNECTIONS { limits.max_connections } else { shared };
+        if self.total >= cap {
+            return Err(Crowded::Total);
+        }
+        if from_source >= limits.max_connections_per_source {
+            return Err(Crowded::Source);
+        }
+        let from_source = self.by_source.entry(source).or_insert(0);
+        *from_source += 1;
+        self.total += 1;
+        self.peak = self.peak.max(self.total);
+        Ok(())
+    }
+
+    /// Gives back the place of a closed connection from `source`.
+    pub fn close(&mut self, source: IpAddr) {
+        if let Some(n) = self.by_source.get_mut(&source) {
+            *n -= 1;
+            self.total -= 1;
+            if *n == 0 {
+                self.by_source.remove(&source);
+            }
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// The most connections open at once since the last call, and the count now.
+    pub fn take_peak(&mut self) -> (usize, usize) {
+        let peak = std::mem::replace(&mut self.peak, self.total);
+        (peak, self.total)
+    }
+}
+
+/// The metrics of the connection bounds.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectionMetrics {
+    pub open: Gauge,
+    pub refused_total: Counter,
+    pub refused_source: Counter,
+}
+
+/// Admits connections within [`Bounds`]; shared by the accept path of one server.
+#[derive(Clone, Debug)]
+pub struct ConnectionGate {
+    limits: Bounds,
+    open: Arc<Mutex<OpenConnections>>,
+    metrics: ConnectionMetrics,
+}
+
+impl ConnectionGate {
+    pub fn new(limits: Bounds, metrics: ConnectionMetrics) -> ConnectionGate {
+        ConnectionGate { limits, open: Arc::default(), metrics }
+    }
+
+    /// A place for a connection from `source`, held until the ticket is dropped.
+    pub fn admit(&self, source: IpAddr) -> Result<Ticket, Crowded> {
+        let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match open.open(source, &self.limits) {
+            Ok(()) => {
+                self.metrics.open.set(open.total() as i64);
+                Ok(Ticket { gate: self.clone(), source })
+            }
+            Err(crowded) => {
+                match crowded {
+                    Crowded::Total => self.metrics.refused_total.inc(),
+                    Crowded::Source => self.metrics.refused_source.inc(),
+                };
+                Err(crowded)
+            }
+        }
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.open.lock().map(|o| o.total()).unwrap_or_default()
+    }
+
+    fn take_peak(&self) -> (usize, usize) {
+        self.open.lock().map(|mut o| o.take_peak()).unwrap_or_default()
+    }
+}
+
+/// One connection's place; given back when dropped.
+#[derive(Debug)]
+pub struct Ticket {
+    gate: ConnectionGate,
+    source: IpAddr,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut open = self.gate.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        open.close(self.source);
+        self.gate.metrics.open.set(open.total() as i64);
+    }
+}
+
+/// A stream that holds its connection's [`Ticket`] for as long as it lives.
+#[derive(Debug)]
+pub struct Admitted<S> {
+    inner: S,
+    _ticket: Ticket,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Admitted<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Admitted<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// The accept step that runs first, before the TLS handshake: a connection without a place is
+/// closed at once (`axum_server`'s acceptor; the TLS acceptor wraps it).
+#[derive(Clone, Debug)]
+pub struct GateAcceptor(pub ConnectionGate);
+
+impl<S: Send + 'static> axum_server::accept::Accept<TcpStream, S> for GateAcceptor {
+    type Stream = Admitted<TcpStream>;
+    type Service = S;
+    type Future = std::future::Ready<io::Result<(Admitted<TcpStream>, S)>>;
+
+    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
+        let admitted = stream.peer_addr().and_then(|peer: SocketAddr| {
+            self.0.admit(peer.ip()).map_err(|crowded| {
+                tracing::debug!(%peer, ?crowded, "connection closed at once: too many open");
+                io::Error::other(format!("too many connections open ({crowded:?})"))
+            })
+        });
+        std::future::ready(admitted.map(|ticket| {
+            // The API server sends a review at once and waits for the verdict: no batching.
+            let _ = stream.set_nodelay(true);
+            (Admitted { inner: stream, _ticket: ticket }, service)
+        }))
+    }
+}
+
+/// A token bucket per source address for reviews that need a quorum read. Pure: the clock is
+/// passed in.
+#[derive(Debug)]
+pub struct ReadBudget {
+    per_second: u32,
+    sources: HashMap<IpAddr, Bucket>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl ReadBudget {
+    /// Sources tracked at once; beyond that the one idle longest is forgotten (a source
+    /// forgotten starts again with a full bucket, so only a client with this many addresses
+    /// gains by it).
+    pub const MAX_SOURCES: usize = 1024;
+
+    /// `per_second` reads a second per source, and a burst of twice that.
+    pub fn new(per_second: u32) -> ReadBudget {
+        ReadBudget { per_second: per_second.max(1), sources: HashMap::new() }
+    }
+
+    fn burst(&self) -> f64 {
+        f64::from(self.per_second) * 2.0
+    }
+
+    /// Whether `source` may cause one more quorum read at `now` (and if so, it is counted).
+    pub fn admit(&mut self, source: IpAddr, now: Instant) -> bool {
+        let burst = self.burst();
+        if !self.sources.contains_key(&source) && self.sources.len() >= Self::MAX_SOURCES {
+            let idlest = self.sources.iter().min_by_key(|(_, b)| b.at).map(|(ip, _)| *ip);
+            if let Some(idlest) = idlest {
+                self.sources.remove(&idlest);
+            }
+        }
+        let rate = f64::from(self.per_second);
+        let bucket = self.sources.entry(source).or_insert(Bucket { tokens: burst, at: now });
+        let refill = now.saturating_duration_since(bucket.at).as_secs_f64() * rate;
+        bucket.tokens = (bucket.tokens + refill).min(burst);
+        bucket.at = bucket.at.max(now);
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn per_second(&self) -> u32 {
+        self.per_second
+    }
+}
+
+/// How free heap memory is given back to the system, if the program says ([`set_memory_release`]).
+static RELEASE: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Sets how free heap memory is given back to the system after a burst of connections: the
+/// `kube-fence` binary passes glibc's `malloc_trim` (this library has no unsafe code). Without
+/// it the webhook's resident memory stays at a burst's peak. The first call wins.
+pub fn set_memory_release(release: fn()) {
+    let _ = RELEASE.set(release);
+}
+
+/// Returns memory freed after a burst of connections to the system: every `every`, when at
+/// least `burst` connections closed since the last look, calls what [`set_memory_release`]
+/// set (if anything).
+pub async fn trim_after_bursts(gate: ConnectionGate, every: Duration, burst: usize) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let (peak, now) = gate.take_peak();
+        if let Some(release) = RELEASE.get().copied()
+            && peak.saturating_sub(now) >= burst
+        {
+            let started = Instant::now();
+            let _ = tokio::task::spawn_blocking(release).await;
+            tracing::debug!(peak, now, took = ?started.elapsed(), "returned free memory after a burst of connections");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([10, 0, 0, last])
+    }
+
+    #[test]
+    fn connections_are_bounded_in_all_and_per_source() {
+        let limits = Bounds { max_connections: 5, max_connections_per_source: 3, quorum_reads_per_source: None };
+        let mut open = OpenConnections::default();
+        assert_eq!((0..10).filter(|_| open.open(ip(66), &limits).is_ok()).count(), 3);
+        assert_eq!(open.open(ip(66), &limits), Err(Crowded::Source));
+        assert_eq!(open.open(ip(1), &limits), Ok(()), "another source still gets a place");
+        assert_eq!(open.open(ip(2), &limits), Ok(()));
+        assert_eq!(open.open(ip(3), &limits), Err(Crowded::Total));
+        open.close(ip(66));
+        assert_eq!(open.open(ip(3), &limits), Ok(()), "a closed connection's place is free again");
+        assert_eq!(open.take_peak(), (5, 5));
+        for source in [66, 66, 1, 2, 3] {
+            open.close(ip(source));
+        }
+        assert_eq!(open.total(), 0);
+        assert!(open.by_source.is_empty(), "sources without connections are forgotten");
+        assert_eq!(open.take_peak(), (5, 0));
+        assert_eq!(open.take_peak(), (0, 0));
+        // Closing what was never opened changes nothing.
+        open.close(ip(9));
+        assert_eq!(open.total(), 0);
+    }
+
+    #[test]
+    fn the_last_quarter_of_the_places_is_kept_for_sources_with_few_connections() {
+        let limits = Bounds { max_connections: 40, max_connections_per_source: 16, quorum_reads_per_source: None };
+        let mut open = OpenConnections::default();
+        // Sources with many connections fill the shared three quarters (30), then each its
+        // first FEW_CONNECTIONS more from the rest: 16, 14 (8 + 6 to 30), 8.
+        let many: Vec<usize> = [66, 67, 68].iter().map(|s| (0..16).filter(|_| open.open(ip(*s), &limits).is_ok()).count()).collect();
+        assert_eq!(many, [16, 14, FEW_CONNECTIONS]);
+        assert_eq!(open.open(ip(67), &limits), Err(Crowded::Total), "a source with many open is kept out of the last quarter");
+        // A source with few open still gets a place.
+        assert_eq!(open.open(ip(1), &limits), Ok(()));
+        assert_eq!(open.open(ip(2), &limits), Ok(()));
+        assert_eq!(open.total(), 40);
+        assert_eq!(open.open(ip(4), &limits), Err(Crowded::Total), "never more than the bound in all");
+    }
+
+    #[test]
+    fn a_gate_gives_a_place_back_when_its_ticket_is_dropped() {
+        let metrics = ConnectionMetrics::default();
+        let gate = ConnectionGate::new(
+            Bounds { max_connections: 2, max_connections_per_source: 2, quorum_reads_per_source: None },
+            metrics.clone(),
+        );
+        let a = gate.admit(ip(1)).expect("a place");
+        let _b = gate.admit(ip(1)).expect("a place");
+        assert_eq!(gate.admit(ip(2)).map(|_| ()), Err(Crowded::Total));
+        assert_eq!(metrics.open.get(), 2);
+        drop(a);
+        assert_eq!(gate.open(), 1);
+        assert!(gate.admit(ip(2)).is_ok());
+        assert_eq!(metrics.refused_total.get(), 1);
+    }
+
+    #[test]
+    fn a_flood_of_reads_from_one_source_is_cut_to_its_budget() {
+        let mut budget = ReadBudget::new(100);
+        let now = Instant::now();
+        let flood = (0..10_000).filter(|_| budget.admit(ip(66), now)).count();
+        assert_eq!(flood, 200, "a burst of twice the rate");
+        assert!(!budget.admit(ip(66), now));
+        assert_eq!((0..200).filter(|_| budget.admit(ip(1), now)).count(), 200, "another source has its own budget");
+        // A second later the flooding source has a second's worth again, not more.
+        let later = now + Duration::from_secs(1);
+        assert_eq!((0..10_000).filter(|_| budget.admit(ip(66), later)).count(), 100);
+        // Ten seconds of rest refill it to the burst, no further.
+        let rested = later + Duration::from_secs(10);
+        assert_eq!((0..10_000).filter(|_| budget.admit(ip(66), rested)).count(), 200);
+        // A source that asks at the rate is never refused.
+        let mut steady = ReadBudget::new(100);
+        assert!((0..1_000).all(|i| steady.admit(ip(5), now + Duration::from_millis(10 * i))));
+    }
+
+    #[test]
+    fn the_sources_a_read_budget_tracks_are_bounded() {
+        let mut budget = ReadBudget::new(1);
+        let start = Instant::now();
+        budget.admit(ip(1), start + Duration::from_secs(5));
+        for i in 0..5_000u32 {
+            budget.admit(IpAddr::from([172, 16, (i >> 8) as u8, i as u8]), start + Duration::from_millis(u64::from(i)));
+        }
+        assert!(budget.sources.len() <= ReadBudget::MAX_SOURCES);
+        assert!(budget.sources.contains_key(&ip(1)), "the most recently active source is kept");
+        // A clock that goes backwards (a caller's Instant taken before another's) refills nothing.
+        let mut budget = ReadBudget::new(1);
+        assert!(budget.admit(ip(1), start + Duration::from_secs(1)));
+        assert!(budget.admit(ip(1), start + Duration::from_secs(1)));
+        assert!(!budget.admit(ip(1), start));
+    }
+}
