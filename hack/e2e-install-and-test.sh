@@ -72,7 +72,7 @@ kubectl wait --for condition=established --timeout=60s crd/leases.kubefence.io >
 installed=$(date +%s)
 helm install "$RELEASE" "$CHART" --namespace "$NAMESPACE" --create-namespace \
   --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=Never \
-  --set logFormat=text --set 'leaseAdmins={leader-go-setup}' --wait --timeout 180s >&2
+  --set logFormat=text --set 'webhook.exemptUsers={system:serviceaccount:kube-system:generic-garbage-collector,system:serviceaccount:kube-system:namespace-controller,leader-go-setup}' --wait --timeout 180s >&2
 kubectl -n "$NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s >&2
 say "installed and ready in $(( $(date +%s) - installed )) s"
 kubectl -n "$NAMESPACE" get pods -o wide >&2

@@ -554,8 +554,14 @@ async fn writer_fenced(args: &Args, table: &mut Table, bench: &mut Bench, holder
         leases.patch("leader", &PatchParams::default(), &Patch::Merge(&patch)).await?;
         let want = if on { 10 } else { 9 };
         let deadline = Instant::now() + Duration::from_secs(60);
+        // This namespace's webhooks only: the cluster may have other opted-in Leases.
+        let ours = format!("{}/{ns}/", kube_fence::admission::writer::PATH_PREFIX);
         loop {
-            let count = configurations.get_opt(&routed).await?.and_then(|c| c.webhooks).map_or(0, |w| w.len());
+            let count = configurations
+                .get_opt(&routed)
+                .await?
+                .and_then(|c| c.webhooks)
+                .map_or(0, |w| w.iter().filter(|h| h.client_config.url.as_deref().is_some_and(|u| u.contains(&ours))).count());
             if count == want {
                 break;
             }

@@ -96,14 +96,9 @@ pub fn configuration(
             object_selector: None,
         })
         .collect();
-    ValidatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            labels: Some([("app.kubernetes.io/managed-by".to_string(), "kube-fence".to_string())].into()),
-            ..Default::default()
-        },
-        webhooks: Some(webhooks),
-    }
+    // Only the webhooks: the chart owns the object's labels (it creates the configuration, and
+    // a field of two managers would make `helm upgrade` conflict).
+    ValidatingWebhookConfiguration { metadata: ObjectMeta { name: Some(name.to_string()), ..Default::default() }, webhooks: Some(webhooks) }
 }
 
 /// The opt-ins of `leases`, and the Leases left out with why.

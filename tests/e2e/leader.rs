@@ -120,9 +120,10 @@ fn deployment(image: &str, everything: bool) -> Deployment {
     .expect("a Deployment from a literal")
 }
 
-/// A client acting as [`SETUP`], one of the installed kube-fence's `leaseAdmins`
-/// (hack/e2e-install-and-test.sh): it may create objects bound to a leader Lease (opt them in)
-/// without being the holder's Pod, as Helm or an operator would.
+/// A client acting as [`SETUP`], which the installed kube-fence exempts (`webhook.exemptUsers`,
+/// hack/e2e-install-and-test.sh; a value the 0.1 chart the operations tests go back to knows): it
+/// creates the objects bound to a leader Lease without being the holder's Pod, as an operator's
+/// admin would.
 async fn setup_client() -> Client {
     let path = common::kubeconfig().await;
     let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
