@@ -668,7 +668,7 @@ async fn delete_removes_exactly_the_version_read_as_holder_or_with_a_token() {
     std::fs::write(
         &manifest,
         "apiVersion: batch/v1\nkind: Job\nmetadata: {name: delegated}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      \
-         containers: [{name: work, image: registry.invalid/none}]\n",
+         schedulingGates: [{name: kubefence.io/never-run}]\n      containers: [{name: work, image: registry.invalid/none}]\n",
     )
     .expect("write the manifest");
     let stamped =

@@ -67,6 +67,8 @@ async fn job_runner(admin: &kube::Client, ns: &str) {
 async fn start_job(admin: &kube::Client, ns: &str, name: &str, grant: &Grant) -> Pod {
     let job: Job = serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"backoffLimit": 0, "template": {"spec": {
         "serviceAccountName": RUNNER, "restartPolicy": "Never",
+        // Run by this test as the Pod would run it, never by a kubelet: no node takes the Pod.
+        "schedulingGates": [{"name": "kubefence.io/never-run"}],
         "containers": [{"name": "work", "image": "registry.invalid/delegated-writer", "args": ["result"]}]}}}}))
     .expect("a Job literal");
     let job = grant.delegate(&job).expect("the grant stamps onto a Job");
