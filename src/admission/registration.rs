@@ -8,16 +8,28 @@
 //!   holder-only (`kubefence.io/writer: holder`): a match condition the API server evaluates
 //!   itself, so the status writes of Kubernetes' own controllers to other objects never wait
 //!   for kube-fence.
-//! - A ValidatingAdmissionPolicy (CEL, judged inside the API server) that lets only kube-fence's
-//!   controller identity write the status of kube-fence Leases: the status is where tokens are
-//!   issued, so a worker with `leases/status` RBAC must not be able to forge one.
+//! - Five ValidatingAdmissionPolicies (CEL, judged inside the API server), each with a binding to
+//!   the fenced namespaces:
+//!   - lease status (`status_policy`): only kube-fence's controller identity writes the status of
+//!     kube-fence Leases: the status is where tokens are issued, so a worker with `leases/status`
+//!     RBAC must not be able to forge one;
+//!   - lease identity (`identity_policy`): a kube-fence Lease with `spec.identity` is claimed,
+//!     renewed and released only by the identity it names;
+//!   - leader holder (`holder_policy`): an opted-in `coordination.k8s.io` Lease names the
+//!     requesting Pod as its holder;
+//!   - with the policy path on, the policy path itself (`policy_path_policy`) and the guard of its
+//!     parameters (`params_policy`).
+//!
+//! The same objects are the Helm chart's: [`chart`] renders them as the chart's templates, with
+//! Helm expressions where the chart's values go (`kube-fence chart-templates`).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, ParamRef, RuleWithOperations, ServiceReference, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef, RuleWithOperations, ServiceReference,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec,
+    ValidatingWebhook, ValidatingWebhookConfiguration, Validation, Variable, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
@@ -26,6 +38,8 @@ use super::leader::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, IdentityRule, LEADER_L
 use super::policy_path;
 use super::writer::WRITERS_ANNOTATION;
 use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
+
+pub mod chart;
 
 /// Name of the webhook inside the configuration; the API server quotes it in every denial:
 /// `admission webhook "fence.kubefence.io" denied the request: ...`.
@@ -66,6 +80,9 @@ pub struct Registration {
     /// PEM of the CA that signed the serving certificate (empty: set later, e.g. by cert-manager's
     /// CA injector or the self-managed TLS loop).
     pub ca_bundle: Option<String>,
+    /// Namespaces never fenced besides kube-fence's own: [`SYSTEM_NAMESPACES`] (the chart's
+    /// `webhook.excludedNamespaces`).
+    pub excluded_namespaces: Vec<String>,
     /// kube-fence's own namespace, excluded like the system namespaces.
     pub operator_namespace: Option<String>,
     /// Restrict fencing to these namespaces (tests; a cautious rollout).
@@ -92,6 +109,7 @@ impl Registration {
             name: name.into(),
             endpoint,
             ca_bundle: None,
+            excluded_namespaces: SYSTEM_NAMESPACES.map(String::from).to_vec(),
             operator_namespace: None,
             only_namespaces: None,
             extra_object_labels: BTreeMap::new(),
@@ -182,7 +200,7 @@ impl Registration {
     /// Namespaces fenced: never the system namespaces or kube-fence's own; only the listed
     /// ones when a list is given.
     fn namespace_selector(&self) -> LabelSelector {
-        let mut excluded: Vec<String> = SYSTEM_NAMESPACES.iter().map(|s| s.to_string()).collect();
+        let mut excluded = self.excluded_namespaces.clone();
         excluded.extend(self.operator_namespace.clone());
         let mut rules =
             vec![LabelSelectorRequirement { key: NAMESPACE_NAME_LABEL.into(), operator: "NotIn".into(), values: Some(excluded) }];
@@ -193,17 +211,22 @@ impl Registration {
     }
 
     /// A policy named `name` with `spec`, and its binding to the fenced namespaces (pure).
-    fn policy(&self, name: &str, spec: serde_json::Value) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-        let metadata = serde_json::json!({"name": name, "labels": {"app.kubernetes.io/managed-by": "kube-fence"}});
-        let policy = serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy", "metadata": metadata, "spec": spec,
-        });
-        let binding = serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding", "metadata": metadata,
-            "spec": {"policyName": name, "validationActions": ["Deny"], "matchResources": {"namespaceSelector": self.namespace_selector()}},
-        });
-        // Both are built from literals of their own schema: they always convert.
-        (serde_json::from_value(policy).unwrap_or_default(), serde_json::from_value(binding).unwrap_or_default())
+    fn policy(&self, name: &str, spec: ValidatingAdmissionPolicySpec) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+        let metadata = ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some([("app.kubernetes.io/managed-by".to_string(), FIELD_MANAGER.to_string())].into()),
+            ..Default::default()
+        };
+        let binding = ValidatingAdmissionPolicyBinding {
+            metadata: metadata.clone(),
+            spec: ValidatingAdmissionPolicyBindingSpec {
+                policy_name: name.to_string(),
+                validation_actions: vec!["Deny".into()],
+                match_resources: Some(MatchResources { namespace_selector: Some(self.namespace_selector()), ..Default::default() }),
+                param_ref: None,
+            },
+        };
+        (ValidatingAdmissionPolicy { metadata, spec: Some(spec), status: None }, binding)
     }
 
     /// The policy that lets only `writers` (usernames) write the status of kube-fence Leases in
@@ -211,17 +234,12 @@ impl Registration {
     pub fn status_policy(&self, writers: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
         self.policy(
             &self.status_policy_name(),
-            serde_json::json!({
-                "failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": [crate::api::GROUP], "apiVersions": ["*"], "resources": ["leases/status"], "operations": ["UPDATE"],
-                }]},
-                "validations": [{
-                    "expression": requester_in(writers),
-                    "messageExpression": STATUS_WRITER_MESSAGE,
-                    "reason": "Forbidden",
-                }],
-            }),
+            ValidatingAdmissionPolicySpec {
+                failure_policy: Some("Fail".into()),
+                match_constraints: Some(rules(&[crate::api::GROUP], &["leases/status"], &["UPDATE"])),
+                validations: Some(vec![forbidden(requester_in(writers), STATUS_WRITER_MESSAGE)]),
+                ..Default::default()
+            },
         )
     }
 
@@ -243,26 +261,28 @@ impl Registration {
     /// under admission (paramRef with a name and no namespace), and denies when it is absent
     /// (the client library retries that answer: `policy_path::params_missing`). Pure.
     pub fn policy_path_policy(&self) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-        let variables: Vec<serde_json::Value> = policy_path::variables()
-            .into_iter()
-            .map(|(name, expression)| serde_json::json!({"name": name, "expression": expression}))
-            .collect();
+        let variables =
+            policy_path::variables().into_iter().map(|(name, expression)| Variable { name: name.into(), expression }).collect();
+        let mut constraints = rules(&["*"], &["*"], &["UPDATE"]);
+        if let Some(rules) = constraints.resource_rules.as_mut() {
+            rules.iter_mut().for_each(|rule| rule.scope = Some("Namespaced".into()));
+        }
+        constraints.object_selector = Some(self.object_selector());
+        constraints.match_policy = Some("Equivalent".into());
         let (policy, mut binding) = self.policy(
             &self.policy_path_name(),
-            serde_json::json!({
-                "failurePolicy": "Fail",
-                "paramKind": {"apiVersion": format!("{}/v1alpha1", crate::api::GROUP), "kind": "LeaseTokens"},
-                "matchConstraints": {
-                    "resourceRules": [{
-                        "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "operations": ["UPDATE"], "scope": "Namespaced",
-                    }],
-                    "objectSelector": self.object_selector(),
-                    "matchPolicy": "Equivalent",
-                },
-                "matchConditions": [{"name": "fresh-token-on-a-guarded-object", "expression": policy_path::fast_path()}],
-                "variables": variables,
-                "validations": [{"expression": policy_path::rule(), "messageExpression": policy_path::message(), "reason": "Forbidden"}],
-            }),
+            ValidatingAdmissionPolicySpec {
+                failure_policy: Some("Fail".into()),
+                param_kind: Some(ParamKind {
+                    api_version: Some(format!("{}/v1alpha1", crate::api::GROUP)),
+                    kind: Some("LeaseTokens".into()),
+                }),
+                match_constraints: Some(constraints),
+                match_conditions: Some(vec![condition("fresh-token-on-a-guarded-object", policy_path::fast_path())]),
+                variables: Some(variables),
+                validations: Some(vec![forbidden(policy_path::rule(), &policy_path::message())]),
+                ..Default::default()
+            },
         );
         binding.spec.param_ref = Some(ParamRef {
             name: Some(policy_path::PARAMS_NAME.into()),
@@ -283,17 +303,12 @@ impl Registration {
         allowed.extend(crate::admission::decision::DEFAULT_EXEMPT.map(String::from));
         self.policy(
             &self.params_policy_name(),
-            serde_json::json!({
-                "failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": [crate::api::GROUP], "apiVersions": ["*"], "resources": ["leasetokens"], "operations": ["CREATE", "UPDATE", "DELETE"],
-                }]},
-                "validations": [{
-                    "expression": requester_in(&allowed),
-                    "messageExpression": "'LeaseTokens hold the issued fencing tokens the API server judges writes by: only the kube-fence controller writes them; ' + request.userInfo.username + ' may not'",
-                    "reason": "Forbidden",
-                }],
-            }),
+            ValidatingAdmissionPolicySpec {
+                failure_policy: Some("Fail".into()),
+                match_constraints: Some(rules(&[crate::api::GROUP], &["leasetokens"], &["CREATE", "UPDATE", "DELETE"])),
+                validations: Some(vec![forbidden(requester_in(&allowed), PARAMS_WRITER_MESSAGE)]),
+                ..Default::default()
+            },
         )
     }
 
@@ -313,25 +328,24 @@ impl Registration {
     /// renewal names the requester itself, a release is made by the holder itself; `admins`
     /// (usernames) are exempt. Judged by the API server (CEL): no webhook call. Pure.
     pub fn identity_policy(&self, admins: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-        let variables: Vec<serde_json::Value> =
-            IDENTITY_VARIABLES.iter().map(|(name, expression)| serde_json::json!({"name": name, "expression": expression})).collect();
+        let variables =
+            IDENTITY_VARIABLES.iter().map(|(name, expression)| Variable { name: name.to_string(), expression: expression.to_string() }).collect();
         self.policy(
             &self.identity_policy_name(),
-            serde_json::json!({
-                "failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": [crate::api::GROUP], "apiVersions": ["*"], "resources": ["leases"], "operations": ["CREATE", "UPDATE"],
-                }]},
-                "matchConditions": [
-                    {"name": "identity-bound", "expression": "has(object.spec) && has(object.spec.identity)"},
-                    {"name": "not-an-admin", "expression": format!("!({})", requester_in(admins))},
-                ],
-                "variables": variables,
-                "validations": [
-                    {"expression": IDENTITY_CLAIM_RULE, "messageExpression": IDENTITY_CLAIM_MESSAGE, "reason": "Forbidden"},
-                    {"expression": IDENTITY_RELEASE_RULE, "messageExpression": IDENTITY_RELEASE_MESSAGE, "reason": "Forbidden"},
-                ],
-            }),
+            ValidatingAdmissionPolicySpec {
+                failure_policy: Some("Fail".into()),
+                match_constraints: Some(rules(&[crate::api::GROUP], &["leases"], &["CREATE", "UPDATE"])),
+                match_conditions: Some(vec![
+                    condition("identity-bound", "has(object.spec) && has(object.spec.identity)".into()),
+                    condition("not-an-admin", format!("!({})", requester_in(admins))),
+                ]),
+                variables: Some(variables),
+                validations: Some(vec![
+                    forbidden(IDENTITY_CLAIM_RULE.into(), IDENTITY_CLAIM_MESSAGE),
+                    forbidden(IDENTITY_RELEASE_RULE.into(), IDENTITY_RELEASE_MESSAGE),
+                ]),
+                ..Default::default()
+            },
         )
     }
 
@@ -347,29 +361,28 @@ impl Registration {
     /// they pass. `admins` (usernames) are exempt. Judged by the API server (CEL): no webhook
     /// call. Pure.
     pub fn holder_policy(&self, admins: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-        let variables: Vec<serde_json::Value> = holder_variables(&self.leader_identity)
-            .iter()
-            .map(|(name, expression)| serde_json::json!({"name": name, "expression": expression}))
+        let variables = holder_variables(&self.leader_identity)
+            .into_iter()
+            .map(|(name, expression)| Variable { name: name.to_string(), expression })
             .collect();
         self.policy(
             &self.holder_policy_name(),
-            serde_json::json!({
-                "failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": ["coordination.k8s.io"], "apiVersions": ["*"], "resources": ["leases"], "operations": ["CREATE", "UPDATE", "DELETE"],
-                }]},
-                "matchConditions": [
-                    {"name": "holder-bound", "expression": holder_bound(&self.leader_leases)},
-                    {"name": "not-an-admin", "expression": format!("!({})", requester_in(admins))},
-                ],
-                "variables": variables,
-                "validations": [
-                    {"expression": HOLDER_CLAIM_RULE, "messageExpression": holder_claim_message(&self.leader_identity), "reason": "Forbidden"},
-                    {"expression": HOLDER_RELEASE_RULE, "messageExpression": HOLDER_RELEASE_MESSAGE, "reason": "Forbidden"},
-                    {"expression": holder_label_kept(), "messageExpression": HOLDER_LABEL_MESSAGE, "reason": "Forbidden"},
-                    {"expression": writers_kept(), "messageExpression": WRITERS_MESSAGE, "reason": "Forbidden"},
-                ],
-            }),
+            ValidatingAdmissionPolicySpec {
+                failure_policy: Some("Fail".into()),
+                match_constraints: Some(rules(&["coordination.k8s.io"], &["leases"], &["CREATE", "UPDATE", "DELETE"])),
+                match_conditions: Some(vec![
+                    condition("holder-bound", holder_bound(&self.leader_leases)),
+                    condition("not-an-admin", format!("!({})", requester_in(admins))),
+                ]),
+                variables: Some(variables),
+                validations: Some(vec![
+                    forbidden(HOLDER_CLAIM_RULE.into(), &holder_claim_message(&self.leader_identity)),
+                    forbidden(HOLDER_RELEASE_RULE.into(), HOLDER_RELEASE_MESSAGE),
+                    forbidden(holder_label_kept(), HOLDER_LABEL_MESSAGE),
+                    forbidden(writers_kept(), WRITERS_MESSAGE),
+                ]),
+                ..Default::default()
+            },
         )
     }
 
@@ -454,6 +467,32 @@ impl Registration {
         }
         Ok(())
     }
+}
+
+/// A policy's match constraints: `operations` on `resources` of `groups`, every version.
+fn rules(groups: &[&str], resources: &[&str], operations: &[&str]) -> MatchResources {
+    let strings = |items: &[&str]| Some(items.iter().map(|s| s.to_string()).collect());
+    MatchResources {
+        resource_rules: Some(vec![NamedRuleWithOperations {
+            api_groups: strings(groups),
+            api_versions: strings(&["*"]),
+            resources: strings(resources),
+            operations: strings(operations),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// A policy's match condition.
+fn condition(name: &str, expression: String) -> MatchCondition {
+    MatchCondition { name: name.into(), expression }
+}
+
+/// A policy's validation: `expression` must hold, else the write is forbidden with `message`
+/// (a CEL message expression).
+fn forbidden(expression: String, message: &str) -> Validation {
+    Validation { expression, message_expression: Some(message.into()), reason: Some("Forbidden".into()), message: None }
 }
 
 /// The username the API server knows `client` by (a SelfSubjectReview).
@@ -603,6 +642,9 @@ pub const HOLDER_RELEASE_RULE: &str = "variables.oldHolder == '' || variables.ne
 pub const HOLDER_RELEASE_MESSAGE: &str = "'Lease ' + request.name + ' is ' + (request.operation == 'DELETE' ? 'deleted' : 'released') + ' only by its holder ' + variables.oldHolder + ', not by ' + (variables.me == '' ? request.userInfo.username : 'Pod ' + variables.me)";
 pub const HOLDER_LABEL_MESSAGE: &str = "'the kubefence.io/holder-identity label of Lease ' + request.name + ' is removed only by an admin'";
 pub const WRITERS_MESSAGE: &str = "'the kubefence.io/writers annotation of Lease ' + request.name + ' (the ServiceAccounts fenced by it) is changed only by its holder ' + variables.oldHolder + ' or an admin, not by ' + (variables.me == '' ? request.userInfo.username : 'Pod ' + variables.me)";
+
+/// The parameter guard's message.
+pub const PARAMS_WRITER_MESSAGE: &str = "'LeaseTokens hold the issued fencing tokens the API server judges writes by: only the kube-fence controller writes them; ' + request.userInfo.username + ' may not'";
 
 /// The lease-status policy's message.
 pub const STATUS_WRITER_MESSAGE: &str = "'the status of a kube-fence Lease (where fencing tokens are issued) is written only by the kube-fence controller; ' + request.userInfo.username + ' may not write it'";
