@@ -261,8 +261,7 @@ impl Registration {
     /// under admission (paramRef with a name and no namespace), and denies when it is absent
     /// (the client library retries that answer: `policy_path::params_missing`). Pure.
     pub fn policy_path_policy(&self) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-        let variables =
-            policy_path::variables().into_iter().map(|(name, expression)| Variable { name: name.into(), expression }).collect();
+        let variables = policy_path::variables().into_iter().map(|(name, expression)| Variable { name: name.into(), expression }).collect();
         let mut constraints = rules(&["*"], &["*"], &["UPDATE"]);
         if let Some(rules) = constraints.resource_rules.as_mut() {
             rules.iter_mut().for_each(|rule| rule.scope = Some("Namespaced".into()));
@@ -328,8 +327,10 @@ impl Registration {
     /// renewal names the requester itself, a release is made by the holder itself; `admins`
     /// (usernames) are exempt. Judged by the API server (CEL): no webhook call. Pure.
     pub fn identity_policy(&self, admins: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-        let variables =
-            IDENTITY_VARIABLES.iter().map(|(name, expression)| Variable { name: name.to_string(), expression: expression.to_string() }).collect();
+        let variables = IDENTITY_VARIABLES
+            .iter()
+            .map(|(name, expression)| Variable { name: name.to_string(), expression: expression.to_string() })
+            .collect();
         self.policy(
             &self.identity_policy_name(),
             ValidatingAdmissionPolicySpec {

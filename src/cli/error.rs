@@ -262,6 +262,12 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot write {}: {}", .path.display(), io(.source))]
+    WriteFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot encode the output: {source}")]
     EncodeOutput {
         #[source]
@@ -308,6 +314,7 @@ impl Error {
             | Error::ServeMetrics { .. }
             | Error::WriteReadyFile { .. }
             | Error::EncodeOutput { .. }
+            | Error::WriteFile { .. }
             | Error::ReadManifest { .. }
             | Error::WriteOutput { .. } => Exit::Failed,
         }

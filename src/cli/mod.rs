@@ -6,6 +6,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod chart_templates;
 pub mod cluster;
 pub mod controller;
 mod crd;
@@ -37,6 +38,9 @@ pub struct Cli {
 pub enum Command {
     /// Print the CustomResourceDefinitions generated from kube-fence's Rust types (what crds/ holds).
     Crd(crd::CrdArgs),
+    /// Write the Helm chart's webhook configurations and policies, rendered from what local mode
+    /// registers, into the chart's templates directory (what charts/kube-fence/templates holds).
+    ChartTemplates(chart_templates::ChartTemplatesArgs),
     /// Serve the fencing webhook (HTTPS): judges writes to objects labelled kubefence.io/lease.
     #[command(after_help = EXIT_STATUS_HELP)]
     Webhook(webhook::WebhookArgs),
@@ -69,6 +73,7 @@ pub enum Command {
 pub async fn run(cli: Cli) -> Result<(), Error> {
     match cli.command {
         Command::Crd(args) => crd::run(args),
+        Command::ChartTemplates(args) => chart_templates::run(args),
         Command::Webhook(args) => webhook::run(args).await,
         Command::Run(args) => run::run(args).await,
         Command::Controller(args) => controller::run(args).await,
