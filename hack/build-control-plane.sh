@@ -20,10 +20,9 @@
 # with the published staging version of the same release.
 set -euo pipefail
 
-KUBE_VERSION=v1.37.2        # kube-apiserver, kube-controller-manager, kubectl (+ kubelet, kube-scheduler, kube-proxy)
-STAGING_VERSION=v0.37.2     # k8s.io/* staging modules of the same release
-ETCD_VERSION=v3.6.16
-HELM_VERSION=v4.3.2
+# KUBE_VERSION, STAGING_VERSION, ETCD_VERSION, HELM_VERSION
+# shellcheck source=hack/versions.env
+source "$(dirname "${BASH_SOURCE[0]}")/versions.env"
 
 cache=${KUBE_FENCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-fence}
 bindir="$cache/bin/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION"

@@ -18,7 +18,7 @@
 #   KIND_NODE_IMAGE=local      the node image made here without any registry, for the project's
 #                              Kubernetes version (hack/kind-node-image.sh, cached; cold: long)
 #
-# Tools: kind (on PATH, else built from the Go module proxy at the version hack/kind/common.sh
+# Tools: kind (on PATH, else built from the Go module proxy at the version hack/versions.env
 # pins), kubectl and helm (on PATH, else hack/build-control-plane.sh's), cargo.
 #   KEEP_CLUSTER=1                   keep the cluster (and a dockerd this script started) afterwards;
 #                                    `hack/kind-e2e.sh --down` deletes it and stops that dockerd
@@ -108,7 +108,7 @@ if [[ $node_image == local ]]; then
     docker load -i "$tarball" >&2
   fi
   # The local image has no CoreDNS image and carries the project's etcd (hack/kind-node-image.sh).
-  etcd_version=$(sed -n 's/^ETCD_VERSION=\(v[^[:space:]]*\).*/\1/p' hack/build-control-plane.sh)
+  etcd_version=$ETCD_VERSION # hack/versions.env (by common.sh)
 fi
 say "node image: $node_image"
 

@@ -31,10 +31,8 @@ source hack/kind/common.sh
 say() { printf '[kind-node-image %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-KUBE_VERSION=$(sed -n 's/^KUBE_VERSION=\(v[^[:space:]]*\).*/\1/p' hack/build-control-plane.sh)
-ETCD_VERSION=$(sed -n 's/^ETCD_VERSION=\(v[^[:space:]]*\).*/\1/p' hack/build-control-plane.sh)
-[[ -n $KUBE_VERSION && -n $ETCD_VERSION ]] || die "could not read KUBE_VERSION / ETCD_VERSION from hack/build-control-plane.sh"
-SUITE=bookworm
+# KUBE_VERSION, ETCD_VERSION, KIND_VERSION, CRICTL_VERSION, DEBIAN_SUITE: hack/versions.env (by common.sh).
+SUITE=$DEBIAN_SUITE
 REF=localhost/kube-fence/kind-node:$KUBE_VERSION
 ETCD_IMAGE=localhost/kf/etcd:${ETCD_VERSION#v}
 PAUSE_IMAGE=localhost/kf/pause:1.0

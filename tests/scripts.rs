@@ -1,4 +1,4 @@
-//! The project's shell scripts: shellcheck-clean; the in-cluster suite (run for real by
+//! The project's shell scripts: shellcheck-clean, their pinned versions in hack/versions.env alone; the in-cluster suite (run for real by
 //! `hack/e2e-node.sh` and by `hack/kind-e2e.sh`, which needs Docker) uses names that exist — the
 //! chart's objects, the CRD, the test targets — and both cluster scripts run it through the one
 //! shared script instead of a copy of its steps.
@@ -102,4 +102,96 @@ fn the_node_and_kind_run_the_one_in_cluster_suite() {
             assert!(!code.iter().any(|l| l.contains(own)), "{cluster} does not `{own}` itself: that belongs in {SHARED}");
         }
     }
+}
+
+/// Every file under `dir` (recursively).
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).filter_map(|e| e.ok()) {
+        let path = entry.path();
+        if path.is_dir() { files.extend(files_under(&path)) } else { files.push(path) }
+    }
+    files
+}
+
+/// A version written out: `v1.2.3`, `1.2.3` or `1.2.3-rc.1` (three numbers; addresses have four).
+fn version_literals(line: &str) -> Vec<&str> {
+    line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '-'))
+        .filter(|token| {
+            let bare = token.strip_prefix('v').unwrap_or(token);
+            let core = bare.split('-').next().unwrap_or_default();
+            let parts: Vec<&str> = core.split('.').collect();
+            parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+        })
+        // The version k8s.io/kubernetes' go.mod requires its staging modules at (a placeholder).
+        .filter(|token| *token != "v0.0.0")
+        .collect()
+}
+
+/// The versions the project pins are in hack/versions.env, read by every script that needs one:
+/// no script, testenv file or Dockerfile writes a version of its own, assigns a `*_VERSION` a
+/// literal, or reads a version out of another script.
+#[test]
+fn versions_are_pinned_in_hack_versions_env_only() {
+    let data = format!("{ROOT}/hack/versions.env");
+    let pins: Vec<(String, String)> = std::fs::read_to_string(&data)
+        .expect("hack/versions.env")
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (key, value) = l.split_once('=').unwrap_or_else(|| panic!("hack/versions.env: {l:?} is KEY=value"));
+            assert!(!value.contains([' ', '"', '\'', '$']), "hack/versions.env: {l:?} is a plain value");
+            (key.to_string(), value.to_string())
+        })
+        .collect();
+    assert!(pins.iter().any(|(k, _)| k == "KUBE_VERSION"), "hack/versions.env pins KUBE_VERSION");
+
+    let mut files = files_under(&Path::new(ROOT).join("hack"));
+    files.extend(files_under(&Path::new(ROOT).join("testenv/src")));
+    files.extend(files_under(&Path::new(ROOT).join("testenv/tests")));
+    files.push(Path::new(ROOT).join(".ci/run"));
+    files.push(Path::new(ROOT).join("Dockerfile"));
+    let common = std::fs::read_to_string(format!("{ROOT}/hack/kind/common.sh")).expect("hack/kind/common.sh");
+    let sources_pins = |text: &str| text.lines().any(|l| l.trim_start().starts_with("source") && l.contains("versions.env"));
+    assert!(sources_pins(&common), "hack/kind/common.sh sources hack/versions.env");
+    let mut problems = Vec::new();
+    for file in files.iter().filter(|f| **f != Path::new(&data)) {
+        let name = file.strip_prefix(ROOT).unwrap_or(file).display().to_string();
+        let Ok(text) = std::fs::read_to_string(file) else { continue };
+        let code: Vec<&str> = text.lines().filter(|l| !l.trim_start().starts_with('#') && !l.trim_start().starts_with("//")).collect();
+        for line in &code {
+            // A file format's version (a CNI configuration's), not software the project pins.
+            let format_version = line.contains("cniVersion") || line.contains("apiVersion");
+            for literal in version_literals(line).into_iter().filter(|_| !format_version) {
+                problems.push(format!("{name}: version {literal} written out (pin it in hack/versions.env): {line}"));
+            }
+            let assigned = line.trim_start().trim_start_matches("export ").split_once('=').map(|(k, v)| (k, v));
+            if let Some((key, value)) = assigned
+                && key.ends_with("VERSION")
+                && key.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+                && !value.starts_with('$')
+            {
+                problems.push(format!("{name}: {key} assigned a literal (hack/versions.env holds it): {line}"));
+            }
+            if line.contains("VERSION") && ["sed ", "awk ", "grep "].iter().any(|t| line.contains(t)) && line.contains("hack/") {
+                problems.push(format!("{name}: reads a version out of a script (source hack/versions.env): {line}"));
+            }
+        }
+        // A script that uses a pinned version sources the file (itself or through common.sh).
+        let uses = pins.iter().any(|(k, _)| code.iter().any(|l| l.contains(&format!("${k}")) || l.contains(&format!("${{{k}"))));
+        let is_shell = name.ends_with(".sh") || name == ".ci/run";
+        if is_shell && uses && !sources_pins(&text) && !text.contains("source hack/kind/common.sh") {
+            problems.push(format!("{name}: uses a pinned version without sourcing hack/versions.env"));
+        }
+    }
+    let dockerfile = std::fs::read_to_string(format!("{ROOT}/Dockerfile")).expect("Dockerfile");
+    let rust_image = pins.iter().find(|(k, _)| k == "RUST_IMAGE").map(|(_, v)| v.as_str()).expect("hack/versions.env pins RUST_IMAGE");
+    let from: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|i| *i != "scratch")
+        .collect();
+    assert_eq!(from, [rust_image], "the Dockerfile builds in hack/versions.env's RUST_IMAGE (a Dockerfile cannot source the file)");
+    assert!(problems.is_empty(), "versions pinned outside hack/versions.env:\n{}", problems.join("\n"));
 }

@@ -1,8 +1,9 @@
-# Sourced by hack/kind-node-image.sh and hack/kind-e2e.sh: pinned versions, the cache, Go tools.
+# Sourced by hack/kind-node-image.sh and hack/kind-e2e.sh (from the repository's root): the
+# pinned versions (hack/versions.env), the cache, Go tools.
 # shellcheck shell=bash
 
-KIND_VERSION=v0.33.0     # sigs.k8s.io/kind, from the Go module proxy
-CRICTL_VERSION=v1.36.0   # sigs.k8s.io/cri-tools, crictl for the node image (kind's base image has it)
+# shellcheck source=hack/versions.env
+source hack/versions.env
 
 kf_cache=${KUBE_FENCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-fence}
 

@@ -30,8 +30,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 /// Where the control-plane binaries come from: `KUBE_FENCE_BIN_DIR` when it holds them, else
-/// built (or found cached) by `hack/build-control-plane.sh` — once per process. This is the one
-/// caller of that script: scripts ask `kf-env build`.
+/// built (or found cached) by `hack/build-control-plane.sh` — once per process. Rust code and
+/// `kf-env build` get the binaries here; the scripts that need what kf-env does not build (the
+/// kind node image's kubeadm: `hack/kind-node-image.sh` runs it with `--kind`), or that run where
+/// kf-env may not be built (`hack/kind-e2e.sh` and `hack/release.sh`, for kubectl and helm when
+/// none is on PATH), run the script themselves. It holds a lock, so concurrent callers wait for
+/// one build instead of building twice.
 pub fn binaries() -> Result<PathBuf> {
     binaries_for(false)
 }
