@@ -1,7 +1,7 @@
-//! The project's shell scripts: shellcheck-clean, their pinned versions in hack/versions.env alone; the in-cluster suite (run for real by
-//! `hack/e2e-node.sh` and by `hack/kind-e2e.sh`, which needs Docker) uses names that exist — the
-//! chart's objects, the CRD, the test targets — and both cluster scripts run it through the one
-//! shared script instead of a copy of its steps.
+//! The project's shell scripts: shellcheck-clean, with every pinned version in hack/versions.env
+//! alone; the in-cluster suite (run for real by `hack/e2e-node.sh` and by `hack/kind-e2e.sh`,
+//! which needs Docker) uses names that exist — the chart's objects, the CRD, the test targets —
+//! and both cluster scripts run it through the one shared script instead of a copy of its steps.
 
 use std::path::Path;
 use std::process::Command;
