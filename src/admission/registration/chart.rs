@@ -12,6 +12,10 @@
 
 use std::fmt::Write as _;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
+};
+use kube::api::ObjectMeta;
 use serde_json::Value;
 
 use super::{Endpoint, Registration};
@@ -131,6 +135,14 @@ fn merged<T: serde::Serialize>(what: &'static str, build: impl Fn(&Registration)
     merge(&base, &others, what)
 }
 
+/// A policy and its binding, as the registration builds them.
+type PolicyPair = (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding);
+
+/// [`merged`] for a policy and its binding.
+fn policy_pair(what: &'static str, build: fn(&Registration) -> PolicyPair, variants: &[Variant]) -> Result<[Tree; 2], Error> {
+    Ok([merged(what, |reg| build(reg).0, variants)?, merged(what, |reg| build(reg).1, variants)?])
+}
+
 /// A change of the chart's registration that a chart value makes, and the Helm condition of it.
 type Variant = (&'static str, fn(&mut Registration));
 const BY_ONLY_NAMESPACES: Variant = (ONLY_NAMESPACES, only_namespaces);
@@ -152,33 +164,20 @@ pub fn templates() -> Result<Vec<Template>, Error> {
     let webhooks = merged("the webhook configuration", Registration::configuration, &[BY_ONLY_NAMESPACES, BY_POLICY_PATH])?;
     let webhooks = with_cert_manager_annotation(webhooks);
     let writers = json(
-        &k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration {
-            metadata: kube::api::ObjectMeta {
-                name: Some(crate::admission::writer_routing::configuration_name(&mark(NAME))),
-                ..Default::default()
-            },
+        &ValidatingWebhookConfiguration {
+            metadata: ObjectMeta { name: Some(crate::admission::writer_routing::configuration_name(&mark(NAME))), ..Default::default() },
             webhooks: None,
         },
         "the writers' webhook configuration",
     )?;
-    let pair = |what: &'static str,
-                build: fn(
-        &Registration,
-    ) -> (
-        k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy,
-        k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
-    ),
-                variants: &[Variant]|
-     -> Result<[Tree; 2], Error> {
-        Ok([merged(what, |reg| build(reg).0, variants)?, merged(what, |reg| build(reg).1, variants)?])
-    };
     let only = &[BY_ONLY_NAMESPACES];
-    let [status, status_binding] = pair("the lease-status policy", |reg| reg.status_policy(&[controller(), mark(STATUS_WRITERS)]), only)?;
-    let [identity, identity_binding] = pair("the lease-identity policy", |reg| reg.identity_policy(&[mark(ADMINS)]), only)?;
+    let [status, status_binding] =
+        policy_pair("the lease-status policy", |reg| reg.status_policy(&[controller(), mark(STATUS_WRITERS)]), only)?;
+    let [identity, identity_binding] = policy_pair("the lease-identity policy", |reg| reg.identity_policy(&[mark(ADMINS)]), only)?;
     let [holder, holder_binding] =
-        pair("the leader-holder policy", |reg| reg.holder_policy(&[mark(ADMINS)]), &[BY_ONLY_NAMESPACES, BY_EXACT_IDENTITY])?;
-    let [path, path_binding] = pair("the policy path's policy", Registration::policy_path_policy, only)?;
-    let [params, params_binding] = pair("the policy path's parameter guard", |reg| reg.params_policy(&[controller()]), only)?;
+        policy_pair("the leader-holder policy", |reg| reg.holder_policy(&[mark(ADMINS)]), &[BY_ONLY_NAMESPACES, BY_EXACT_IDENTITY])?;
+    let [path, path_binding] = policy_pair("the policy path's policy", Registration::policy_path_policy, only)?;
+    let [params, params_binding] = policy_pair("the policy path's parameter guard", |reg| reg.params_policy(&[controller()]), only)?;
     let files = [
         (
             "webhook.yaml",
@@ -240,21 +239,16 @@ pub fn templates() -> Result<Vec<Template>, Error> {
 /// The webhook configuration, with cert-manager's CA injection annotation when `tls.mode` is
 /// `certManager` (the self-managed mode writes the caBundle itself).
 fn with_cert_manager_annotation(mut configuration: Tree) -> Tree {
-    if let Tree::Map(entries) = &mut configuration {
-        for (key, item) in entries.iter_mut() {
-            if key == "metadata" {
-                if let Tree::Map(metadata) = &mut item.tree {
-                    let value = Text(vec![
-                        Piece::Helm(NAMESPACE_TEXT.into()),
-                        Piece::Lit("/".into()),
-                        Piece::Helm(FULLNAME_TEXT.into()),
-                        Piece::Lit("-webhook".into()),
-                    ]);
-                    let annotations = Tree::Map(vec![("cert-manager.io/inject-ca-from".into(), Item::always(Tree::Text(value)))]);
-                    metadata.insert(0, ("annotations".into(), Item { when: Some(CERT_MANAGER.into()), tree: annotations }));
-                }
-            }
-        }
+    let Tree::Map(entries) = &mut configuration else { return configuration };
+    if let Some((_, Item { tree: Tree::Map(metadata), .. })) = entries.iter_mut().find(|(key, _)| key == "metadata") {
+        let certificate = Text(vec![
+            Piece::Helm(NAMESPACE_TEXT.into()),
+            Piece::Lit("/".into()),
+            Piece::Helm(FULLNAME_TEXT.into()),
+            Piece::Lit("-webhook".into()),
+        ]);
+        let annotations = Tree::Map(vec![("cert-manager.io/inject-ca-from".into(), Item::always(Tree::Text(certificate)))]);
+        metadata.insert(0, ("annotations".into(), Item { when: Some(CERT_MANAGER.into()), tree: annotations }));
     }
     configuration
 }
