@@ -165,7 +165,7 @@ fn versions_are_pinned_in_hack_versions_env_only() {
             for literal in version_literals(line).into_iter().filter(|_| !format_version) {
                 problems.push(format!("{name}: version {literal} written out (pin it in hack/versions.env): {line}"));
             }
-            let assigned = line.trim_start().trim_start_matches("export ").split_once('=').map(|(k, v)| (k, v));
+            let assigned = line.trim_start().trim_start_matches("export ").split_once('=');
             if let Some((key, value)) = assigned
                 && key.ends_with("VERSION")
                 && key.chars().all(|c| c.is_ascii_uppercase() || c == '_')
