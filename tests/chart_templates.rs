@@ -13,7 +13,10 @@ fn chart_templates_match_the_registration_code() {
     for template in &templates {
         let path = format!("{TEMPLATES}/{}", template.file);
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(committed == template.content, "{path} is out of date with src/admission/registration.rs: {REGENERATE}");
+        assert!(
+            committed == template.content,
+            "{path} is out of date with the code that renders it (src/admission/registration.rs, registration/chart.rs): {REGENERATE}"
+        );
     }
     // A generated file the code no longer renders is stale, not hand-written.
     for entry in std::fs::read_dir(TEMPLATES).expect("templates/") {
