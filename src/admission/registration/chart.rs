@@ -1,14 +1,17 @@
 //! The Helm chart's registration templates, rendered from [`Registration`]: the webhook
-//! configurations and the five policies with their bindings (`kube-fence chart-templates`
-//! writes them into `charts/kube-fence/templates/`; `tests/chart_templates.rs` fails when the
-//! committed files differ).
+//! configurations, the five policies with their bindings, and the leader-election Leases of
+//! `fencedControllers` (`kube-fence chart-templates` writes them into
+//! `charts/kube-fence/templates/`; `tests/chart_templates.rs` fails when the committed files
+//! differ, and `tests/chart.rs` renders them with helm and compares them with what local mode
+//! registers for the same values).
 //!
 //! The objects are built by the same code local mode registers with, from a registration whose
 //! chart-dependent values are holes: marked strings (and one marked number) that this module
 //! writes as Helm expressions. A value that changes the objects' shape (`webhook.onlyNamespaces`,
-//! `policyPath.enabled`, `leaderIdentity.separator`, `tls.mode`) is rendered both ways and the
-//! two are merged under a Helm condition: only what differs is conditional. So the YAML
-//! structure and the CEL come from the code, and only the values from the chart.
+//! `policyPath.enabled`, `leaderIdentity.separator`, `tls.mode`, a controller's `exempt`) is
+//! rendered both ways and the two are merged under a Helm condition: only what differs is
+//! conditional. So the YAML structure and the CEL come from the code, and only the values from
+//! the chart.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -199,7 +202,7 @@ fn exact_identity(reg: &mut Registration) {
 /// The chart's generated templates (pure).
 pub fn templates() -> Result<Vec<Template>, Error> {
     let webhooks = merged("the webhook configuration", Registration::configuration, &[BY_ONLY_NAMESPACES, BY_POLICY_PATH])?;
-    let webhooks = with_cert_manager_annotation(webhooks);
+    let webhooks = with_cert_manager_annotation(webhooks)?;
     let writers = json(
         &ValidatingWebhookConfiguration {
             metadata: ObjectMeta { name: Some(crate::admission::writer_routing::configuration_name(&mark(NAME))), ..Default::default() },
@@ -316,22 +319,18 @@ fn fenced_controller() -> Result<Tree, Error> {
 
 /// The webhook configuration, with cert-manager's CA injection annotation when `tls.mode` is
 /// `certManager` (the self-managed mode writes the caBundle itself).
-fn with_cert_manager_annotation(mut configuration: Tree) -> Tree {
-    let Tree::Map(entries) = &mut configuration else { return configuration };
+fn with_cert_manager_annotation(mut configuration: Tree) -> Result<Tree, Error> {
+    let Tree::Map(entries) = &mut configuration else {
+        return Err(Error::Shape { path: "the webhook configuration".into(), reason: "an object is a map" });
+    };
     if let Some((_, Item { tree: Tree::Map(metadata), .. })) = entries.iter_mut().find(|(key, _)| key == "metadata") {
-        let certificate = Text(vec![
-            Piece::Helm(NAMESPACE_TEXT.into()),
-            Piece::Lit("/".into()),
-            Piece::Helm(FULLNAME_TEXT.into()),
-            Piece::Lit("-webhook".into()),
-        ]);
+        // The chart's Certificate (certificate.yaml) in the release's namespace.
+        let certificate = Text(string_pieces(&format!("{}/{}-webhook", mark(NAMESPACE), mark(FULLNAME)), "metadata.annotations")?);
         let annotations = Tree::Map(vec![("cert-manager.io/inject-ca-from".into(), Item::always(Tree::Text(certificate)))]);
         metadata.insert(0, ("annotations".into(), Item { when: Some(CERT_MANAGER.into()), tree: annotations }));
     }
-    configuration
+    Ok(configuration)
 }
-const NAMESPACE_TEXT: &str = "{{ .Release.Namespace }}";
-const FULLNAME_TEXT: &str = r#"{{ include "kube-fence.fullname" . }}"#;
 
 const WEBHOOK_COMMENT: &str = "Guarded objects are the namespaced objects labelled kubefence.io/lease (fence.kubefence.io)
 and the objects labelled kubefence.io/leader-lease (leader.kubefence.io: every write, status
