@@ -17,7 +17,7 @@ use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -83,6 +83,16 @@ pub async fn namespace(client: &Client, test: &str) -> String {
     let name = name.trim_end_matches('-').to_string();
     let ns = Namespace { metadata: kube::api::ObjectMeta { name: Some(name.clone()), ..Default::default() }, ..Default::default() };
     Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.expect("create test namespace");
+    // Pods need the namespace's `default` ServiceAccount, which kube-controller-manager creates
+    // some time after the namespace: on a busy machine a test's first Pod can come first
+    // ("serviceaccount default not found"). Created here, so no test races that controller.
+    let default_sa =
+        ServiceAccount { metadata: kube::api::ObjectMeta { name: Some("default".into()), ..Default::default() }, ..Default::default() };
+    match Api::<ServiceAccount>::namespaced(client.clone(), &name).create(&PostParams::default(), &default_sa).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(e) => panic!("create the default ServiceAccount of {name}: {e}"),
+    }
     name
 }
 
