@@ -4,8 +4,9 @@
 //! controller gives every grant of a `Lease` (`kubefence.io/v1alpha1`) a strictly increasing
 //! token, and its validating webhook rejects every write to a guarded object (one labelled
 //! `kubefence.io/lease`) whose token is not newer than the one the object already records. This
-//! crate is the library workers use ([`client`]) and the whole of kube-fence itself (the
-//! `kube-fence` binary is a thin [`cli`] over it).
+//! crate is the operator: the controller, the webhook and the `kube-fence` binary (a thin
+//! [`cli`] over them). Workers depend on `kube-fence-client` alone (re-exported here as
+//! [`client`]); the contract both sides speak is `kube-fence-api` ([`api`], [`token`]).
 //!
 //! # A worker
 //!
@@ -20,7 +21,7 @@
 //!
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::api::{Api, ObjectMeta};
-//! use kube_fence::client::{AcquireOptions, Error, Leases};
+//! use kube_fence_client::{AcquireOptions, Error, Leases};
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), Error> {
@@ -61,24 +62,21 @@
 //!
 //! # Modules
 //!
-//! - [`client`]: the library workers use: acquire, keep alive, release, fenced writes.
-//! - [`token`]: what a token is, how it is written and parsed.
-//! - [`api`]: the `Lease` custom resource (`kubefence.io/v1alpha1`).
+//! - [`client`]: the library workers use (the `kube-fence-client` crate, re-exported): acquire,
+//!   keep alive, release, fenced writes.
+//! - [`token`]: what a token is, how it is written and parsed (from `kube-fence-api`).
+//! - [`api`]: the `Lease` custom resource (`kubefence.io/v1alpha1`, from `kube-fence-api`).
 //! - [`lease`]: where a token is issued — the lease state machine and its controller.
 //! - [`admission`]: where a write is judged — the decision table and the webhook server.
 //! - [`cli`]: the `kube-fence` command line.
 //! - [`telemetry`]: logs and metrics shared by every long-running subcommand.
-//! - `history` (cargo feature `history`, off by default): checks a recorded history of grants and
-//!   accepted writes for fencing violations; the oracle of kube-fence's own fault-injection tests.
 //! - [`process`]: a running process's identity and shutdown signal.
 #![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod api;
 pub mod cli;
-pub mod client;
-#[cfg(feature = "history")]
-pub mod history;
+pub use kube_fence_client as client;
 pub mod lease;
 pub mod process;
 pub mod telemetry;
