@@ -9,8 +9,8 @@
 use kube::core::Status;
 use kube::core::response::{StatusCause, StatusDetails};
 
-pub use crate::reason::Reason;
 use crate::names::TOKEN_ANNOTATION;
+pub use crate::reason::Reason;
 use crate::token::Token;
 
 /// The facts of a denial, for the writer to read typed (they travel in the response's

@@ -367,12 +367,8 @@ mod tests {
 
     #[test]
     fn a_webhook_rejection_is_a_typed_stale_token() {
-        let facts = kube_fence_api::denial::Facts {
-            lease: Some("ns/l".into()),
-            presented: Some(t(4)),
-            recorded: Some(t(5)),
-            ..Default::default()
-        };
+        let facts =
+            kube_fence_api::denial::Facts { lease: Some("ns/l".into()), presented: Some(t(4)), recorded: Some(t(5)), ..Default::default() };
         // The message says nothing the client reads: only the typed facts count.
         let wire = denial::status(409, Reason::StaleToken, "denied", &facts);
         let err = classify(kube::Error::Api(Box::new(wire)));

@@ -75,7 +75,6 @@ pub fn pod_name() -> Option<String> {
     in_pod.then(|| std::env::var("HOSTNAME").ok().and_then(nonempty)).flatten()
 }
 
-
 /// What can go wrong for a worker. [`Error::StaleToken`] is normal recovery, not a failure of
 /// the system: a newer holder wrote first, so reread the state.
 #[derive(Debug, thiserror::Error)]
