@@ -46,6 +46,11 @@
 
 #![forbid(unsafe_code)]
 
+/// The README's worker, compiled by `cargo test --doc` so it cannot drift.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 mod delegate;
 mod fenced;
 mod lease;
