@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds a kube-fence release: the static binary, the container image tarball (no Docker), the
-# packaged Helm chart, the crate, the CRDs, and SHA256SUMS over all of them — every artifact
-# named and stamped with one version, the one in Cargo.toml. The script refuses to run when the
-# chart, the image tag default or CHANGELOG.md disagree with it (tests/release.rs checks the
-# same), or when the work tree has uncommitted changes (the artifacts must be a commit's).
+# packaged Helm chart, the crates, the CRDs, and SHA256SUMS over all of them — every artifact
+# named and stamped with one version, the one in Cargo.toml's [workspace.package]. The script
+# refuses to run when the chart, the image tag default, CHANGELOG.md or the workspace's pins of
+# its own crates disagree with it (tests/release.rs checks the same), or when the work tree has
+# uncommitted changes (the artifacts must be a commit's).
 #
 # Usage: hack/release.sh [--out DIR] [--allow-dirty] | --check
 #   --check        only check that the versions agree and print the version
@@ -13,7 +14,7 @@
 # Prints the output directory on stdout. Needs Rust and, when helm is not on PATH, Go (helm is
 # taken from the control-plane cache: hack/build-control-plane.sh).
 #
-# Publishing is left to a human: `cargo publish`, pushing the image (`skopeo copy
+# Publishing is left to a human: `cargo publish --workspace`, pushing the image (`skopeo copy
 # docker-archive:<tar> docker://<ref>` or `docker load` + `docker push`), `helm push` of the
 # chart, and a GitHub release with the files and SHA256SUMS.
 set -euo pipefail
@@ -31,9 +32,13 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-# The one version: [package] version in Cargo.toml.
-version=$(awk '/^\[/{p = ($0 == "[package]")} p && /^version *=/{gsub(/"/, "", $3); print $3; exit}' Cargo.toml)
-[[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]] || die "no semantic version in Cargo.toml's [package]: '$version'"
+# The one version: [workspace.package] version in Cargo.toml (every published crate inherits it).
+version=$(awk '/^\[/{p = ($0 == "[workspace.package]")} p && /^version *=/{gsub(/"/, "", $3); print $3; exit}' Cargo.toml)
+[[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]] || die "no semantic version in Cargo.toml's [workspace.package]: '$version'"
+# The workspace's own crates, as [workspace.dependencies] pins them (`name = { path = ..., version = "=V" }`).
+while read -r name pin; do
+  [[ $pin == "=$version" ]] || die "[workspace.dependencies] pins $name at $pin, not =$version"
+done < <(awk '/^\[/{p = ($0 == "[workspace.dependencies]")} p && /^kube-fence-[a-z-]* *= *\{ *path/{match($0, /version *= *"[^"]*"/); v = substr($0, RSTART, RLENGTH); sub(/version *= *"/, "", v); sub(/"$/, "", v); print $1, v}' Cargo.toml)
 chart_version=$(sed -n 's/^version: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/kube-fence/Chart.yaml)
 app_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/kube-fence/Chart.yaml)
 image_tag=$(awk '/^image:/{p=1; next} /^[^ #]/{p=0} p && /^ +tag:/{v=$2; gsub(/"/, "", v); print v; exit}' charts/kube-fence/values.yaml)
@@ -71,9 +76,11 @@ if command -v helm >/dev/null 2>&1; then helm=helm; else helm=$(hack/build-contr
 "$helm" package charts/kube-fence --version "$version" --app-version "$version" --destination "$out" >&2
 [[ -f $out/kube-fence-$version.tgz ]] || die "helm package did not write kube-fence-$version.tgz"
 
-# 3. The crate (what `cargo publish` uploads; packaging builds it from the packaged files alone).
-cargo package --locked -p kube-fence >&2
-cp "$target_dir/package/kube-fence-$version.crate" "$out/"
+# 3. The crates (what `cargo publish --workspace` uploads; packaging builds each from the packaged
+#    files alone, the workspace's own dependencies from the crates packaged with it).
+crates=(kube-fence-api kube-fence-client kube-fence kube-fence-test-support)
+cargo package --locked "${crates[@]/#/--package=}" >&2
+for crate in "${crates[@]}"; do cp "$target_dir/package/$crate-$version.crate" "$out/"; done
 
 # 4. The CRDs, for `kubectl apply -f` before `helm install` / `helm upgrade` (Helm never upgrades CRDs).
 cp crds/kubefence.io_leases.yaml "$out/kube-fence-$version-crds.yaml"

@@ -25,9 +25,9 @@ use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::watcher;
 use kube_fence::api::{Lease, Phase};
-use kube_fence::history::{self, Observation, Violation};
 use kube_fence::lease::controller::{self, ControllerOptions};
 use kube_fence::token::Token;
+use kube_fence_test_support::history::{self, Observation, Violation};
 use serde_json::json;
 use tokio::sync::mpsc;
 

@@ -1,7 +1,7 @@
 //! Proof under faults (issue 8): many workers acquire leases and write guarded objects with
 //! their tokens while workers are paused past their leases, clocks are skewed, and the
 //! controller, the webhook, kube-apiserver and etcd are killed and restarted; the recorded
-//! history of grants and accepted writes is then checked by `kube_fence::history::check`.
+//! history of grants and accepted writes is then checked by `kube_fence_test_support::history::check`.
 //!
 //! - `faults_short`: what CI runs on every change — every fault kind at least once, a few
 //!   hundred writes, 0 violations.

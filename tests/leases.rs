@@ -24,9 +24,9 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use kube_fence::api::{Lease, Phase};
 use kube_fence::client::{AcquireOptions, Error, KeepAliveOptions, Leases, Loss};
-use kube_fence::history::{self, Observation};
 use kube_fence::lease::controller::{self, ControllerOptions};
 use kube_fence::token::Token;
+use kube_fence_test_support::history::{self, Observation};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 
@@ -115,9 +115,10 @@ impl History {
         grants
     }
 
-    /// The invariants, judged by `kube_fence::history::check` on every Held status the watch
-    /// saw (per lease name across objects: each grant's token is strictly greater than the
-    /// previous grant's; a token belongs to one holder). Returns the number of grants.
+    /// The invariants, judged by the history checker (`kube_fence_test_support::history`) on
+    /// every Held status the watch saw (per lease name across objects: each grant's token is
+    /// strictly greater than the previous grant's; a token belongs to one holder). Returns the
+    /// number of grants.
     fn assert_fencing_invariants(&self) -> usize {
         let observations: Vec<Observation> = self
             .snapshot()

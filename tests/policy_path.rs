@@ -98,21 +98,7 @@ impl Fixture {
 
     /// Simulates a grant: lease `lease` held by `holder` with `token` (status written as admin).
     async fn grant(&self, lease: &str, holder: &str, token: u64) -> Grant {
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
-        if leases.get_opt(lease).await.expect("get lease").is_none() {
-            leases.create(&PostParams::default(), &Lease::new(lease, LeaseSpec::default())).await.expect("create lease");
-        }
-        let status = json!({"status": {"phase": "Held", "holder": holder, "token": token}});
-        leases.patch_status(lease, &PatchParams::default(), &Patch::Merge(&status)).await.expect("write lease status");
-        Grant {
-            namespace: self.ns.clone(),
-            lease: lease.into(),
-            holder: holder.into(),
-            token: Token::new(token).expect("a token"),
-            duration: Duration::from_secs(60),
-            valid_until: tokio::time::Instant::now() + Duration::from_secs(60),
-            uid: None,
-        }
+        common::grant(&self.client, &self.ns, lease, holder, token).await
     }
 
     /// How many writes the webhook has judged so far.

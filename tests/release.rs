@@ -1,13 +1,15 @@
-//! One version for the whole release: Cargo.toml's. The chart's version and appVersion, the image
-//! tag the chart runs by default, the newest release in CHANGELOG.md and what hack/release.sh
-//! reads all agree with it, and the release script refuses to build when they do not. Pure file
-//! reads (and the script's `--check`, which reads the same files); no cluster.
+//! One version for the whole release: Cargo.toml's `[workspace.package]`. Every published crate
+//! inherits it, the workspace pins its own crates at it, and the chart's version and appVersion,
+//! the image tag the chart runs by default, the newest release in CHANGELOG.md and what
+//! hack/release.sh reads all agree with it; the release script refuses to build when they do not.
+//! Pure file reads (plus `cargo metadata`, and the script's `--check`, which reads the same
+//! files); no cluster.
 
 use std::path::Path;
 use std::process::Command;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-/// `[package] version` of Cargo.toml, as cargo read it.
+/// `[workspace.package] version` of Cargo.toml (the root package inherits it), as cargo read it.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn read(path: &str) -> String {
@@ -69,6 +71,33 @@ fn the_changelog_has_an_unreleased_section_then_the_crate_version() {
 }
 
 #[test]
+fn every_published_crate_has_the_one_version() {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--no-deps", "--format-version", "1", "--manifest-path"])
+        .arg(Path::new(ROOT).join("Cargo.toml"))
+        .output()
+        .expect("run cargo metadata");
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata is JSON");
+    let packages = metadata["packages"].as_array().expect("packages");
+    // `publish = false` reads as an empty registry list.
+    let published: Vec<&serde_json::Value> = packages.iter().filter(|p| p["publish"].as_array().is_none_or(|r| !r.is_empty())).collect();
+    let names: Vec<&str> = published.iter().filter_map(|p| p["name"].as_str()).collect();
+    for crate_name in ["kube-fence", "kube-fence-api", "kube-fence-client", "kube-fence-test-support"] {
+        assert!(names.contains(&crate_name), "{crate_name} is a published workspace member: {names:?}");
+    }
+    for package in published {
+        assert_eq!(package["version"].as_str(), Some(VERSION), "{} has the workspace's version", package["name"]);
+        // Whatever of the workspace it depends on, it depends on at exactly this version.
+        for dep in package["dependencies"].as_array().into_iter().flatten().filter(|d| d["path"].is_string()) {
+            let req = dep["req"].as_str().unwrap_or_default();
+            let is_dev_only = dep["kind"].as_str() == Some("dev") && req == "*";
+            assert!(is_dev_only || req == format!("={VERSION}"), "{} depends on {} at {req}, not ={VERSION}", package["name"], dep["name"]);
+        }
+    }
+}
+
+#[test]
 fn the_release_script_reads_the_same_version() {
     let out = Command::new(Path::new(ROOT).join("hack/release.sh")).arg("--check").output().expect("run hack/release.sh --check");
     assert!(out.status.success(), "hack/release.sh --check: {}", String::from_utf8_lossy(&out.stderr));
@@ -86,6 +115,12 @@ fn the_release_script_refuses_versions_that_disagree() {
         ("charts/kube-fence/Chart.yaml", format!("appVersion: \"{VERSION}\""), format!("appVersion: \"{other}\"")),
         ("charts/kube-fence/values.yaml", "  tag: \"\"".to_string(), format!("  tag: \"{other}\"")),
         ("CHANGELOG.md", format!("## [{VERSION}]"), format!("## [{other}]")),
+        ("Cargo.toml", format!("\nversion = \"{VERSION}\"\n"), format!("\nversion = \"{other}\"\n")),
+        (
+            "Cargo.toml",
+            format!("kube-fence-client = {{ path = \"crates/kube-fence-client\", version = \"={VERSION}\" }}"),
+            format!("kube-fence-client = {{ path = \"crates/kube-fence-client\", version = \"={other}\" }}"),
+        ),
     ];
     for (broken, from, to) in &breakages {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -31,7 +31,7 @@ use kube::core::Status;
 use kube::{Client, Resource, ResourceExt};
 use kube_fence::admission::local::{LocalOptions, LocalWebhook};
 use kube_fence::admission::server::Metrics;
-use kube_fence::api::{Lease, LeaseSpec};
+use kube_fence::api::Lease;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
@@ -94,12 +94,7 @@ impl Fixture {
 
     /// Simulates a grant: the lease says `holder` holds it with `token` (status written as admin).
     async fn grant(&self, lease: &str, holder: &str, token: u64) {
-        let leases = self.leases();
-        if leases.get_opt(lease).await.expect("get lease").is_none() {
-            leases.create(&PostParams::default(), &Lease::new(lease, LeaseSpec::default())).await.expect("create lease");
-        }
-        let status = json!({"status": {"phase": "Held", "holder": holder, "token": token}});
-        leases.patch_status(lease, &PatchParams::default(), &Patch::Merge(&status)).await.expect("write lease status");
+        common::grant(&self.client, &self.ns, lease, holder, token).await;
     }
 
     /// Grants lease `work` to `a` with `token` and creates the guarded ConfigMap `name` with it.

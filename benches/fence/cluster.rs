@@ -487,7 +487,7 @@ async fn leader_guarded(args: &Args, table: &mut Table, bench: &mut Bench) -> an
     let pod = Api::<Pod>::namespaced(admin.clone(), &ns).create(&pp, &pod).await?;
     let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": "leader"}, "spec": {"holderIdentity": "leader-0_bench"}}))?;
     Api::<LeaderLease>::namespaced(admin.clone(), &ns).create(&pp, &lease).await?;
-    let as_pod = common::identity::client_as_pod(&admin, &ns, "leader", &pod).await;
+    let as_pod = common::identity::client_as_pod(&common::kubeconfig().await, &admin, &ns, "leader", &pod).await;
     let cms: Api<ConfigMap> = Api::namespaced(as_pod, &ns);
     let labels = |guarded: bool| guarded.then(|| [(LEADER_LEASE_LABEL.to_string(), "leader".to_string())].into());
     for (name, guarded) in [("leader-guarded", true), ("leader-plain", false)] {

@@ -14,8 +14,6 @@
 //! profile: release under `cargo bench`), so their memory can be read from /proc.
 
 mod cluster;
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod decision;
 mod holder;
 mod load;
@@ -25,6 +23,23 @@ mod report;
 use clap::Parser;
 
 use report::Table;
+
+/// The cluster the benchmark shares with nothing else (kube-fence-testenv: `KUBECONFIG`, else a
+/// local control plane) and the helpers kube-fence's tests use (kube-fence-test-support).
+mod common {
+    pub use kube_fence_test_support::*;
+
+    /// The benchmark's cluster's kubeconfig (off the async runtime: the first call may start a
+    /// control plane).
+    pub async fn kubeconfig() -> std::path::PathBuf {
+        tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("control plane thread")
+    }
+
+    /// A client for the benchmark's cluster, with kube-fence's CRDs installed.
+    pub async fn client() -> kube::Client {
+        kube_fence_test_support::client(&kubeconfig().await).await
+    }
+}
 
 /// Bench sizes. `--quick` picks small ones (a few minutes in all); each can be set.
 #[derive(Debug, Clone, Parser)]

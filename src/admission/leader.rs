@@ -27,15 +27,7 @@ use kube::{Api, Client};
 
 use super::decision::{Exemptions, Facts, LeaseRef, ObjectFacts, Operation, Reason, Request, Verdict, is_dns_subdomain};
 
-/// The label that binds an object to the leader-election Lease of that name in its namespace.
-pub const LEADER_LEASE_LABEL: &str = "kubefence.io/leader-lease";
-
-/// The label that opts a `coordination.k8s.io/v1` Lease into holder binding: with value
-/// [`HOLDER_IS_POD`], a write that sets its `holderIdentity` must name the requesting Pod
-/// (`registration::Registration::holder_policy`).
-pub const HOLDER_IDENTITY_LABEL: &str = "kubefence.io/holder-identity";
-/// The value of [`HOLDER_IDENTITY_LABEL`] that binds the holder to the requesting Pod.
-pub const HOLDER_IS_POD: &str = "Pod";
+pub use kube_fence_api::names::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, LEADER_LEASE_LABEL};
 
 /// How a leader-election Lease's `holderIdentity` names a Pod: the Pod's name exactly, or the
 /// Pod's name followed by a separator and anything (client-go's `<hostname>_<uuid>`). Parsed

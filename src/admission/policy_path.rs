@@ -23,21 +23,14 @@
 //!
 //! The policy cannot produce typed `status.details` (the API server puts only its message in a
 //! cause), so its message starts with a fixed, machine-readable head ([`PolicyDenial::parse`]
-//! reads it); both sides use this one file.
+//! reads it); both sides take it from the contract crate (`kube_fence_api::policy_path`).
 
-use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token, WRITER_LABEL};
+pub use kube_fence_api::policy_path::{DENIAL_HEAD, PARAMS_MISSING, PARAMS_NAME, POLICY_SUFFIX, PolicyDenial, params_missing};
 
-/// Name of the parameter object (`crate::api::LeaseTokens`) in every namespace with kube-fence
-/// Leases: `spec.tokens` maps each lease name to its newest issued token.
-pub const PARAMS_NAME: &str = "kube-fence-tokens";
-/// What the API server says when the binding finds no parameter in the object's namespace
-/// (`parameterNotFoundAction: Deny`, answered 422 Invalid).
-pub const PARAMS_MISSING: &str = "no params found for policy binding";
+use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
+
 /// Name of the webhook's second match condition (present only with the policy path on).
 pub const SKIP_CONDITION_NAME: &str = "not-judged-by-policy";
-/// Head of the policy's denial message: `kubefence.io/policy-path TokenNotIssued <ns>/<lease>
-/// presented=<t> issued=<i|none>: ...`.
-pub const DENIAL_HEAD: &str = "kubefence.io/policy-path TokenNotIssued";
 
 /// CEL: `x` (a string) is a token — decimal, no padding, at most 2^63-1 — so `int(x)` cannot fail.
 fn valid_token(x: &str) -> String {
@@ -99,71 +92,9 @@ pub fn message() -> String {
     )
 }
 
-/// A denial by the policy, read back from the API server's error.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PolicyDenial {
-    /// `namespace/name` of the lease.
-    pub lease: String,
-    pub presented: Option<Token>,
-    /// The issued token the API server's parameter cache held (`None`: the lease was not in it).
-    pub issued: Option<Token>,
-}
-
-/// Whether `status` is the API server's denial of a fast-path write for want of the namespace's
-/// parameters (the policy path's binding, `parameterNotFoundAction: Deny`). The API server
-/// answers it with a fixed message and no details, so that message is what identifies it.
-pub fn params_missing(status: &kube::core::Status) -> bool {
-    status.code == 422 && status.message.contains(PARAMS_MISSING) && status.message.contains(&format!("{POLICY_SUFFIX}' with binding"))
-}
-
-/// How the names of the policy path's policy and binding end (`<registration>-policy-path`).
-pub const POLICY_SUFFIX: &str = "-policy-path";
-
-impl PolicyDenial {
-    /// The policy's denial in `status`, or `None` when it is something else.
-    pub fn from_status(status: &kube::core::Status) -> Option<PolicyDenial> {
-        if status.code != 403 {
-            return None;
-        }
-        PolicyDenial::parse(&status.message)
-    }
-
-    /// Reads the head of the policy's message (the API server prefixes it with the policy's and
-    /// binding's names).
-    pub fn parse(message: &str) -> Option<PolicyDenial> {
-        let (_, rest) = message.split_once(DENIAL_HEAD)?;
-        let head = rest.split(':').next()?.trim();
-        let mut words = head.split_whitespace();
-        let lease = words.next()?.to_string();
-        let (mut presented, mut issued) = (None, None);
-        for word in words {
-            match word.split_once('=') {
-                Some(("presented", t)) => presented = t.parse().ok(),
-                Some(("issued", t)) => issued = t.parse().ok(),
-                _ => {}
-            }
-        }
-        Some(PolicyDenial { lease, presented, issued })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_denial_head_is_read_back() {
-        let message = format!(
-            "ValidatingAdmissionPolicy 'kube-fence-policy-path' with binding 'kube-fence-policy-path' denied request: {DENIAL_HEAD} team/orders presented=57 issued=41: token 57 is newer"
-        );
-        assert_eq!(
-            PolicyDenial::parse(&message),
-            Some(PolicyDenial { lease: "team/orders".into(), presented: Token::new(57), issued: Token::new(41) })
-        );
-        let none = format!("{DENIAL_HEAD} team/orders presented=57 issued=none: x");
-        assert_eq!(PolicyDenial::parse(&none).and_then(|d| d.issued), None);
-        assert_eq!(PolicyDenial::parse("admission webhook \"fence.kubefence.io\" denied the request: stale"), None);
-    }
 
     #[test]
     fn the_expressions_name_the_guard() {

@@ -35,13 +35,7 @@ use kube::{Api, Client};
 use super::decision::{Facts, LeaseRef, Reason, Request, SERVICE_ACCOUNT_PREFIX, Verdict, is_dns_subdomain};
 use super::leader::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, IdentityRule};
 
-/// The annotation on a `coordination.k8s.io/v1` Lease that names the ServiceAccounts (of the
-/// Lease's namespace, comma-separated) whose every write only the Lease's holder Pod may make.
-pub const WRITERS_ANNOTATION: &str = "kubefence.io/writers";
-/// The annotation that names resources (`<resource>` or `<resource>.<group>`, comma-separated,
-/// as `kubectl` spells them: `configmaps`, `deployments.apps`) the opted-in writers write
-/// whether they lead or not: never sent to kube-fence.
-pub const WRITERS_EXEMPT_ANNOTATION: &str = "kubefence.io/writers-exempt";
+pub use kube_fence_api::names::{WRITERS_ANNOTATION, WRITERS_EXEMPT_ANNOTATION};
 /// The path prefix of the writer webhooks: `/writer/<namespace>/<name>`.
 pub const PATH_PREFIX: &str = "/writer";
 

@@ -38,16 +38,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
-use crate::api::{DEFAULT_LEASE_DURATION_SECONDS, Lease, LeaseSpec, LeaseStatus, Phase};
+use crate::api::{Lease, LeaseSpec, LeaseStatus, Phase};
 use crate::token::{Token, TokenError};
 
-/// The condition type the controller maintains on every Lease it acted on.
-pub const HELD_CONDITION: &str = "Held";
-/// Reasons of the `Held` condition (and of the lease's Events).
-pub const REASON_GRANTED: &str = "Granted";
-pub const REASON_RENEWED: &str = "Renewed";
-pub const REASON_RELEASED: &str = "Released";
-pub const REASON_EXPIRED: &str = "Expired";
+pub use kube_fence_api::state::{HELD_CONDITION, REASON_EXPIRED, REASON_GRANTED, REASON_RELEASED, REASON_RENEWED, held, lease_duration};
 
 /// A Lease as the controller observed it: the inputs of [`decide`].
 #[derive(Clone, Copy, Debug)]
@@ -128,21 +122,6 @@ pub struct Decision {
     pub status: Option<LeaseStatus>,
     /// When to judge the lease again even if nothing changes: exactly at expiry while held.
     pub requeue_at: Option<Timestamp>,
-}
-
-/// The lease duration the spec asks for.
-pub fn lease_duration(spec: &LeaseSpec) -> SignedDuration {
-    SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(DEFAULT_LEASE_DURATION_SECONDS)))
-}
-
-/// The holder and token of a lease that is held, if it is (a `Held` phase without a holder or a
-/// token is treated as unheld).
-pub fn held(status: Option<&LeaseStatus>) -> Option<(&str, Token)> {
-    let status = status?;
-    match (status.phase, status.holder.as_deref(), status.token) {
-        (Phase::Held, Some(holder), Some(token)) => Some((holder, token)),
-        _ => None,
-    }
 }
 
 /// When a held lease expires on the controller's clock: `status.expireTime`, or (for a status

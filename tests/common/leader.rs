@@ -271,10 +271,10 @@ pub fn record(client: &Client, ns: &str, widgets: &ApiResource, seen: Arc<Mutex<
 
 /// The stale writes the history checker finds in what the watch saw, and the writes whose writer
 /// held no grant the watch saw (none are expected).
-pub fn violations(seen: &Seen) -> (Vec<kube_fence::history::Violation>, usize) {
+pub fn violations(seen: &Seen) -> (Vec<kube_fence_test_support::history::Violation>, usize) {
     let (history, unmatched) = observations(seen);
     // Every write under one grant carries that grant's token: equal tokens are the same leader.
-    (kube_fence::history::check(&history, |_| true), unmatched)
+    (kube_fence_test_support::history::check(&history, |_| true), unmatched)
 }
 
 /// Lets ServiceAccount `account` of `ns` patch the Namespace `ns` itself (a cluster-scoped
@@ -298,9 +298,9 @@ pub async fn may_patch_namespace(admin: &Client, ns: &str, account: &str) {
 /// client-go raises whenever the holder changes), and each accepted write under the newest grant
 /// its writer had at that resourceVersion. Returns the observations and the writes whose writer
 /// held no grant the watch saw (none are expected).
-pub fn observations(seen: &Seen) -> (Vec<kube_fence::history::Observation>, usize) {
-    use kube_fence::history::Observation;
+pub fn observations(seen: &Seen) -> (Vec<kube_fence_test_support::history::Observation>, usize) {
     use kube_fence::token::Token;
+    use kube_fence_test_support::history::Observation;
     let token = |transitions: i32| Token::new(u64::try_from(transitions).unwrap_or(0) + 1).expect("a token");
     let mut out = Vec::new();
     let mut holders = seen.holders.clone();

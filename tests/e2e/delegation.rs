@@ -30,8 +30,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, P
 use kube::runtime::watcher;
 use kube_fence::api::{Lease, Phase};
 use kube_fence::client::{AcquireOptions, DELEGATED_GRANT_ANNOTATION, Delegated, GRANT_ENV, Grant, Leases};
-use kube_fence::history::{self, Observation, Violation};
 use kube_fence::token::{TOKEN_ANNOTATION, Token};
+use kube_fence_test_support::history::{self, Observation, Violation};
 use serde_json::json;
 use tokio::sync::mpsc;
 

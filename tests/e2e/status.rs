@@ -19,8 +19,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use kube_fence::api::{Lease, Phase};
-use kube_fence::history::{self, Observation};
 use kube_fence::token::{HOLDER_ONLY, LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
+use kube_fence_test_support::history::{self, Observation};
 use serde_json::json;
 use tokio::sync::mpsc;
 

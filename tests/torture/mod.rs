@@ -1,6 +1,6 @@
 //! The fault driver: many workers use leases and fenced writes while faults are injected, a
-//! recorder keeps every grant and every accepted write, and [`kube_fence::history::check`]
-//! judges the history afterwards.
+//! recorder keeps every grant and every accepted write, and the history checker
+//! ([`kube_fence_test_support::history::check`]) judges the history afterwards.
 //!
 //! It owns its control plane (etcd + kube-apiserver on loopback, [`kube_fence_testenv`]) because
 //! it restarts them; it runs the lease controller and the webhook in this process, so it can
@@ -38,9 +38,9 @@ use kube_fence::admission::local::{LocalOptions, LocalWebhook};
 use kube_fence::admission::server::Metrics as WebhookMetrics;
 use kube_fence::api::{Comparison, FencingPolicy, Lease, LeaseSpec, Phase};
 use kube_fence::client::{self as fence, AcquireOptions, Grant, Leases};
-use kube_fence::history::{self, Observation, Violation};
 use kube_fence::lease::controller::{self, ControllerOptions};
 use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token};
+use kube_fence_test_support::history::{self, Observation, Violation};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::task::JoinHandle;

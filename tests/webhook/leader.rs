@@ -438,8 +438,8 @@ async fn a_paused_client_go_leader_is_fenced_on_everything_it_writes_once_its_wr
 async fn without_the_opt_in_a_paused_leaders_unlabelled_writes_land_stale() {
     let (_run, seen, _) = leader_go_cycles("leader-go-unfenced", Writes::EverythingUnfenced, 3).await;
     let (violations, _) = leader::violations(&seen);
-    let on = |v: &kube_fence::history::Violation| match v {
-        kube_fence::history::Violation::StaleWriteAccepted { object, .. } => object.clone(),
+    let on = |v: &kube_fence_test_support::history::Violation| match v {
+        kube_fence_test_support::history::Violation::StaleWriteAccepted { object, .. } => object.clone(),
         other => format!("{other}"),
     };
     let objects: std::collections::BTreeSet<String> = violations.iter().map(on).collect();

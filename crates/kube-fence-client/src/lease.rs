@@ -15,9 +15,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Error;
-use crate::api::{Lease, LeaseSpec};
-use crate::lease::state::{HELD_CONDITION, REASON_EXPIRED, held};
-use crate::token::Token;
+use kube_fence_api::state::{HELD_CONDITION, REASON_EXPIRED, held, lease_duration};
+use kube_fence_api::token::Token;
+use kube_fence_api::{Lease, LeaseSpec};
 
 /// How many times a heartbeat or release retries a lost compare-and-swap before giving up.
 const CAS_ATTEMPTS: usize = 8;
@@ -197,9 +197,9 @@ impl Leases {
     /// blocks others until it expires.
     ///
     /// ```no_run
-    /// # async fn example(leases: kube_fence::client::Leases) -> Result<(), kube_fence::client::Error> {
+    /// # async fn example(leases: kube_fence_client::Leases) -> Result<(), kube_fence_client::Error> {
     /// use std::time::Duration;
-    /// use kube_fence::client::AcquireOptions;
+    /// use kube_fence_client::AcquireOptions;
     /// let grant = leases.acquire("db-migration", "worker-a", AcquireOptions::default().timeout(Duration::from_secs(30))).await?;
     /// println!("token {}", grant.token);
     /// # Ok(()) }
@@ -367,7 +367,7 @@ impl Leases {
     }
 
     fn grant_of(&self, lease: &Lease, holder: &str, token: Token, sent: Instant) -> Grant {
-        let duration = Duration::try_from(crate::lease::state::lease_duration(&lease.spec)).unwrap_or(Duration::ZERO);
+        let duration = Duration::try_from(lease_duration(&lease.spec)).unwrap_or(Duration::ZERO);
         Grant {
             namespace: self.namespace.clone(),
             lease: lease.metadata.name.clone().unwrap_or_default(),
@@ -528,7 +528,7 @@ async fn keep_alive_task(leases: Leases, grant: Grant, interval: Duration, state
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{LeaseStatus, Phase};
+    use kube_fence_api::{LeaseStatus, Phase};
     use rstest::rstest;
 
     fn lease(spec_holder: Option<&str>, generation: i64, status: Option<(Phase, Option<&str>, u64, i64)>) -> Lease {

@@ -1,12 +1,14 @@
 //! The library workers use: acquire a lease, keep it alive, release it, and write guarded
-//! objects with the grant's fencing token.
+//! objects with the grant's fencing token. A worker depends on this crate alone: it brings the
+//! contract it shares with kube-fence's webhook ([`api`]: the Lease types, [`Token`], the label
+//! and annotation names, the typed denials) and nothing of the operator (no server, no CLI).
 //!
 //! ```no_run
-//! # async fn example() -> Result<(), kube_fence::client::Error> {
+//! # async fn example() -> Result<(), kube_fence_client::Error> {
 //! use std::time::Duration;
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::api::Api;
-//! use kube_fence::client::{AcquireOptions, Error, Leases};
+//! use kube_fence_client::{AcquireOptions, Error, Leases};
 //!
 //! let client = kube::Client::try_default().await?;
 //! let leases = Leases::new(client.clone(), "jobs");
@@ -42,11 +44,24 @@
 //! newer than the one the object records, and that is judged by the API server in the same
 //! compare-and-swap as the write. The keep-alive exists so a worker *stops trying* promptly.
 
+#![forbid(unsafe_code)]
+
+/// The README's worker, compiled by `cargo test --doc` so it cannot drift.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 mod delegate;
 mod fenced;
 mod lease;
 
-pub use delegate::{DELEGATED_GRANT_ANNOTATION, Delegated, DelegationError, GRANT_ENV, stamp_delegation};
+/// The contract shared with kube-fence (the `kube-fence-api` crate): the `Lease` custom resource,
+/// tokens, label and annotation names, and the typed denials.
+pub use kube_fence_api as api;
+pub use kube_fence_api::names::DELEGATED_GRANT_ANNOTATION;
+pub use kube_fence_api::token::Token;
+
+pub use delegate::{Delegated, DelegationError, GRANT_ENV, stamp_delegation};
 pub use fenced::{UNSEEN_TOKEN_BUDGET, delete_read_version, retry_unseen_token, stamp, write_id};
 pub use lease::{AcquireOptions, Grant, Holding, KeepAlive, KeepAliveOptions, Leases, Loss, Step, loss, next_step};
 
@@ -65,8 +80,6 @@ pub fn pod_name() -> Option<String> {
     in_pod.then(|| std::env::var("HOSTNAME").ok().and_then(nonempty)).flatten()
 }
 
-use crate::token::Token;
-
 /// What can go wrong for a worker. [`Error::StaleToken`] is normal recovery, not a failure of
 /// the system: a newer holder wrote first, so reread the state.
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +96,7 @@ pub enum Error {
     /// The fencing webhook rejected the write for another reason (no token, a token the lease
     /// never issued, a lease that does not exist, ...); the denial's facts are typed.
     #[error("kube-fence denied the write ({}): {}", .0.reason, .0.lease.as_deref().map(|l| format!("lease {l}")).unwrap_or_else(|| "no lease".into()))]
-    Fenced(crate::admission::denial::Denial),
+    Fenced(kube_fence_api::denial::Denial),
     /// The object changed since it was read (resourceVersion precondition failed).
     #[error("the object changed since it was read: {0}")]
     Conflict(String),

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube_fence::api::{Comparison, FencingPolicy, Lease, LeaseSpec};
-use kube_fence::client::{AcquireOptions, Error, Leases};
+use kube_fence_client::api::{Comparison, FencingPolicy, Lease, LeaseSpec};
+use kube_fence_client::{AcquireOptions, Error, Leases};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

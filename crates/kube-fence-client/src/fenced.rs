@@ -13,10 +13,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Error, Grant};
-use crate::admission::decision::Reason;
-use crate::admission::denial::Denial;
-use crate::admission::policy_path::{PolicyDenial, params_missing};
-use crate::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token, WRITE_ANNOTATION};
+use kube_fence_api::denial::{Denial, Reason};
+use kube_fence_api::names::{LEASE_LABEL, TOKEN_ANNOTATION, WRITE_ANNOTATION};
+use kube_fence_api::policy_path::{PolicyDenial, params_missing};
+use kube_fence_api::token::Token;
 
 /// Stamps `obj` with the grant's lease label and token annotation.
 pub fn stamp<K: Resource>(grant: &Grant, obj: &mut K) {
@@ -40,8 +40,8 @@ pub fn write_id() -> String {
     format!("{nanos:x}-{:x}-{n:x}", std::process::id())
 }
 
-/// How long a write denied by the policy path for a token its parameter cache has not seen is
-/// retried (`crate::admission::policy_path`): a grant reaches the cache within milliseconds to
+/// How long a write denied by the policy path (`kube_fence_api::policy_path`) for a token its
+/// parameter cache has not seen is retried: a grant reaches the cache within milliseconds to
 /// a second (the controller writes the parameters after the grant; the API server's informer
 /// delivers them); a token still denied after this was never issued.
 pub const UNSEEN_TOKEN_BUDGET: std::time::Duration = std::time::Duration::from_secs(5);
@@ -121,7 +121,7 @@ impl Grant {
     /// the lease's newest token.
     ///
     /// ```no_run
-    /// # async fn example(grant: kube_fence::client::Grant, client: kube::Client) -> Result<(), kube_fence::client::Error> {
+    /// # async fn example(grant: kube_fence_client::Grant, client: kube::Client) -> Result<(), kube_fence_client::Error> {
     /// use k8s_openapi::api::core::v1::ConfigMap;
     /// let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &grant.namespace);
     /// let mut cm = ConfigMap::default();
@@ -139,9 +139,9 @@ impl Grant {
     /// Replaces `obj` (as read, with its resourceVersion) stamped with this grant's token.
     ///
     /// ```no_run
-    /// # async fn example(grant: kube_fence::client::Grant, client: kube::Client) -> Result<(), kube_fence::client::Error> {
+    /// # async fn example(grant: kube_fence_client::Grant, client: kube::Client) -> Result<(), kube_fence_client::Error> {
     /// use k8s_openapi::api::core::v1::ConfigMap;
-    /// use kube_fence::client::Error;
+    /// use kube_fence_client::Error;
     /// let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &grant.namespace);
     /// let mut cm = api.get("result").await?;
     /// cm.data.get_or_insert_with(Default::default).insert("k".into(), "v".into());
@@ -162,7 +162,7 @@ impl Grant {
     /// token annotation and lease label are merged.
     ///
     /// ```no_run
-    /// # async fn example(grant: kube_fence::client::Grant, client: kube::Client) -> Result<(), kube_fence::client::Error> {
+    /// # async fn example(grant: kube_fence_client::Grant, client: kube::Client) -> Result<(), kube_fence_client::Error> {
     /// use k8s_openapi::api::core::v1::ConfigMap;
     /// use kube::api::{Patch, PatchParams};
     /// let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &grant.namespace);
@@ -184,7 +184,7 @@ impl Grant {
     /// newer holder left and decide from it.
     ///
     /// ```no_run
-    /// # async fn example(grant: kube_fence::client::Grant, client: kube::Client) -> Result<(), kube_fence::client::Error> {
+    /// # async fn example(grant: kube_fence_client::Grant, client: kube::Client) -> Result<(), kube_fence_client::Error> {
     /// use k8s_openapi::api::core::v1::ConfigMap;
     /// let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &grant.namespace);
     /// grant.update(&api, "result", |cm: &mut ConfigMap| {
@@ -204,7 +204,7 @@ impl Grant {
     /// Refused locally with [`Error::StaleToken`] if `obj` already records a newer token.
     ///
     /// ```no_run
-    /// # async fn example(grant: kube_fence::client::Grant, client: kube::Client) -> Result<(), kube_fence::client::Error> {
+    /// # async fn example(grant: kube_fence_client::Grant, client: kube::Client) -> Result<(), kube_fence_client::Error> {
     /// use k8s_openapi::api::core::v1::ConfigMap;
     /// let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &grant.namespace);
     /// let cm = api.get("result").await?;
@@ -225,7 +225,7 @@ impl Grant {
     /// fails with [`Error::NotHolder`].
     ///
     /// ```no_run
-    /// # async fn example(grant: kube_fence::client::Grant, client: kube::Client) -> Result<(), kube_fence::client::Error> {
+    /// # async fn example(grant: kube_fence_client::Grant, client: kube::Client) -> Result<(), kube_fence_client::Error> {
     /// use k8s_openapi::api::apps::v1::Deployment;
     /// use kube::api::{Patch, PatchParams};
     /// let api: kube::Api<Deployment> = kube::Api::namespaced(client, &grant.namespace);
@@ -355,7 +355,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::denial;
+    use kube_fence_api::denial;
 
     fn t(n: u64) -> Token {
         Token::new(n).unwrap_or(Token::MAX)
@@ -367,19 +367,15 @@ mod tests {
 
     #[test]
     fn a_webhook_rejection_is_a_typed_stale_token() {
-        let facts = crate::admission::decision::Facts {
-            lease: Some("ns/l".into()),
-            presented: Some(t(4)),
-            recorded: Some(t(5)),
-            ..Default::default()
-        };
+        let facts =
+            kube_fence_api::denial::Facts { lease: Some("ns/l".into()), presented: Some(t(4)), recorded: Some(t(5)), ..Default::default() };
         // The message says nothing the client reads: only the typed facts count.
         let wire = denial::status(409, Reason::StaleToken, "denied", &facts);
         let err = classify(kube::Error::Api(Box::new(wire)));
         assert!(matches!(err, Error::StaleToken { presented, recorded } if presented == t(4) && recorded == t(5)), "{err:?}");
         let missing = denial::status(403, Reason::TokenMissing, "no token", &facts);
         assert!(matches!(classify(kube::Error::Api(Box::new(missing))), Error::Fenced(Denial { reason: Reason::TokenMissing, .. })));
-        let facts = crate::admission::decision::Facts {
+        let facts = kube_fence_api::denial::Facts {
             lease: Some("ns/l".into()),
             holder: Some("b".into()),
             requester: Some("a".into()),
@@ -395,7 +391,7 @@ mod tests {
     fn a_policy_path_denial_is_a_typed_token_not_issued() {
         let message = format!(
             "ValidatingAdmissionPolicy 'kf-policy-path' with binding 'kf-policy-path' denied request: {} ns/l presented=9 issued=7: newer",
-            crate::admission::policy_path::DENIAL_HEAD
+            kube_fence_api::policy_path::DENIAL_HEAD
         );
         let err = classify(status(403, "Forbidden", &message));
         assert!(
@@ -431,7 +427,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unseen_token_is_retried_and_other_answers_are_not() {
-        let message = format!("{} ns/l presented=9 issued=7: newer", crate::admission::policy_path::DENIAL_HEAD);
+        let message = format!("{} ns/l presented=9 issued=7: newer", kube_fence_api::policy_path::DENIAL_HEAD);
         let calls = std::sync::atomic::AtomicU32::new(0);
         let admitted = retry_unseen_token(|| {
             let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

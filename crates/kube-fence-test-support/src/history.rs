@@ -12,11 +12,11 @@
 //!   holder the lease granted to before it.
 //!
 //! Pure: tests and the fault-injection driver record, this judges. A test oracle, not part of what
-//! workers use: compiled only with the `history` cargo feature (kube-fence's own tests enable it).
+//! workers use.
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::token::Token;
+use kube_fence_api::token::Token;
 
 /// One thing a watch observed.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -17,7 +17,7 @@
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! use k8s_openapi::api::core::v1::ConfigMap;
-//! use kube_fence::client::{Delegated, Error};
+//! use kube_fence_client::{Delegated, Error};
 //! let grant = Delegated::from_env()?; // KUBE_FENCE_GRANT, from the downward API
 //! let api: kube::Api<ConfigMap> = kube::Api::namespaced(kube::Client::try_default().await?, &grant.namespace);
 //! match grant.update(&api, "result", |cm: &mut ConfigMap| {
@@ -32,13 +32,13 @@
 //! What a delegated grant cannot do does not compile:
 //!
 //! ```compile_fail,E0308
-//! # async fn example(leases: kube_fence::client::Leases, grant: kube_fence::client::Delegated) {
+//! # async fn example(leases: kube_fence_client::Leases, grant: kube_fence_client::Delegated) {
 //! leases.renew(&grant).await; // expected `&Grant`: a delegated grant is not renewed
 //! # }
 //! ```
 //!
 //! ```compile_fail,E0308
-//! # async fn example(leases: kube_fence::client::Leases, grant: kube_fence::client::Delegated) {
+//! # async fn example(leases: kube_fence_client::Leases, grant: kube_fence_client::Delegated) {
 //! leases.release(&grant).await; // expected `&Grant`: only the holder releases
 //! # }
 //! ```
@@ -52,10 +52,9 @@ use serde::de::DeserializeOwned;
 
 use super::fenced::Fence;
 use super::{Error, Grant};
-use crate::token::{Token, TokenError};
+use kube_fence_api::names::DELEGATED_GRANT_ANNOTATION;
+use kube_fence_api::token::{Token, TokenError};
 
-/// Annotation that carries a delegated grant on what a holder started: `NAMESPACE/LEASE:TOKEN`.
-pub const DELEGATED_GRANT_ANNOTATION: &str = "kubefence.io/delegated-grant";
 /// Environment variable a delegated Pod's containers get the grant in (`NAMESPACE/LEASE:TOKEN`),
 /// from [`DELEGATED_GRANT_ANNOTATION`] through the downward API.
 pub const GRANT_ENV: &str = "KUBE_FENCE_GRANT";
@@ -212,7 +211,7 @@ impl Grant {
     /// create it with [`Grant::create`] for that.
     ///
     /// ```no_run
-    /// # async fn example(grant: kube_fence::client::Grant, client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn example(grant: kube_fence_client::Grant, client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
     /// use k8s_openapi::api::batch::v1::Job;
     /// let jobs: kube::Api<Job> = kube::Api::namespaced(client, &grant.namespace);
     /// let job: Job = serde_json::from_value(serde_json::json!({
