@@ -8,8 +8,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use futures::FutureExt;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube_fence::admission::decision::{LeaseFacts, Operation, Reason, Request, Verdict};
 use kube_fence::admission::pipeline::{self, Judging, Sent};
 use kube_fence::admission::reads::fake::FakeLeases;

@@ -13,9 +13,7 @@
 
 use std::future::Future;
 
-use super::decision::{
-    self, CacheRead, Exemptions, LeaseRef, ObjectFacts, Operation, QuorumRead, Reason, Request, Requester, Verdict,
-};
+use super::decision::{self, CacheRead, Exemptions, LeaseRef, ObjectFacts, Operation, QuorumRead, Reason, Request, Requester, Verdict};
 use super::leader::{self, HolderRead, IdentityRule, LeaderPlan};
 use super::reads::{HolderQuorum, LeaseReads, ReadError};
 use super::writer::{self, WriterRead};

@@ -8,15 +8,15 @@
 //! that asks for a quorum read can be judged only with what a quorum read (or the fake standing
 //! in for one) returned. A struct literal does not compile:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0423
 //! use kube_fence::admission::reads::Quorum;
 //! let forged = Quorum(None);
 //! ```
-//! ```compile_fail
+//! ```compile_fail,E0423
 //! use kube_fence::admission::reads::HolderQuorum;
 //! let forged = HolderQuorum(Some("web-0".to_string()));
 //! ```
-//! ```compile_fail
+//! ```compile_fail,E0423
 //! use kube_fence::admission::reads::{Cached, WriterQuorum};
 //! let (cached, fresh) = (Cached(None), WriterQuorum(None));
 //! ```

@@ -31,8 +31,8 @@ use super::decision::{Exemptions, Reason, Verdict};
 use super::events::RejectionEvents;
 use super::leader::IdentityRule;
 use super::leases::LeaseDirectory;
-use super::metrics::Refusal;
 pub use super::metrics::Metrics;
+use super::metrics::Refusal;
 use super::pipeline::{self, Judging, Sent};
 use super::reads::Reader;
 use super::review::{self, Unreadable};
@@ -133,8 +133,7 @@ impl Webhook {
         // Refuse an oversized body from its declared length, before reading any of it. (The
         // headers are read in place: the `HeaderMap` extractor would copy them for every review.)
         let (parts, body) = request.into_parts();
-        let declared =
-            parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        let declared = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
             return Err(refuse(Refusal::TooLarge, StatusCode::PAYLOAD_TOO_LARGE, format!("the body exceeds {MAX_BODY_BYTES} bytes\n")));
         }
@@ -150,7 +149,11 @@ impl Webhook {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("cannot read the body (at most {MAX_BODY_BYTES} bytes): {err}\n"),
             )),
-            Err(_) => Err(refuse(Refusal::SlowBody, StatusCode::REQUEST_TIMEOUT, format!("the body did not arrive within {BODY_READ_TIMEOUT:?}\n"))),
+            Err(_) => Err(refuse(
+                Refusal::SlowBody,
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the body did not arrive within {BODY_READ_TIMEOUT:?}\n"),
+            )),
         }
     }
 }

@@ -2,9 +2,9 @@
 
 use std::collections::BTreeMap;
 
+use futures::FutureExt;
 use k8s_openapi::api::coordination::v1::LeaseSpec;
 use kube::api::ObjectMeta;
-use futures::FutureExt;
 use rstest::rstest;
 
 use super::*;
