@@ -161,7 +161,8 @@ impl<'r> BothGuards<'r> {
 
 /// How the two guards of an object combine: the leader-election guard judges first and its
 /// denial stands; then the token guard decides, unless it does not guard the object (then the
-/// leader-election guard's verdict is the answer).
+/// leader-election guard's verdict is the answer). The token guard says `Unguarded` only when it
+/// plans (never after a read), so the rule is applied to its plan.
 fn both<'r>(by_holder: Verdict, by_token: Step<'r>) -> Step<'r> {
     if !by_holder.is_allowed() {
         return Step::Done(by_holder);
@@ -224,3 +225,6 @@ pub fn judge<'a, R: LeaseReads + Sync>(
 ) -> impl Future<Output = Verdict> + Send + 'a {
     drive(plan(req, judging, sent), reads)
 }
+
+#[cfg(test)]
+mod tests;
