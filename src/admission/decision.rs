@@ -14,6 +14,7 @@
 //! exact version the write replaces; `presented > recorded` checked here is committed in the
 //! same etcd transaction as the write (docs/design.md §6).
 
+use std::cmp::Ordering;
 use std::fmt;
 
 use super::pipeline::{Preamble, Step};
@@ -616,9 +617,7 @@ impl Pending<'_> {
     fn judge(&self, facts: Option<&LeaseFacts>) -> Verdict {
         let Some(facts) = facts else { return lease_not_found(self.lease) };
         let by = ByLease { lease: self.lease, facts };
-        if let Some(writer) = self.writer
-            && let Err(denied) = by.holder_check(writer)
-        {
+        if let Some(denied) = self.writer.and_then(|writer| by.not_holder(writer)) {
             return denied;
         }
         match &self.rule {
@@ -673,11 +672,12 @@ impl ByLease<'_> {
         }
     }
 
-    /// A holder-only object: who asks must hold the lease now, whatever the write carries.
-    fn holder_check(&self, writer: Requester<'_>) -> Result<(), Verdict> {
+    /// A holder-only object: who asks must hold the lease now, whatever the write carries. The
+    /// denial if `writer` does not.
+    fn not_holder(&self, writer: Requester<'_>) -> Option<Verdict> {
         let (lease, facts) = (self.lease, self.facts);
         let Some(identity) = facts.identity else {
-            return Err(self.deny(
+            return Some(self.deny(
                 403,
                 Reason::NotHolder,
                 format!(
@@ -690,11 +690,11 @@ impl ByLease<'_> {
         };
         let me = writer.as_holder(identity, lease.namespace);
         if me.is_ok() && me.as_deref().ok() == facts.holder.as_deref() {
-            return Ok(());
+            return None;
         }
         let who = me.clone().map_or_else(|why| why, str::to_string);
         let holder = facts.holder.as_deref().map_or_else(|| "nobody holds it".to_string(), |h| format!("it is held by {h}"));
-        Err(self.deny(
+        Some(self.deny(
             409,
             Reason::NotHolder,
             format!(
@@ -717,12 +717,11 @@ impl ByLease<'_> {
         )
     }
 
-    /// The presented token, or the denial of a write that carries none or a malformed one.
-    fn presented(&self, presented: &Result<Token, Missing>, recorded: Option<Token>) -> Result<Token, Verdict> {
+    /// The denial of a write that carries no token, or a malformed one.
+    fn unusable(&self, missing: &Missing, recorded: Option<Token>) -> Verdict {
         let lease = self.lease;
-        match presented {
-            Ok(t) => Ok(*t),
-            Err(Missing::Absent) => Err(self.deny(
+        match missing {
+            Missing::Absent => self.deny(
                 403,
                 Reason::TokenMissing,
                 format!(
@@ -730,13 +729,13 @@ impl ByLease<'_> {
                     crate::token::TOKEN_ANNOTATION
                 ),
                 Facts { recorded, ..self.on_lease() },
-            )),
-            Err(Missing::Malformed(raw, err)) => Err(self.deny(
+            ),
+            Missing::Malformed(raw, err) => self.deny(
                 400,
                 Reason::TokenMalformed,
                 format!("the {} annotation {raw:?} is not a token (lease {lease}): {err}", crate::token::TOKEN_ANNOTATION),
                 Facts { recorded, ..self.on_lease() },
-            )),
+            ),
         }
     }
 
@@ -745,16 +744,14 @@ impl ByLease<'_> {
         Facts { presented: Some(presented), recorded, ..self.on_lease() }
     }
 
-    /// The lease's newest token, or the denial of `presented` when it has granted none.
-    fn issued(&self, presented: Token, recorded: Option<Token>) -> Result<Token, Verdict> {
-        self.facts.issued.ok_or_else(|| {
-            self.deny(
-                403,
-                Reason::TokenNotIssued,
-                format!("lease {} has not granted any token yet; presented token {presented} was not issued by it", self.lease),
-                self.tokens(presented, recorded),
-            )
-        })
+    /// The denial of `presented` by a lease that has granted no token yet.
+    fn none_issued(&self, presented: Token, recorded: Option<Token>) -> Verdict {
+        self.deny(
+            403,
+            Reason::TokenNotIssued,
+            format!("lease {} has not granted any token yet; presented token {presented} was not issued by it", self.lease),
+            self.tokens(presented, recorded),
+        )
     }
 
     /// `presented` is newer than anything the lease issued.
@@ -773,13 +770,14 @@ impl ByLease<'_> {
     /// CREATE / newly guarded: there is no recorded token on the object to compare with, so the
     /// write must carry the lease's current token, read linearizably.
     fn fresh(&self, presented: &Result<Token, Missing>) -> Verdict {
-        let presented = match self.presented(presented, None).and_then(|t| Ok((t, self.issued(t, None)?))) {
-            Ok(tokens) => tokens,
-            Err(denied) => return denied,
+        let presented = match presented {
+            Ok(t) => *t,
+            Err(missing) => return self.unusable(missing, None),
         };
-        match presented {
-            (presented, issued) if presented == issued => Verdict::Allow { reason: Reason::Fenced },
-            (presented, issued) if presented < issued => self.deny(
+        let Some(issued) = self.facts.issued else { return self.none_issued(presented, None) };
+        match presented.cmp(&issued) {
+            Ordering::Equal => Verdict::Allow { reason: Reason::Fenced },
+            Ordering::Less => self.deny(
                 409,
                 Reason::StaleToken,
                 format!(
@@ -788,7 +786,7 @@ impl ByLease<'_> {
                 ),
                 self.tokens(presented, Some(issued)),
             ),
-            (presented, issued) => self.not_issued(presented, issued, None),
+            Ordering::Greater => self.not_issued(presented, issued, None),
         }
     }
 
@@ -796,10 +794,11 @@ impl ByLease<'_> {
     /// `AllowEqual`, equal and `restated`), and issued by the lease.
     fn successor(&self, presented: &Result<Token, Missing>, recorded: Token, restated: bool) -> Verdict {
         let lease = self.lease;
-        let (presented, issued) = match self.presented(presented, Some(recorded)).and_then(|t| Ok((t, self.issued(t, Some(recorded))?))) {
-            Ok(tokens) => tokens,
-            Err(denied) => return denied,
+        let presented = match presented {
+            Ok(t) => *t,
+            Err(missing) => return self.unusable(missing, Some(recorded)),
         };
+        let Some(issued) = self.facts.issued else { return self.none_issued(presented, Some(recorded)) };
         let comparison = self.facts.comparison;
         // AllowEqual: several writes under one grant, each restating the token (a new write
         // annotation), so a write that leaves the annotations alone is not taken for one.
