@@ -1,8 +1,8 @@
 //! Fuzzing the admission path with property tests (issue 8): token strings, arbitrary bodies,
 //! and valid AdmissionReviews mutated at random go through the server's parsing
 //! ([`review::decode`], [`review::request_facts`]) and the pure decision
-//! ([`decision::plan`] and the read it asks for) against arbitrary lease states, in the watch
-//! cache and in the quorum.
+//! (the pipeline: the plan and the reads it asks for, from the in-memory `FakeLeases`) against
+//! arbitrary lease states, in the watch cache and in the quorum.
 //!
 //! Properties: nothing panics; a token is accepted only in its one canonical spelling; and no
 //! write to a guarded object by a non-exempt user is ever allowed (outside `Warn` enforcement)
@@ -11,7 +11,10 @@
 
 use std::str::FromStr;
 
-use kube_fence::admission::decision::{self, Cached, Exemptions, Judged, LeaseFacts, Operation, Plan, Quorum, Reason, Verdict};
+use futures::FutureExt;
+use kube_fence::admission::decision::{self, Exemptions, LeaseFacts, Operation, Reason, Verdict};
+use kube_fence::admission::pipeline::{self, Judging, Sent};
+use kube_fence::admission::reads::fake::{FakeLeases, ReadCounts};
 use kube_fence::admission::review::{self as server, Unreadable};
 use kube_fence::api::{Comparison, Enforcement};
 use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token};
@@ -228,23 +231,32 @@ fn lease() -> impl Strategy<Value = Option<LeaseFacts>> {
     proptest::option::weighted(0.9, facts)
 }
 
-/// Judges as the server does — the plan, then the one read it asks for — with the watch cache
-/// holding `cached` and a quorum read returning `current`; also returns the lease facts the
-/// verdict was judged by.
+/// Judges as the server does — the pipeline: the plan, then the reads it asks for — with the
+/// watch cache holding `cached` and a quorum read returning `current`; also returns the lease
+/// facts the verdict was judged by.
 fn judge(
     req: &decision::Request,
     exempt: &Exemptions,
     cached: &Option<LeaseFacts>,
     current: &Option<LeaseFacts>,
 ) -> (Verdict, Option<LeaseFacts>) {
-    match decision::plan(req, exempt) {
-        Plan::Done(verdict) => (verdict, None),
-        Plan::Cache(read) => match read.judge(Cached(cached.clone())) {
-            Judged::Done(verdict) => (verdict, cached.clone()),
-            Judged::Quorum(read) => (read.judge(Quorum(current.clone())), current.clone()),
-        },
-        Plan::Quorum(read) => (read.judge(Quorum(current.clone())), current.clone()),
+    let mut leases = FakeLeases::default();
+    for name in [&req.old, &req.new].into_iter().flatten().filter_map(|side| side.lease.as_deref()) {
+        if let Some(cached) = cached {
+            leases = leases.with_cached(&req.namespace, name, cached.clone());
+        }
+        if let Some(current) = current {
+            leases = leases.with_current(&req.namespace, name, current.clone());
+        }
     }
+    let judging = Judging { exempt: exempt.clone(), ..Judging::default() };
+    let verdict = pipeline::judge(req, &judging, Sent::Objects, &leases).now_or_never().expect("the fake answers at once");
+    let judged_by = match leases.reads() {
+        ReadCounts { quorum: 1.., .. } => current.clone(),
+        ReadCounts { cached: 1.., .. } => cached.clone(),
+        _ => None,
+    };
+    (verdict, judged_by)
 }
 
 /// The oracle: what any allowed write must satisfy (docs/design.md §5).

@@ -1,14 +1,18 @@
 //! Item 1: the admission decision in-process — the whole per-request path of the server minus
-//! the network: parse the AdmissionReview JSON → reduce to facts → decide (lease from the cache)
-//! → serialize the response. Beside it the same judgement through kube's owned
+//! the network: parse the AdmissionReview JSON → reduce to facts → the pipeline the server runs
+//! (plan, the lease from the cache — the in-memory `FakeLeases` — verdict) → serialize the
+//! response. Beside it the same judgement through kube's owned
 //! `AdmissionRequest` and `AdmissionResponse` (the webhook's path before its borrowed request
 //! type), to show what copying the request's strings costs.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
-use kube_fence::admission::decision::{self, Cached, Exemptions, Judged, LeaseFacts, Operation, Plan, Reason, Request, Verdict};
+use kube_fence::admission::decision::{LeaseFacts, Operation, Reason, Request, Verdict};
+use kube_fence::admission::pipeline::{self, Judging, Sent};
+use kube_fence::admission::reads::fake::FakeLeases;
 use kube_fence::admission::review::{self as server, Admission, Guardable};
 use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token};
 use serde_json::json;
@@ -56,38 +60,34 @@ pub fn review(namespace: &str, size: usize) -> Vec<u8> {
     format!(r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{request}}}"#).into_bytes()
 }
 
-fn lookup() -> Option<LeaseFacts> {
-    Some(LeaseFacts { issued: Token::new(ISSUED), ..LeaseFacts::default() })
+/// The bench review's lease, in the watch cache (the fake's).
+fn lookup() -> FakeLeases {
+    FakeLeases::default().with_cached("bench", LEASE, LeaseFacts { issued: Token::new(ISSUED), ..LeaseFacts::default() })
 }
 
 /// The server's per-request path: bytes in, response bytes out, and whether it admitted.
-fn judge(body: &[u8], exempt: &Exemptions, lease: &Option<LeaseFacts>) -> (Vec<u8>, bool) {
+fn judge(body: &[u8], judging: &Judging, leases: &FakeLeases) -> (Vec<u8>, bool) {
     let Ok(request) = server::decode(body) else { return (Vec::new(), false) };
-    judge_request(&request, exempt, lease)
+    judge_request(&request, judging, leases)
 }
 
-fn judge_request(request: &Admission<'_>, exempt: &Exemptions, lease: &Option<LeaseFacts>) -> (Vec<u8>, bool) {
-    let verdict = judge_facts(&server::request_facts(request), exempt, lease);
+fn judge_request(request: &Admission<'_>, judging: &Judging, leases: &FakeLeases) -> (Vec<u8>, bool) {
+    let verdict = judge_facts(&server::request_facts(request), judging, leases);
     (server::response(request, &verdict).to_vec(), verdict.is_allowed())
 }
 
-/// The decision from the facts; the benchmark's writes are judged from the cache (the lease is
-/// there and has seen the token).
-fn judge_facts(facts: &Request, exempt: &Exemptions, lease: &Option<LeaseFacts>) -> Verdict {
-    match decision::plan(facts, exempt) {
-        Plan::Done(verdict) => verdict,
-        Plan::Cache(read) => match read.judge(Cached(lease.clone())) {
-            Judged::Done(verdict) => verdict,
-            Judged::Quorum(_) => Verdict::deny(500, Reason::LeaseReadFailed, "the bench needs no quorum read".into()),
-        },
-        Plan::Quorum(_) => Verdict::deny(500, Reason::LeaseReadFailed, "the bench needs no quorum read".into()),
-    }
+/// The decision from the facts, by the server's pipeline; the benchmark's writes are judged from
+/// the cache (the lease is there and has seen the token).
+fn judge_facts(facts: &Request, judging: &Judging, leases: &FakeLeases) -> Verdict {
+    pipeline::judge(facts, judging, Sent::Objects, leases)
+        .now_or_never()
+        .unwrap_or_else(|| Verdict::deny(500, Reason::LeaseReadFailed, "the fake answers at once".into()))
 }
 
 /// The path before the borrowed request: kube's owned `AdmissionReview` (every string of the
 /// request copied, `options` and `userInfo.extra` parsed whole), the same facts, kube's
 /// `AdmissionResponse`.
-fn judge_owned(body: &[u8], exempt: &Exemptions, lease: &Option<LeaseFacts>) -> (Vec<u8>, bool) {
+fn judge_owned(body: &[u8], judging: &Judging, leases: &FakeLeases) -> (Vec<u8>, bool) {
     let Ok(review) = serde_json::from_slice::<AdmissionReview<Guardable>>(body) else { return (Vec::new(), false) };
     let Ok(request) = TryInto::<AdmissionRequest<Guardable>>::try_into(review) else { return (Vec::new(), false) };
     let facts = Request {
@@ -105,7 +105,7 @@ fn judge_owned(body: &[u8], exempt: &Exemptions, lease: &Option<LeaseFacts>) -> 
         pod: None,
         delete_precondition: false,
     };
-    let verdict = judge_facts(&facts, exempt, lease);
+    let verdict = judge_facts(&facts, judging, leases);
     let mut response = AdmissionResponse::from(&request);
     if let Verdict::Deny { code, reason, message, facts } = &verdict {
         response.allowed = false;
@@ -134,13 +134,13 @@ fn measure(secs: f64, mut f: impl FnMut() -> bool) -> (f64, Duration) {
 
 pub fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
     eprintln!("[1] admission decision in-process ({} s per size)", args.decision_secs());
-    let exempt = Exemptions::default();
-    let lease = lookup();
+    let judging = Judging::default();
+    let leases = lookup();
     for (size, label) in SIZES {
         let body = review("bench", size);
-        anyhow::ensure!(judge(&body, &exempt, &lease).1, "the bench review of {label} was not admitted");
-        let (per_sec, each) = measure(args.decision_secs(), || judge(&body, &exempt, &lease).1);
-        let (before, before_each) = measure(args.decision_secs(), || judge_owned(&body, &exempt, &lease).1);
+        anyhow::ensure!(judge(&body, &judging, &leases).1, "the bench review of {label} was not admitted");
+        let (per_sec, each) = measure(args.decision_secs(), || judge(&body, &judging, &leases).1);
+        let (before, before_each) = measure(args.decision_secs(), || judge_owned(&body, &judging, &leases).1);
         let mb_s = per_sec * body.len() as f64 / 1e6;
         table.add(
             "1",
@@ -158,19 +158,19 @@ pub fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
 /// What `cargo test --all-targets` runs: the measured path admits the bench reviews and denies a
 /// stale one. No timing.
 pub fn smoke() -> anyhow::Result<()> {
-    let exempt = Exemptions::default();
-    let lease = lookup();
+    let judging = Judging::default();
+    let leases = lookup();
     for (size, label) in SIZES {
         let body = review("bench", size);
         anyhow::ensure!(body.len() >= size, "the {label} review is {} bytes", body.len());
-        let (response, allowed) = judge(&body, &exempt, &lease);
+        let (response, allowed) = judge(&body, &judging, &leases);
         anyhow::ensure!(allowed, "the {label} review was not admitted: {}", String::from_utf8_lossy(&response));
-        let (owned, owned_allowed) = judge_owned(&body, &exempt, &lease);
+        let (owned, owned_allowed) = judge_owned(&body, &judging, &leases);
         let answer = |body: &[u8]| serde_json::from_slice::<serde_json::Value>(body).map(|v| v["response"].clone()).unwrap_or_default();
         anyhow::ensure!(owned_allowed && answer(&owned)["uid"] == answer(&response)["uid"], "the two paths disagree for {label}");
     }
     let stale = String::from_utf8(review("bench", 1024))?.replace(r#""kubefence.io/token":"1001""#, r#""kubefence.io/token":"999""#);
-    let (response, allowed) = judge(stale.as_bytes(), &exempt, &lease);
+    let (response, allowed) = judge(stale.as_bytes(), &judging, &leases);
     anyhow::ensure!(!allowed && String::from_utf8_lossy(&response).contains("StaleToken"), "a stale token was not denied");
     Ok(())
 }

@@ -1,21 +1,24 @@
 //! Where a write is judged: the fencing decision table (docs/design.md §5),
 //! as pure functions.
 //!
-//! A request flows one way: [`plan`] looks at the facts of one admission request and either
-//! judges it outright ([`Plan::Done`]) or says which read of the bound lease it needs —
-//! [`Plan::Cache`] (the watch cache is enough unless what it holds could be stale in the unsafe
-//! direction, in which case [`CacheRead::judge`] asks for a quorum read) or [`Plan::Quorum`].
-//! The reads are types: a [`QuorumRead`] is judged only with a [`Quorum`], which only a quorum
-//! read produces, so handing the decision the wrong read does not compile. Nothing here does
-//! I/O; the server gathers the facts and performs the one read the plan asks for.
+//! The token guard of `super::pipeline`: [`plan`] looks at the facts of one admission request
+//! (after the pipeline's preamble) and either judges it outright ([`Step::Done`]) or says which
+//! read of the bound lease it needs — [`Step::Cache`] (the watch cache is enough unless what it
+//! holds could be stale in the unsafe direction, in which case [`CacheRead::judge`] asks for a
+//! quorum read) or [`Step::Quorum`]. The reads are types: a [`QuorumRead`] is judged only with a
+//! [`Quorum`], which only a reader (`super::reads`) makes, so handing the decision the wrong read
+//! does not compile. Nothing here does I/O; `super::pipeline::drive` makes the reads.
 //!
 //! Why this is enough for safety: for UPDATE and DELETE the API server runs validating
 //! admission inside its storage compare-and-swap loop, so the `old` object judged here is the
 //! exact version the write replaces; `presented > recorded` checked here is committed in the
 //! same etcd transaction as the write (docs/design.md §6).
 
+use std::cmp::Ordering;
 use std::fmt;
 
+use super::pipeline::{Preamble, Step};
+use super::reads::{Cached, Quorum, ReadError};
 use crate::api::{Comparison, Enforcement, HolderIdentity};
 use crate::token::{Token, TokenError};
 
@@ -74,7 +77,7 @@ impl ObjectFacts {
 
     /// Whether `self` and `other` carry the same guard: lease label, token annotation and
     /// writer label.
-    fn same_guard(&self, other: &ObjectFacts) -> bool {
+    pub(crate) fn same_guard(&self, other: &ObjectFacts) -> bool {
         self.lease == other.lease && self.token == other.token && self.writer == other.writer
     }
 }
@@ -162,16 +165,6 @@ pub struct LeaseFacts {
     /// Who holds the lease now (`status.holder` while `status.phase` is `Held`).
     pub holder: Option<String>,
 }
-
-/// The lease as the watch cache holds it (`None`: not in the cache). Judging from it is safe
-/// only where [`CacheRead::judge`] says so.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Cached(pub Option<LeaseFacts>);
-
-/// The lease as a linearizable (quorum) read returned it (`None`: no such lease). Construct it
-/// only from a quorum read (`super::leases::LeaseDirectory::quorum`); tests build it directly.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Quorum(pub Option<LeaseFacts>);
 
 /// The lease a request is judged by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,17 +266,6 @@ impl Default for Exemptions {
     }
 }
 
-/// What judging a request needs after [`plan`].
-#[derive(Debug)]
-pub enum Plan<'r> {
-    /// Judged without looking at any lease.
-    Done(Verdict),
-    /// Read the lease from the watch cache and call [`CacheRead::judge`].
-    Cache(CacheRead<'r>),
-    /// Read the lease with a quorum read and call [`QuorumRead::judge`].
-    Quorum(QuorumRead<'r>),
-}
-
 /// A request that the watch cache may be enough to judge.
 #[derive(Debug)]
 pub struct CacheRead<'r>(Pending<'r>);
@@ -292,14 +274,6 @@ pub struct CacheRead<'r>(Pending<'r>);
 #[derive(Debug)]
 pub struct QuorumRead<'r>(Pending<'r>);
 
-/// The outcome of judging from the cache.
-#[derive(Debug)]
-pub enum Judged<'r> {
-    Done(Verdict),
-    /// The cache could be stale in the unsafe direction: read the quorum.
-    Quorum(QuorumRead<'r>),
-}
-
 /// A request waiting for its lease.
 #[derive(Debug)]
 struct Pending<'r> {
@@ -307,17 +281,17 @@ struct Pending<'r> {
     rule: Rule,
     /// Who asked, when the object is holder-only: then the requester must be the lease's
     /// current holder before `rule` is applied.
-    writer: Option<Writer<'r>>,
+    writer: Option<Requester<'r>>,
 }
 
-/// The requester of a write to a holder-only object, as a lease may name holders.
-#[derive(Clone, Copy, Debug)]
-struct Writer<'r> {
-    user: &'r str,
-    pod: Option<&'r PodIdentity>,
+/// Who asks: the request's username and, when it is authenticated by a Pod-bound token, its Pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Requester<'r> {
+    pub user: &'r str,
+    pub pod: Option<&'r PodIdentity>,
 }
 
-impl<'r> Writer<'r> {
+impl<'r> Requester<'r> {
     /// The requester as a lease in `namespace` with `identity` names holders, or why it cannot
     /// be one (a Pod lease, and the request carries no Pod identity, or a Pod of another
     /// namespace).
@@ -329,6 +303,17 @@ impl<'r> Writer<'r> {
                 format!("Pod {pod}, which is not in the lease's namespace {namespace} (a Pod holds leases of its own namespace only)")
             }),
         }
+    }
+
+    /// The requester's Pod name, if it is a Pod of `namespace`.
+    pub fn pod_in(&self, namespace: &str) -> Option<&'r str> {
+        self.pod.and_then(|p| p.name_in(namespace))
+    }
+
+    /// The requester's ServiceAccount name, if it is a ServiceAccount of `namespace`.
+    pub fn account_in(&self, namespace: &str) -> Option<&'r str> {
+        let (ns, account) = self.user.strip_prefix(SERVICE_ACCOUNT_PREFIX)?.split_once(':')?;
+        (ns == namespace).then_some(account)
     }
 }
 
@@ -362,38 +347,21 @@ fn presented_token(facts: &ObjectFacts) -> Result<Token, Missing> {
     }
 }
 
-/// The first step of judging `req`: judged outright, or the read of the bound lease it needs.
-pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
-    let malformed = |message: String| Plan::Done(Verdict::deny(400, Reason::MalformedRequest, message));
-    // Whether the object is guarded is known only from the objects the review carries.
-    let needs_old = matches!(req.operation, Operation::Update | Operation::Delete);
-    let needs_new = matches!(req.operation, Operation::Create | Operation::Update);
-    if (needs_old && req.old.is_none()) || (needs_new && req.new.is_none()) {
-        return malformed(format!(
-            "a {:?} admission request must carry {}",
-            req.operation,
-            match req.operation {
-                Operation::Create => "the incoming object (object)",
-                Operation::Delete => "the stored object (oldObject)",
-                _ => "both the stored (oldObject) and the incoming object (object)",
-            }
-        ));
-    }
+/// The token guard's first step for `req` (whose `preamble` the pipeline worked out): judged
+/// outright, or the read of the bound lease it needs.
+pub fn plan<'r>(req: &'r Request, preamble: &Preamble<'r>) -> Step<'r> {
     let old_lease = req.old.as_ref().and_then(|o| o.lease.as_deref());
     let new_lease = req.new.as_ref().and_then(|n| n.lease.as_deref());
-    let pass = |reason| Plan::Done(Verdict::Allow { reason });
-    if old_lease.is_none() && new_lease.is_none() {
-        return pass(Reason::Unguarded);
-    }
-    if exempt.contains(&req.user) {
-        return pass(Reason::Exempt);
+    let pass = |reason| Step::Done(Verdict::Allow { reason });
+    if let Some(settled) = preamble.settled(old_lease.is_some() || new_lease.is_some()) {
+        return Step::Done(settled);
     }
     // Holder-only when either side says so: removing the label is judged like any other write.
     fn writer_label(facts: &Option<ObjectFacts>) -> Option<&str> {
         facts.as_ref().and_then(|f| f.writer.as_deref())
     }
     if let Some(value) = writer_label(&req.new).filter(|v| *v != crate::token::HOLDER_ONLY) {
-        return Plan::Done(Verdict::deny(
+        return Step::Done(Verdict::deny(
             400,
             Reason::WriterLabelInvalid,
             format!(
@@ -403,33 +371,35 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
             ),
         ));
     }
-    let writer =
-        (writer_label(&req.old).is_some() || writer_label(&req.new).is_some()).then_some(Writer { user: &req.user, pod: req.pod.as_ref() });
+    if let Some(unjudged) = preamble.unjudged() {
+        return Step::Done(unjudged);
+    }
+    let writer = (writer_label(&req.old).is_some() || writer_label(&req.new).is_some()).then_some(preamble.requester);
     let lease = |name| LeaseRef { namespace: &req.namespace, name };
     // A row that depends on the lease may be judged from the cache, except for a holder-only
     // object: who holds the lease now is read with a quorum read.
     let read = |pending: Pending<'r>| match pending.writer {
-        Some(_) => Plan::Quorum(QuorumRead(pending)),
-        None => Plan::Cache(CacheRead(pending)),
+        Some(_) => Step::Quorum(QuorumRead(pending)),
+        None => Step::Cache(CacheRead(pending)),
     };
     // Rows admitted without a token: for a holder-only object, once the holder check passed
     // (a quorum read of its lease); for any other, at once.
     let by_holder = |reason: Reason| match (writer, old_lease.or(new_lease)) {
         (Some(writer), Some(name)) => {
-            Plan::Quorum(QuorumRead(Pending { lease: lease(name), rule: Rule::Holder(reason), writer: Some(writer) }))
+            Step::Quorum(QuorumRead(Pending { lease: lease(name), rule: Rule::Holder(reason), writer: Some(writer) }))
         }
         _ => pass(reason),
     };
-    let subresource = req.subresource.as_deref().is_some_and(|s| !s.is_empty());
-    match (req.operation, &req.old, &req.new) {
-        (Operation::Connect, ..) => return pass(Reason::Unguarded),
-        // A subresource CREATE (eviction, binding, token) makes no guarded object.
-        (Operation::Create | Operation::Delete, ..) if subresource => return pass(Reason::Unguarded),
-        // A subresource write is judged only when it moves the guard itself — or when the
-        // object is holder-only: then only by who asks.
-        (Operation::Update, Some(old), Some(new)) if subresource && old.same_guard(new) => return by_holder(Reason::GuardUnchanged),
-        (Operation::Update, Some(old), Some(new)) if only_removes_finalizers(old, new) => return pass(Reason::FinalizersRemoved),
-        _ => {}
+    // A subresource write is judged only when it moves the guard itself — or when the object is
+    // holder-only: then only by who asks.
+    if let (Operation::Update, Some(old), Some(new)) = (req.operation, &req.old, &req.new)
+        && preamble.subresource
+        && old.same_guard(new)
+    {
+        return by_holder(Reason::GuardUnchanged);
+    }
+    if preamble.finalizers_removed {
+        return pass(Reason::FinalizersRemoved);
     }
     match req.operation {
         Operation::Connect => pass(Reason::Unguarded),
@@ -443,7 +413,7 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
             if let (Some(old), Some(new)) = (old_lease, new_lease)
                 && old != new
             {
-                return Plan::Done(Verdict::deny(
+                return Step::Done(Verdict::deny(
                     403,
                     Reason::LeaseRebound,
                     format!(
@@ -457,7 +427,7 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
             // judged by the lease being left), else the new one.
             let name = old_lease.or(new_lease).unwrap_or_default();
             if name.is_empty() || !is_dns_subdomain(name) {
-                return Plan::Done(Verdict::deny(
+                return Step::Done(Verdict::deny(
                     400,
                     Reason::LeaseLabelInvalid,
                     format!(
@@ -474,19 +444,10 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions) -> Plan<'r> {
             let pending = |rule| Pending { lease: lease(name), rule, writer };
             match recorded {
                 Some(recorded) => read(pending(Rule::Successor { presented, recorded, restated })),
-                None => Plan::Quorum(QuorumRead(pending(Rule::Fresh { presented }))),
+                None => Step::Quorum(QuorumRead(pending(Rule::Fresh { presented }))),
             }
         }
     }
-}
-
-/// Whether an UPDATE only removes finalizers from an object being deleted: the guard, every
-/// label and annotation and every field outside metadata unchanged. Controllers (PVC protection,
-/// foreground deletion, operators' own) must be able to finish a deletion someone was allowed to
-/// start; blocking them would pin the object, and its namespace, for ever.
-fn only_removes_finalizers(old: &ObjectFacts, new: &ObjectFacts) -> bool {
-    let subset = new.finalizers.iter().all(|f| old.finalizers.contains(f)) && new.finalizers.len() < old.finalizers.len();
-    old.deleting && subset && old.same_guard(new) && old.content.is_some() && old.content == new.content
 }
 
 impl<'r> CacheRead<'r> {
@@ -499,27 +460,26 @@ impl<'r> CacheRead<'r> {
     /// unsafe direction: the lease is absent from it, the presented token is newer than the
     /// newest token it has seen, or the lease relaxes fencing — Warn mode, or `AllowEqual`
     /// deciding the write (a lease tightened a moment ago must not be missed).
-    pub fn judge(self, cached: Cached) -> Judged<'r> {
+    pub fn judge(self, cached: Cached) -> Step<'r> {
         // Holder-only objects are planned for a quorum read: no writer reaches the cache.
-        let Pending { lease, rule, writer } = self.0;
-        let quorum = |rule| Judged::Quorum(QuorumRead(Pending { lease, rule, writer }));
-        let Some(facts) = cached.0 else {
-            return match rule {
+        let pending = self.0;
+        let Some(facts) = cached.lease() else {
+            return match pending.rule {
                 // A delete without a precondition is denied whatever the lease says, unless it is
                 // in Warn mode; an absent lease cannot be, so no quorum read is needed.
-                Rule::UnconditionalDelete => Judged::Done(judge(lease, &rule, writer, None)),
-                rule => quorum(rule),
+                Rule::UnconditionalDelete => Step::Done(pending.judge(None)),
+                _ => Step::Quorum(QuorumRead(pending)),
             };
         };
         if facts.enforcement == Enforcement::Warn {
-            return quorum(rule);
+            return Step::Quorum(QuorumRead(pending));
         }
-        if let Rule::Successor { presented: Ok(t), recorded, .. } = &rule
+        if let Rule::Successor { presented: Ok(t), recorded, .. } = &pending.rule
             && (facts.issued.is_none_or(|issued| *t > issued) || (t == recorded && facts.comparison == Comparison::AllowEqual))
         {
-            return quorum(rule);
+            return Step::Quorum(QuorumRead(pending));
         }
-        Judged::Done(judge(lease, &rule, writer, Some(&facts)))
+        Step::Done(pending.judge(Some(facts)))
     }
 }
 
@@ -529,37 +489,82 @@ impl<'r> QuorumRead<'r> {
         self.0.lease
     }
 
-    /// Judges with the lease as a quorum read returned it.
-    pub fn judge(self, fresh: Quorum) -> Verdict {
-        judge(self.0.lease, &self.0.rule, self.0.writer, fresh.0.as_ref())
+    /// Judges with the lease as a quorum read returned it (a failed read is denied: fail closed).
+    pub fn judge(self, fresh: Result<Quorum, ReadError>) -> Verdict {
+        match fresh {
+            Ok(fresh) => self.0.judge(fresh.lease()),
+            Err(err) => err.verdict(self.0.lease, false),
+        }
     }
 }
 
-/// The rows that depend on the lease.
-fn judge(lease: LeaseRef<'_>, rule: &Rule, writer: Option<Writer<'_>>, facts: Option<&LeaseFacts>) -> Verdict {
-    let on_lease = Facts { lease: Some(lease.to_string()), ..Facts::default() };
-    let Some(facts) = facts else {
-        return Verdict::Deny {
-            code: 403,
-            reason: Reason::LeaseNotFound,
-            message: format!(
-                "the object is bound to lease {lease}, which does not exist: create the lease and write with a token it granted"
-            ),
-            facts: on_lease,
-        };
-    };
-    // From here on a denial is a fencing denial, which a Warn lease turns into a warning.
-    let deny = |code: u16, reason: Reason, message: String, facts_of_denial: Facts| match facts.enforcement {
-        Enforcement::Enforce => Verdict::Deny { code, reason, message, facts: facts_of_denial },
-        Enforcement::Warn => Verdict::AllowWithWarning {
-            reason,
-            message: format!("kube-fence (lease {lease} enforcement Warn) would deny this write: {message}"),
-        },
-    };
-    // A holder-only object: who asks must hold the lease now, whatever the write carries.
-    if let Some(writer) = writer {
+impl Pending<'_> {
+    /// The rows that depend on the lease: the lease must exist, a holder-only object's writer
+    /// must hold it, then the request's rule.
+    fn judge(&self, facts: Option<&LeaseFacts>) -> Verdict {
+        let Some(facts) = facts else { return lease_not_found(self.lease) };
+        let by = ByLease { lease: self.lease, facts };
+        if let Some(denied) = self.writer.and_then(|writer| by.not_holder(writer)) {
+            return denied;
+        }
+        match &self.rule {
+            Rule::Holder(reason) => Verdict::Allow { reason: *reason },
+            Rule::UnconditionalDelete => by.unconditional_delete(),
+            Rule::Fresh { presented } => by.fresh(presented),
+            Rule::Successor { presented, recorded, restated } => {
+                // Under AllowEqual an equal token is restated by a new write annotation — or, for
+                // a holder-only object, by the holder of the grant that issued it (the holder
+                // check passed).
+                let restated = match (presented, self.writer) {
+                    (Ok(t), Some(_)) => Some(*t) == facts.issued,
+                    (Ok(_), None) => *restated,
+                    (Err(_), _) => false,
+                };
+                by.successor(presented, *recorded, restated)
+            }
+        }
+    }
+}
+
+/// The object is bound to a lease that does not exist.
+fn lease_not_found(lease: LeaseRef<'_>) -> Verdict {
+    Verdict::Deny {
+        code: 403,
+        reason: Reason::LeaseNotFound,
+        message: format!("the object is bound to lease {lease}, which does not exist: create the lease and write with a token it granted"),
+        facts: Facts { lease: Some(lease.to_string()), ..Facts::default() },
+    }
+}
+
+/// A request judged by an existing lease: one method per row.
+struct ByLease<'a> {
+    lease: LeaseRef<'a>,
+    facts: &'a LeaseFacts,
+}
+
+impl ByLease<'_> {
+    /// The facts of a denial by this lease.
+    fn on_lease(&self) -> Facts {
+        Facts { lease: Some(self.lease.to_string()), ..Facts::default() }
+    }
+
+    /// A fencing denial, which a Warn lease turns into a warning.
+    fn deny(&self, code: u16, reason: Reason, message: String, facts: Facts) -> Verdict {
+        match self.facts.enforcement {
+            Enforcement::Enforce => Verdict::Deny { code, reason, message, facts },
+            Enforcement::Warn => Verdict::AllowWithWarning {
+                reason,
+                message: format!("kube-fence (lease {} enforcement Warn) would deny this write: {message}", self.lease),
+            },
+        }
+    }
+
+    /// A holder-only object: who asks must hold the lease now, whatever the write carries. The
+    /// denial if `writer` does not.
+    fn not_holder(&self, writer: Requester<'_>) -> Option<Verdict> {
+        let (lease, facts) = (self.lease, self.facts);
         let Some(identity) = facts.identity else {
-            return deny(
+            return Some(self.deny(
                 403,
                 Reason::NotHolder,
                 format!(
@@ -567,118 +572,148 @@ fn judge(lease: LeaseRef<'_>, rule: &Rule, writer: Option<Writer<'_>>, facts: Op
                     crate::token::WRITER_LABEL,
                     crate::token::HOLDER_ONLY
                 ),
-                Facts { holder: facts.holder.clone(), requester: Some(writer.user.to_string()), ..on_lease },
-            );
+                Facts { holder: facts.holder.clone(), requester: Some(writer.user.to_string()), ..self.on_lease() },
+            ));
         };
         let me = writer.as_holder(identity, lease.namespace);
-        if me.is_err() || me.as_deref().ok() != facts.holder.as_deref() {
-            let who = me.clone().map_or_else(|why| why, str::to_string);
-            let holder = facts.holder.as_deref().map_or_else(|| "nobody holds it".to_string(), |h| format!("it is held by {h}"));
-            return deny(
-                409,
-                Reason::NotHolder,
-                format!(
-                    "only the current holder of lease {lease} writes this holder-only object: {holder} (spec.identity {identity:?}), and this write comes from {who}"
-                ),
-                Facts { holder: facts.holder.clone(), requester: Some(me.unwrap_or(writer.user).to_string()), ..on_lease },
-            );
+        if me.is_ok() && me.as_deref().ok() == facts.holder.as_deref() {
+            return None;
         }
+        let who = me.clone().map_or_else(|why| why, str::to_string);
+        let holder = facts.holder.as_deref().map_or_else(|| "nobody holds it".to_string(), |h| format!("it is held by {h}"));
+        Some(self.deny(
+            409,
+            Reason::NotHolder,
+            format!(
+                "only the current holder of lease {lease} writes this holder-only object: {holder} (spec.identity {identity:?}), and this write comes from {who}"
+            ),
+            Facts { holder: facts.holder.clone(), requester: Some(me.unwrap_or(writer.user).to_string()), ..self.on_lease() },
+        ))
     }
-    let (presented, recorded) = match rule {
-        Rule::Holder(reason) => return Verdict::Allow { reason: *reason },
-        Rule::UnconditionalDelete => {
-            return deny(
-                403,
-                Reason::DeletePreconditionRequired,
-                format!(
-                    "deleting an object guarded by lease {lease} requires a resourceVersion precondition (delete only the version you read)"
-                ),
-                on_lease,
-            );
-        }
-        Rule::Fresh { presented } => (presented, None),
-        Rule::Successor { presented, recorded, .. } => (presented, Some(*recorded)),
-    };
-    // Under AllowEqual an equal token is restated by a new write annotation — or, for a
-    // holder-only object, by the holder of the grant that issued it (the holder check passed).
-    let restated = match rule {
-        Rule::Successor { restated, presented: Ok(t), .. } => *restated && writer.is_none() || writer.is_some() && Some(*t) == facts.issued,
-        _ => false,
-    };
-    let presented = match presented {
-        Ok(t) => *t,
-        Err(Missing::Absent) => {
-            return deny(
+
+    /// A DELETE without a resourceVersion precondition.
+    fn unconditional_delete(&self) -> Verdict {
+        self.deny(
+            403,
+            Reason::DeletePreconditionRequired,
+            format!(
+                "deleting an object guarded by lease {} requires a resourceVersion precondition (delete only the version you read)",
+                self.lease
+            ),
+            self.on_lease(),
+        )
+    }
+
+    /// The denial of a write that carries no token, or a malformed one.
+    fn unusable(&self, missing: &Missing, recorded: Option<Token>) -> Verdict {
+        let lease = self.lease;
+        match missing {
+            Missing::Absent => self.deny(
                 403,
                 Reason::TokenMissing,
                 format!(
                     "the object is guarded by lease {lease}: the write must carry the {} annotation with a token granted by that lease",
                     crate::token::TOKEN_ANNOTATION
                 ),
-                Facts { recorded, ..on_lease },
-            );
-        }
-        Err(Missing::Malformed(raw, err)) => {
-            return deny(
+                Facts { recorded, ..self.on_lease() },
+            ),
+            Missing::Malformed(raw, err) => self.deny(
                 400,
                 Reason::TokenMalformed,
                 format!("the {} annotation {raw:?} is not a token (lease {lease}): {err}", crate::token::TOKEN_ANNOTATION),
-                Facts { recorded, ..on_lease },
-            );
-        }
-    };
-    let facts_with =
-        |recorded: Option<Token>| Facts { lease: Some(lease.to_string()), presented: Some(presented), recorded, ..Facts::default() };
-    let Some(issued) = facts.issued else {
-        return deny(
-            403,
-            Reason::TokenNotIssued,
-            format!("lease {lease} has not granted any token yet; presented token {presented} was not issued by it"),
-            facts_with(recorded),
-        );
-    };
-    let not_issued = || {
-        deny(
-            403,
-            Reason::TokenNotIssued,
-            format!("presented token {presented} is newer than lease {lease}'s newest token {issued}: it was not issued by that lease"),
-            facts_with(recorded),
-        )
-    };
-    match recorded {
-        // CREATE / newly guarded: there is no recorded token on the object to compare with,
-        // so the write must carry the lease's current token, read linearizably.
-        None if presented == issued => Verdict::Allow { reason: Reason::Fenced },
-        None if presented < issued => deny(
-            409,
-            Reason::StaleToken,
-            format!(
-                "stale write to an object guarded by lease {lease}: presented token {presented}, recorded token {issued} (the lease's newest grant); a guarded object is created or newly guarded only with the newest token"
+                Facts { recorded, ..self.on_lease() },
             ),
-            facts_with(Some(issued)),
-        ),
-        None => not_issued(),
+        }
+    }
+
+    /// The facts of a denial of `presented`, which had to beat `recorded`.
+    fn tokens(&self, presented: Token, recorded: Option<Token>) -> Facts {
+        Facts { presented: Some(presented), recorded, ..self.on_lease() }
+    }
+
+    /// The denial of `presented` by a lease that has granted no token yet.
+    fn none_issued(&self, presented: Token, recorded: Option<Token>) -> Verdict {
+        self.deny(
+            403,
+            Reason::TokenNotIssued,
+            format!("lease {} has not granted any token yet; presented token {presented} was not issued by it", self.lease),
+            self.tokens(presented, recorded),
+        )
+    }
+
+    /// `presented` is newer than anything the lease issued.
+    fn not_issued(&self, presented: Token, issued: Token, recorded: Option<Token>) -> Verdict {
+        self.deny(
+            403,
+            Reason::TokenNotIssued,
+            format!(
+                "presented token {presented} is newer than lease {}'s newest token {issued}: it was not issued by that lease",
+                self.lease
+            ),
+            self.tokens(presented, recorded),
+        )
+    }
+
+    /// CREATE / newly guarded: there is no recorded token on the object to compare with, so the
+    /// write must carry the lease's current token, read linearizably.
+    fn fresh(&self, presented: &Result<Token, Missing>) -> Verdict {
+        let presented = match presented {
+            Ok(t) => *t,
+            Err(missing) => return self.unusable(missing, None),
+        };
+        let Some(issued) = self.facts.issued else { return self.none_issued(presented, None) };
+        match presented.cmp(&issued) {
+            Ordering::Equal => Verdict::Allow { reason: Reason::Fenced },
+            Ordering::Less => self.deny(
+                409,
+                Reason::StaleToken,
+                format!(
+                    "stale write to an object guarded by lease {}: presented token {presented}, recorded token {issued} (the lease's newest grant); a guarded object is created or newly guarded only with the newest token",
+                    self.lease
+                ),
+                self.tokens(presented, Some(issued)),
+            ),
+            Ordering::Greater => self.not_issued(presented, issued, None),
+        }
+    }
+
+    /// UPDATE of an object that records `recorded`: `presented` must be newer (or, under
+    /// `AllowEqual`, equal and `restated`), and issued by the lease.
+    fn successor(&self, presented: &Result<Token, Missing>, recorded: Token, restated: bool) -> Verdict {
+        let lease = self.lease;
+        let presented = match presented {
+            Ok(t) => *t,
+            Err(missing) => return self.unusable(missing, Some(recorded)),
+        };
+        let Some(issued) = self.facts.issued else { return self.none_issued(presented, Some(recorded)) };
+        let comparison = self.facts.comparison;
         // AllowEqual: several writes under one grant, each restating the token (a new write
         // annotation), so a write that leaves the annotations alone is not taken for one.
-        Some(recorded) if presented == recorded && facts.comparison == Comparison::AllowEqual && !restated => deny(
-            409,
-            Reason::StaleToken,
-            format!(
-                "stale write to an object guarded by lease {lease}: presented token {presented}, recorded token {recorded}; under AllowEqual an equal token counts only when the write restates it with a new {} annotation (the client library does)",
-                crate::token::WRITE_ANNOTATION
-            ),
-            facts_with(Some(recorded)),
-        ),
-        Some(recorded) if presented < recorded || (presented == recorded && facts.comparison == Comparison::Strict) => deny(
-            409,
-            Reason::StaleToken,
-            format!(
-                "stale write to an object guarded by lease {lease}: presented token {presented}, recorded token {recorded} (the presented token is not greater than the recorded one)"
-            ),
-            facts_with(Some(recorded)),
-        ),
-        Some(_) if presented > issued => not_issued(),
-        Some(_) => Verdict::Allow { reason: Reason::Fenced },
+        if presented == recorded && comparison == Comparison::AllowEqual && !restated {
+            return self.deny(
+                409,
+                Reason::StaleToken,
+                format!(
+                    "stale write to an object guarded by lease {lease}: presented token {presented}, recorded token {recorded}; under AllowEqual an equal token counts only when the write restates it with a new {} annotation (the client library does)",
+                    crate::token::WRITE_ANNOTATION
+                ),
+                self.tokens(presented, Some(recorded)),
+            );
+        }
+        if presented < recorded || (presented == recorded && comparison == Comparison::Strict) {
+            return self.deny(
+                409,
+                Reason::StaleToken,
+                format!(
+                    "stale write to an object guarded by lease {lease}: presented token {presented}, recorded token {recorded} (the presented token is not greater than the recorded one)"
+                ),
+                self.tokens(presented, Some(recorded)),
+            );
+        }
+        if presented > issued {
+            return self.not_issued(presented, issued, Some(recorded));
+        }
+        Verdict::Allow { reason: Reason::Fenced }
     }
 }
 

@@ -3,9 +3,9 @@
 //! `coordination.k8s.io/v1` Lease `<name>` in their namespace — the Lease client-go's
 //! `leaderelection` (and controller-runtime) elects its leader on. No token, no code change.
 //!
-//! Pure like [`super::decision`]: [`plan`] judges a request outright or asks for one quorum read
-//! of the Lease's holder ([`HolderRead`]), judged only with a [`HolderQuorum`], which only a
-//! quorum read ([`read_holder`]) produces.
+//! Pure like [`super::decision`], and planned by `super::pipeline` after its preamble: [`plan`]
+//! judges a request outright or asks for one quorum read of the Lease's holder ([`HolderRead`]),
+//! judged only with a [`HolderQuorum`], which only a reader (`super::reads`) makes.
 //!
 //! Who holds it: client-go names a holder by its identity, in practice `<hostname>_<uuid>`, and
 //! a Pod's hostname is its name. The requester's Pod name comes from its Pod-bound
@@ -22,10 +22,9 @@
 //! of A's writes is admitted. Not covered: A re-acquiring the Lease (its old writes are then its
 //! own again), and CREATE, which has no stored object to swap against (docs/design.md).
 
-use k8s_openapi::api::coordination::v1::Lease as LeaderElectionLease;
-use kube::{Api, Client};
-
-use super::decision::{Exemptions, Facts, LeaseRef, ObjectFacts, Operation, Reason, Request, Verdict, is_dns_subdomain};
+use super::decision::{Facts, LeaseRef, ObjectFacts, Operation, Reason, Request, Verdict, is_dns_subdomain};
+use super::pipeline::Preamble;
+use super::reads::{HolderQuorum, ReadError};
 
 pub use kube_fence_api::names::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, LEADER_LEASE_LABEL};
 
@@ -122,12 +121,6 @@ impl std::fmt::Display for IdentityRule {
     }
 }
 
-/// The leader-election Lease as a quorum read returned it: `None` when there is no such Lease,
-/// else its `holderIdentity` (`""` when released or never held). Construct it only from a
-/// quorum read ([`read_holder`]); tests build it directly.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HolderQuorum(pub Option<String>);
-
 /// What judging a leader-guarded request needs after [`plan`].
 #[derive(Debug)]
 pub enum LeaderPlan<'r> {
@@ -145,31 +138,21 @@ pub struct HolderRead<'r> {
     identity: &'r IdentityRule,
 }
 
-/// The first step of judging `req` by its leader-election Lease, whose holder names a Pod by
-/// `identity`.
-pub fn plan<'r>(req: &'r Request, exempt: &Exemptions, identity: &'r IdentityRule) -> LeaderPlan<'r> {
+/// The first step of judging `req` (whose `preamble` the pipeline worked out) by its
+/// leader-election Lease, whose holder names a Pod by `identity`.
+pub fn plan<'r>(req: &'r Request, preamble: &Preamble<'r>, identity: &'r IdentityRule) -> LeaderPlan<'r> {
     let label = |side: &'r Option<ObjectFacts>| side.as_ref().and_then(|o| o.leader_lease.as_deref());
     let (old_lease, new_lease) = (label(&req.old), label(&req.new));
     let done = LeaderPlan::Done;
     let pass = |reason| LeaderPlan::Done(Verdict::Allow { reason });
-    if old_lease.is_none() && new_lease.is_none() {
-        return pass(Reason::Unguarded);
+    if let Some(settled) = preamble.settled(old_lease.is_some() || new_lease.is_some()) {
+        return done(settled);
     }
-    let needs_old = matches!(req.operation, Operation::Update | Operation::Delete);
-    let needs_new = matches!(req.operation, Operation::Create | Operation::Update);
-    if (needs_old && req.old.is_none()) || (needs_new && req.new.is_none()) {
-        return done(Verdict::deny(400, Reason::MalformedRequest, format!("a {:?} admission request lacks its object", req.operation)));
+    if let Some(unjudged) = preamble.unjudged() {
+        return done(unjudged);
     }
-    if exempt.contains(&req.user) {
-        return pass(Reason::Exempt);
-    }
-    let subresource = req.subresource.as_deref().is_some_and(|s| !s.is_empty());
-    match (req.operation, &req.old, &req.new) {
-        (Operation::Connect, ..) => return pass(Reason::Unguarded),
-        // A subresource CREATE (eviction, binding, token) makes no guarded object.
-        (Operation::Create | Operation::Delete, ..) if subresource => return pass(Reason::Unguarded),
-        (Operation::Update, Some(old), Some(new)) if only_removes_finalizers(old, new) => return pass(Reason::FinalizersRemoved),
-        _ => {}
+    if preamble.finalizers_removed {
+        return pass(Reason::FinalizersRemoved);
     }
     // An admin opts an object in or out (creates it labelled, adds or removes the label); what
     // it writes to an object that stays bound is the holder's like any other write.
@@ -178,7 +161,7 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions, identity: &'r IdentityRul
         Operation::Update => old_lease.is_none() != new_lease.is_none(),
         _ => false,
     };
-    if moves_label && exempt.may_move_leader_label(&req.user) {
+    if moves_label && preamble.label_admin {
         return pass(Reason::Exempt);
     }
     if let (Some(old), Some(new)) = (old_lease, new_lease)
@@ -203,7 +186,7 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions, identity: &'r IdentityRul
         ));
     }
     let lease = LeaseRef { namespace: &req.namespace, name };
-    match &req.pod {
+    match preamble.requester.pod {
         Some(pod) => match pod.name_in(lease.namespace) {
             Some(pod) => LeaderPlan::Quorum(HolderRead { lease, pod, identity }),
             None => done(Verdict::Deny {
@@ -228,30 +211,27 @@ pub fn plan<'r>(req: &'r Request, exempt: &Exemptions, identity: &'r IdentityRul
     }
 }
 
-/// Whether an UPDATE only removes finalizers from an object being deleted (everything else,
-/// labels and annotations included, unchanged): admitted, so that a deletion someone was allowed
-/// to start can finish.
-fn only_removes_finalizers(old: &ObjectFacts, new: &ObjectFacts) -> bool {
-    let subset = new.finalizers.iter().all(|f| old.finalizers.contains(f)) && new.finalizers.len() < old.finalizers.len();
-    old.deleting && subset && old.content.is_some() && old.content == new.content
-}
-
 impl<'r> HolderRead<'r> {
     /// The Lease to read with a quorum read.
     pub fn lease(&self) -> LeaseRef<'r> {
         self.lease
     }
 
-    /// Judges with the Lease's holder as a quorum read returned it.
-    pub fn judge(self, fresh: HolderQuorum) -> Verdict {
+    /// Judges with the Lease's holder as a quorum read returned it (a failed read is denied:
+    /// fail closed).
+    pub fn judge(self, fresh: Result<HolderQuorum, ReadError>) -> Verdict {
         let HolderRead { lease, pod, identity } = self;
+        let fresh = match fresh {
+            Ok(fresh) => fresh,
+            Err(err) => return err.verdict(lease, true),
+        };
         let facts = |holder: Option<&str>| Facts {
             lease: Some(lease.to_string()),
             holder: holder.filter(|h| !h.is_empty()).map(str::to_string),
             requester: Some(pod.to_string()),
             ..Facts::default()
         };
-        match fresh.0.as_deref() {
+        match fresh.holder() {
             None => Verdict::Deny {
                 code: 403,
                 reason: Reason::LeaseNotFound,
@@ -290,12 +270,6 @@ impl<'r> HolderRead<'r> {
             },
         }
     }
-}
-
-/// The Lease's holder as etcd has it now: `Api::get` without a resourceVersion is a quorum read.
-pub async fn read_holder(client: Client, lease: LeaseRef<'_>) -> Result<HolderQuorum, kube::Error> {
-    let fresh = Api::<LeaderElectionLease>::namespaced(client, lease.namespace).get_opt(lease.name).await?;
-    Ok(HolderQuorum(fresh.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default())))
 }
 
 #[cfg(test)]

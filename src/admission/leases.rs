@@ -1,6 +1,7 @@
-//! Reading the lease a guarded object is bound to: from a watch cache of all kube-fence Leases,
-//! or with a quorum read when the cache could be stale in the unsafe direction
-//! ([`super::decision::plan`] says which).
+//! Reading leases from the API server: the kube-fence lease a guarded object is bound to, from a
+//! watch cache of all kube-fence Leases or with a quorum read when the cache could be stale in the
+//! unsafe direction ([`super::decision::plan`] says which), and leader-election Leases, always
+//! with a quorum read. What a read returns becomes a read value in `super::reads`.
 //!
 //! A cache that lags is safe for the per-object rule: tokens only grow, so a token at or below
 //! what the cache has seen was issued. What the cache cannot answer — CREATE, newly guarded
@@ -14,7 +15,9 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
-use super::decision::{Cached, LeaseFacts, LeaseRef, Quorum};
+use k8s_openapi::api::coordination::v1::Lease as LeaderElectionLease;
+
+use super::decision::{LeaseFacts, LeaseRef};
 use crate::api::Lease;
 
 /// The webhook's view of the leases.
@@ -63,15 +66,20 @@ impl LeaseDirectory {
     }
 
     /// The lease as the watch cache has it.
-    pub fn cached(&self, lease: LeaseRef<'_>) -> Cached {
+    pub fn cached(&self, lease: LeaseRef<'_>) -> Option<LeaseFacts> {
         let cached = self.store.get(&ObjectRef::new(lease.name).within(lease.namespace));
-        Cached(cached.as_deref().map(facts))
+        cached.as_deref().map(facts)
     }
 
     /// The lease as etcd has it now: `Api::get` without a resourceVersion is a quorum read.
-    pub async fn quorum(&self, lease: LeaseRef<'_>) -> Result<Quorum, kube::Error> {
+    pub async fn quorum(&self, lease: LeaseRef<'_>) -> Result<Option<LeaseFacts>, kube::Error> {
         let fresh = Api::<Lease>::namespaced(self.client.clone(), lease.namespace).get_opt(lease.name).await?;
-        Ok(Quorum(fresh.as_ref().map(facts)))
+        Ok(fresh.as_ref().map(facts))
+    }
+
+    /// The leader-election Lease as etcd has it now (a quorum read, as above).
+    pub async fn leader_lease(&self, lease: LeaseRef<'_>) -> Result<Option<LeaderElectionLease>, kube::Error> {
+        Api::<LeaderElectionLease>::namespaced(self.client.clone(), lease.namespace).get_opt(lease.name).await
     }
 }
 

@@ -1,6 +1,6 @@
 //! The webhook's HTTPS server: `/validate` (AdmissionReview v1), `/healthz`, `/readyz`,
-//! `/metrics`. A thin adapter: body → [`review::decode`] → [`decision::plan`] → at most one
-//! lease read → verdict → [`review::response`].
+//! `/metrics`. A thin adapter: body → [`review::decode`] → facts ([`review::request_facts`]) →
+//! [`pipeline::judge`] (plan, the lease reads it asks for, verdict) → [`review::response`].
 //!
 //! The port is reachable by more than the API server, so every connection is bounded: it speaks
 //! HTTP/1.1 only (what its ALPN advertises; an HTTP/2 connection has no idle deadline), the
@@ -12,8 +12,8 @@
 //! read are budgeted (`super::bounds::ReadBudget`).
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr, TcpListener};
-use std::sync::{Arc, Mutex};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -24,18 +24,19 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use prometheus_client::registry::Registry;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::bounds::{Bounds, ConnectionGate, GateAcceptor, ReadBudget};
-use super::decision::{self, Exemptions, Judged, Plan, QuorumRead, Reason, Verdict};
+use super::bounds::{Bounds, ConnectionGate, GateAcceptor};
+use super::decision::{Exemptions, Reason, Verdict};
 use super::events::RejectionEvents;
-use super::leader::{self, HolderRead, IdentityRule, LeaderPlan};
+use super::leader::IdentityRule;
 use super::leases::LeaseDirectory;
 pub use super::metrics::Metrics;
-use super::metrics::{LeaseReadKind, Refusal};
+use super::metrics::Refusal;
+use super::pipeline::{self, Judging, Sent};
+use super::reads::Reader;
 use super::review::{self, Unreadable};
-use super::shared_reads::SharedReads;
-use super::writer::{self, WriterPlan};
+use super::writer;
 
 /// How long a client may take to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,251 +54,134 @@ pub const BODY_BUDGET_BYTES: usize = 64 * 1024 * 1024;
 
 /// Judges admission reviews.
 pub struct Webhook {
-    pub exempt: Exemptions,
-    /// How a leader-election Lease's holder names a Pod (`--leader-identity-separator`).
-    pub identity: IdentityRule,
-    pub leases: LeaseDirectory,
+    /// Who is exempt, and how a leader-election Lease's holder names a Pod.
+    pub judging: Judging,
+    /// The lease reads judging makes: watch cache, quorum reads budgeted per source.
+    pub reader: Reader,
     pub metrics: Metrics,
     /// Events on the guarded objects for rejected writes (`None`: no Events, e.g. benchmarks).
     pub events: Option<RejectionEvents>,
     /// Bytes of request bodies that may be in flight.
     pub body_budget: Arc<Semaphore>,
-    /// Quorum reads of opted-in Leases, shared by the writes waiting for them.
-    pub writer_reads: Arc<SharedReads<(String, String), Result<writer::WriterQuorum, String>>>,
-    /// Reviews needing a quorum read, per source (`None`: unbudgeted).
-    read_budget: Option<Mutex<ReadBudget>>,
 }
 
 impl Webhook {
-    pub fn new(
-        exempt: Exemptions,
-        identity: IdentityRule,
-        leases: LeaseDirectory,
-        metrics: Metrics,
-        events: Option<RejectionEvents>,
-    ) -> Webhook {
-        Webhook {
-            exempt,
-            identity,
-            leases,
-            metrics,
-            events,
-            body_budget: Arc::new(Semaphore::new(BODY_BUDGET_BYTES)),
-            writer_reads: Arc::default(),
-            read_budget: None,
-        }
+    pub fn new(judging: Judging, reader: Reader, metrics: Metrics, events: Option<RejectionEvents>) -> Webhook {
+        Webhook { judging, reader, metrics, events, body_budget: Arc::new(Semaphore::new(BODY_BUDGET_BYTES)) }
     }
 
-    /// Budgets the reviews that need a quorum read: `per_second` per source address (`None`:
-    /// unbudgeted).
-    pub fn with_read_budget(mut self, per_second: Option<u32>) -> Webhook {
-        self.read_budget = per_second.map(|n| Mutex::new(ReadBudget::new(n)));
-        self
-    }
-
-    /// Judges one request, sent from `source`: by the leader-election Lease it is bound to, if
-    /// any ([`leader::plan`]), and by its kube-fence lease (an object may carry both guards:
-    /// both must admit the write).
-    pub async fn judge(&self, req: &decision::Request, source: IpAddr) -> Verdict {
-        let by_holder = match leader::plan(req, &self.exempt, &self.identity) {
-            LeaderPlan::Done(verdict) => verdict,
-            LeaderPlan::Quorum(read) => self.judge_by_holder(read, source).await,
+    /// A review in, its answer out: decode → facts → the pipeline (plan, reads, verdict) →
+    /// response. `started` is when the request arrived; `peer` sent it to the webhook `sent`.
+    async fn answer(&self, peer: SocketAddr, body: &[u8], sent: Sent<'_>, started: Instant) -> Response {
+        let request = match review::decode(body) {
+            Ok(request) => request,
+            Err(unreadable) => return self.unreadable(unreadable, started),
         };
-        if !by_holder.is_allowed() {
-            return by_holder;
-        }
-        let by_token = self.judge_by_token(req, source).await;
-        if by_token.reason() == Reason::Unguarded { by_holder } else { by_token }
+        let facts = review::request_facts(&request);
+        let verdict = pipeline::judge(&facts, &self.judging, sent, &self.reader.from(peer.ip())).await;
+        let answer = review::response(&request, &verdict).to_vec();
+        self.metrics.decided(&verdict, started.elapsed().as_secs_f64());
+        self.report(peer, &request, sent, &verdict);
+        json(answer)
     }
 
-    /// Judges one request sent by the writer webhook of opted-in Lease `lease` (`super::writer`).
-    pub async fn judge_writer(&self, req: &decision::Request, lease: decision::LeaseRef<'_>, source: IpAddr) -> Verdict {
-        match writer::plan(req, lease, &self.identity) {
-            WriterPlan::Done(verdict) => verdict,
-            WriterPlan::Quorum(read) => {
-                if let Some(throttled) = self.throttled(source) {
-                    return throttled;
-                }
-                let lease = read.lease();
-                // Concurrent writes of one controller share the next quorum read of its Lease.
-                let key = (lease.namespace.to_string(), lease.name.to_string());
-                let (client, metrics, (namespace, name)) = (self.leases.client(), self.metrics.clone(), key.clone());
-                let fresh = self
-                    .writer_reads
-                    .read(key, move || async move {
-                        metrics.lease_read(LeaseReadKind::Linearizable);
-                        writer::read_lease(client, decision::LeaseRef { namespace: &namespace, name: &name })
-                            .await
-                            .map_err(|e| e.to_string())
-                    })
-                    .await;
-                match fresh {
-                    Ok(fresh) => read.judge(fresh),
-                    Err(err) => Verdict::deny(
-                        500,
-                        Reason::LeaseReadFailed,
-                        format!("cannot read leader-election Lease {lease} (failing closed): {err}"),
-                    ),
-                }
+    /// The answer to a body that is not a readable AdmissionReview.
+    fn unreadable(&self, unreadable: Unreadable, started: Instant) -> Response {
+        match unreadable {
+            Unreadable::NotAReview(message) => (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response(),
+            Unreadable::Malformed { uid, message } => {
+                // The API server sent something we cannot read: deny (fail closed) and say why.
+                let verdict = Verdict::deny(400, Reason::MalformedRequest, message.clone());
+                self.metrics.decided(&verdict, started.elapsed().as_secs_f64());
+                tracing::warn!(uid, error = %message, "malformed AdmissionReview denied");
+                json(review::malformed(&uid, &message).to_vec())
             }
         }
     }
 
-    /// `None` when `source` may cause one more quorum read; the denial if not.
-    fn throttled(&self, source: IpAddr) -> Option<Verdict> {
-        let budget = self.read_budget.as_ref()?;
-        let mut budget = budget.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if budget.admit(source, Instant::now()) {
-            return None;
-        }
-        self.metrics.reads_throttled.inc();
-        Some(Verdict::deny(
-            429,
-            Reason::ReadsThrottled,
-            format!("too many reviews needing a quorum read from {source} (at most {} a second); retry in a second", budget.per_second()),
-        ))
-    }
-
-    async fn judge_by_holder(&self, read: HolderRead<'_>, source: IpAddr) -> Verdict {
-        if let Some(throttled) = self.throttled(source) {
-            return throttled;
-        }
-        self.metrics.lease_read(LeaseReadKind::Linearizable);
-        let lease = read.lease();
-        match leader::read_holder(self.leases.client(), lease).await {
-            Ok(fresh) => read.judge(fresh),
-            Err(err) => {
-                Verdict::deny(500, Reason::LeaseReadFailed, format!("cannot read leader-election Lease {lease} (failing closed): {err}"))
+    /// Logs the verdict, and publishes an Event for a denial.
+    fn report(&self, peer: SocketAddr, request: &review::Admission<'_>, sent: Sent<'_>, verdict: &Verdict) {
+        let (kind, ns, name) = (request.kind.kind.as_ref(), request.namespace.as_deref().unwrap_or(""), request.name.as_ref());
+        let (user, op, sub) =
+            (request.user_info.username.as_deref().unwrap_or(""), &request.operation, request.sub_resource.as_deref().unwrap_or(""));
+        match verdict {
+            Verdict::Allow { reason } => tracing::debug!(kind, ns, name, sub, user, ?op, %reason, "admitted"),
+            Verdict::AllowWithWarning { reason, message } => {
+                tracing::warn!(kind, ns, name, sub, user, ?op, %reason, message, "admitted with a warning (enforcement Warn)")
             }
-        }
-    }
-
-    /// The plan, then at most one read of the kube-fence lease.
-    async fn judge_by_token(&self, req: &decision::Request, source: IpAddr) -> Verdict {
-        match decision::plan(req, &self.exempt) {
-            Plan::Done(verdict) => verdict,
-            Plan::Cache(read) => {
-                self.metrics.lease_read(LeaseReadKind::Cache);
-                let cached = self.leases.cached(read.lease());
-                match read.judge(cached) {
-                    Judged::Done(verdict) => verdict,
-                    Judged::Quorum(read) => self.judge_by_quorum(read, source).await,
+            Verdict::Deny { code, reason, message, .. } => {
+                tracing::info!(kind, ns, name, sub, user, ?op, code, %reason, message, %peer, "denied");
+                let published = self.events.as_ref().map(|events| match sent {
+                    Sent::Objects => events.publish(peer.ip(), request, *reason, message),
+                    Sent::Writer(lease) => events.publish_on_lease(peer.ip(), lease.namespace, lease.name, request, *reason, message),
+                });
+                if published == Some(false) {
+                    self.metrics.events_suppressed.inc();
                 }
             }
-            Plan::Quorum(read) => self.judge_by_quorum(read, source).await,
         }
     }
 
-    async fn judge_by_quorum(&self, read: QuorumRead<'_>, source: IpAddr) -> Verdict {
-        if let Some(throttled) = self.throttled(source) {
-            return throttled;
+    /// The request's body, read within the body bounds and holding its share of the body budget
+    /// until dropped; the refusal if it is too large, too slow, or the budget is used up.
+    async fn body(&self, peer: SocketAddr, request: Request) -> Result<(Bytes, OwnedSemaphorePermit), Response> {
+        let refuse = |refusal: Refusal, status: StatusCode, message: String| {
+            self.metrics.refused(refusal);
+            tracing::debug!(%peer, ?refusal, "request refused before judging");
+            (status, message).into_response()
+        };
+        // Refuse an oversized body from its declared length, before reading any of it. (The
+        // headers are read in place: the `HeaderMap` extractor would copy them for every review.)
+        let (parts, body) = request.into_parts();
+        let declared = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
+            return Err(refuse(Refusal::TooLarge, StatusCode::PAYLOAD_TOO_LARGE, format!("the body exceeds {MAX_BODY_BYTES} bytes\n")));
         }
-        self.metrics.lease_read(LeaseReadKind::Linearizable);
-        let lease = read.lease();
-        match self.leases.quorum(lease).await {
-            Ok(fresh) => read.judge(fresh),
-            Err(err) => Verdict::deny(500, Reason::LeaseReadFailed, format!("cannot read lease {lease} (failing closed): {err}")),
+        // Reserve the body's memory (all of MAX_BODY_BYTES when no length is declared).
+        let reserve = declared.map_or(MAX_BODY_BYTES, |len| len as usize).max(1) as u32;
+        let Ok(reservation) = self.body_budget.clone().try_acquire_many_owned(reserve) else {
+            return Err(refuse(Refusal::Busy, StatusCode::SERVICE_UNAVAILABLE, "too many request bodies in flight; retry\n".into()));
+        };
+        match tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+            Ok(Ok(body)) => Ok((body, reservation)),
+            Ok(Err(err)) => Err(refuse(
+                Refusal::TooLarge,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("cannot read the body (at most {MAX_BODY_BYTES} bytes): {err}\n"),
+            )),
+            Err(_) => Err(refuse(
+                Refusal::SlowBody,
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the body did not arrive within {BODY_READ_TIMEOUT:?}\n"),
+            )),
         }
     }
 }
 
-/// Which guard a review is sent for: guarded objects (`/validate`), or an opted-in writer
-/// (`/writer/<namespace>/<name>`, `super::writer`).
-enum Guard {
-    Objects,
-    Writer { namespace: String, name: String },
-}
-
+/// `/validate`: a review of a write to a guarded object.
 async fn validate(State(webhook): State<Arc<Webhook>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, request: Request) -> Response {
-    review_for(webhook, peer, request, Guard::Objects).await
+    let started = Instant::now();
+    match webhook.body(peer, request).await {
+        Ok((body, _reservation)) => webhook.answer(peer, &body, Sent::Objects, started).await,
+        Err(refused) => refused,
+    }
 }
 
+/// `/writer/<namespace>/<name>`: a review of a write by a writer opted in on that Lease.
 async fn validate_writer(
     State(webhook): State<Arc<Webhook>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((namespace, name)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    if writer::lease_of_path(&namespace, &name).is_none() {
+    let Some(lease) = writer::lease_of_path(&namespace, &name) else {
         return (StatusCode::NOT_FOUND, format!("{}/{namespace}/{name} names no Lease\n", writer::PATH_PREFIX)).into_response();
-    }
-    review_for(webhook, peer, request, Guard::Writer { namespace, name }).await
-}
-
-async fn review_for(webhook: Arc<Webhook>, peer: SocketAddr, request: Request, guard: Guard) -> Response {
+    };
     let started = Instant::now();
-    let refuse = |refusal: Refusal, status: StatusCode, message: String| {
-        webhook.metrics.refused(refusal);
-        tracing::debug!(%peer, ?refusal, "request refused before judging");
-        (status, message).into_response()
-    };
-    // Refuse an oversized body from its declared length, before reading any of it. (The headers
-    // are read in place: the `HeaderMap` extractor would copy them for every review.)
-    let (parts, body) = request.into_parts();
-    let declared = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
-        return refuse(Refusal::TooLarge, StatusCode::PAYLOAD_TOO_LARGE, format!("the body exceeds {MAX_BODY_BYTES} bytes\n"));
+    match webhook.body(peer, request).await {
+        Ok((body, _reservation)) => webhook.answer(peer, &body, Sent::Writer(lease), started).await,
+        Err(refused) => refused,
     }
-    // Reserve the body's memory (all of MAX_BODY_BYTES when no length is declared).
-    let reserve = declared.map_or(MAX_BODY_BYTES, |len| len as usize).max(1) as u32;
-    let Ok(_reservation) = webhook.body_budget.clone().try_acquire_many_owned(reserve) else {
-        return refuse(Refusal::Busy, StatusCode::SERVICE_UNAVAILABLE, "too many request bodies in flight; retry\n".into());
-    };
-    let body: Bytes = match tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
-        Ok(Ok(body)) => body,
-        Ok(Err(err)) => {
-            return refuse(
-                Refusal::TooLarge,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("cannot read the body (at most {MAX_BODY_BYTES} bytes): {err}\n"),
-            );
-        }
-        Err(_) => {
-            return refuse(
-                Refusal::SlowBody,
-                StatusCode::REQUEST_TIMEOUT,
-                format!("the body did not arrive within {BODY_READ_TIMEOUT:?}\n"),
-            );
-        }
-    };
-    let request = match review::decode(&body) {
-        Ok(request) => request,
-        Err(Unreadable::NotAReview(message)) => return (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response(),
-        Err(Unreadable::Malformed { uid, message }) => {
-            // The API server sent something we cannot read: deny (fail closed) and say why.
-            let verdict = Verdict::deny(400, Reason::MalformedRequest, message.clone());
-            webhook.metrics.decided(&verdict, started.elapsed().as_secs_f64());
-            tracing::warn!(uid, error = %message, "malformed AdmissionReview denied");
-            return json(review::malformed(&uid, &message).to_vec());
-        }
-    };
-    let facts = review::request_facts(&request);
-    let verdict = match &guard {
-        Guard::Objects => webhook.judge(&facts, peer.ip()).await,
-        Guard::Writer { namespace, name } => webhook.judge_writer(&facts, decision::LeaseRef { namespace, name }, peer.ip()).await,
-    };
-    let answer = review::response(&request, &verdict).to_vec();
-    webhook.metrics.decided(&verdict, started.elapsed().as_secs_f64());
-    let (kind, ns, name) = (request.kind.kind.as_ref(), request.namespace.as_deref().unwrap_or(""), request.name.as_ref());
-    let (user, op, sub) =
-        (request.user_info.username.as_deref().unwrap_or(""), &request.operation, request.sub_resource.as_deref().unwrap_or(""));
-    match &verdict {
-        Verdict::Allow { reason } => tracing::debug!(kind, ns, name, sub, user, ?op, %reason, "admitted"),
-        Verdict::AllowWithWarning { reason, message } => {
-            tracing::warn!(kind, ns, name, sub, user, ?op, %reason, message, "admitted with a warning (enforcement Warn)")
-        }
-        Verdict::Deny { code, reason, message, .. } => {
-            tracing::info!(kind, ns, name, sub, user, ?op, code, %reason, message, %peer, "denied");
-            let published = webhook.events.as_ref().map(|events| match &guard {
-                Guard::Objects => events.publish(peer.ip(), &request, *reason, message),
-                Guard::Writer { namespace, name } => events.publish_on_lease(peer.ip(), namespace, name, &request, *reason, message),
-            });
-            if published == Some(false) {
-                webhook.metrics.events_suppressed.inc();
-            }
-        }
-    }
-    json(answer)
 }
 
 /// A JSON response body.
@@ -317,7 +201,7 @@ pub fn router(webhook: Arc<Webhook>, registry: Arc<Registry>) -> Router {
             get(move || {
                 let ready = ready.clone();
                 async move {
-                    if ready.leases.is_ready() {
+                    if ready.reader.leases().is_ready() {
                         (StatusCode::OK, "ok")
                     } else {
                         (StatusCode::SERVICE_UNAVAILABLE, "lease cache not synced yet")
@@ -390,6 +274,7 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let events = Some(RejectionEvents::new(leases.client(), crate::process::identity()));
     let gate = ConnectionGate::new(bounds, metrics.connections.clone());
-    let webhook = Arc::new(Webhook::new(exempt, identity, leases, metrics, events).with_read_budget(bounds.quorum_reads_per_source));
+    let reader = Reader::new(leases, metrics.clone(), bounds.quorum_reads_per_source);
+    let webhook = Arc::new(Webhook::new(Judging { exempt, identity }, reader, metrics, events));
     serve(listener, tls, router(webhook, registry), gate, shutdown).await
 }

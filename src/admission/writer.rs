@@ -15,8 +15,9 @@
 //! own Lease (campaigning; the holder policy judges those), Events, and the reviews that store
 //! nothing (TokenReview, SubjectAccessReview); `kubefence.io/writers-exempt` names more.
 //!
-//! Pure like [`super::decision`]: [`plan`] judges outright or asks for one quorum read of the
-//! Lease ([`WriterRead`]), judged only with a [`WriterQuorum`], which only [`read_lease`] makes.
+//! Pure like [`super::decision`], and planned by `super::pipeline` (of its preamble it takes who
+//! asks): [`plan`] judges outright or asks for one quorum read of the Lease ([`WriterRead`]),
+//! judged only with a [`WriterQuorum`], which only a reader (`super::reads`) makes.
 //!
 //! Why this fences a stale leader, on every object it writes: for UPDATE and DELETE the API server
 //! runs validating admission inside its compare-and-swap on the object, so a write by Pod A
@@ -30,10 +31,11 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use k8s_openapi::api::coordination::v1::Lease as LeaderElectionLease;
-use kube::{Api, Client};
 
-use super::decision::{Facts, LeaseRef, Reason, Request, SERVICE_ACCOUNT_PREFIX, Verdict, is_dns_subdomain};
+use super::decision::{Facts, LeaseRef, Reason, SERVICE_ACCOUNT_PREFIX, Verdict, is_dns_subdomain};
 use super::leader::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, IdentityRule};
+use super::pipeline::{Preamble, Step};
+use super::reads::{ReadError, WriterQuorum};
 
 pub use kube_fence_api::names::{WRITERS_ANNOTATION, WRITERS_EXEMPT_ANNOTATION};
 /// The path prefix of the writer webhooks: `/writer/<namespace>/<name>`.
@@ -176,41 +178,6 @@ fn parse_resource(item: &str) -> Option<ResourceName> {
         .then(|| ResourceName { resource: resource.to_string(), group: group.unwrap_or_default().to_string() })
 }
 
-/// The Lease as a quorum read returned it: `None` when there is no such Lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WriterQuorum(Option<FreshLease>);
-
-/// What judging a writer needs of the Lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FreshLease {
-    /// `spec.holderIdentity` (`""` when released or never held).
-    pub holder: String,
-    /// Whether it still carries `kubefence.io/holder-identity: Pod`.
-    pub holder_bound: bool,
-    /// The ServiceAccounts its writers annotation names now.
-    pub accounts: BTreeSet<String>,
-}
-
-impl WriterQuorum {
-    /// From a quorum read's result. Only [`read_lease`] and tests of this module call it.
-    fn from_read(lease: Option<LeaderElectionLease>) -> WriterQuorum {
-        WriterQuorum(lease.map(|l| FreshLease {
-            holder: l.spec.and_then(|s| s.holder_identity).unwrap_or_default(),
-            holder_bound: l.metadata.labels.as_ref().and_then(|m| m.get(HOLDER_IDENTITY_LABEL)).is_some_and(|v| v == HOLDER_IS_POD),
-            accounts: accounts_named(l.metadata.annotations.as_ref()),
-        }))
-    }
-}
-
-/// What judging a write of an opted-in writer needs after [`plan`].
-#[derive(Debug)]
-pub enum WriterPlan<'r> {
-    /// Judged without reading the Lease.
-    Done(Verdict),
-    /// Read the Lease with a quorum read and call [`WriterRead::judge`].
-    Quorum(WriterRead<'r>),
-}
-
 /// A write only the Lease's holder Pod may make.
 #[derive(Debug)]
 pub struct WriterRead<'r> {
@@ -222,19 +189,16 @@ pub struct WriterRead<'r> {
     identity: &'r IdentityRule,
 }
 
-/// The first step of judging `req`, sent by the webhook of opted-in Lease `lease`.
-pub fn plan<'r>(req: &'r Request, lease: LeaseRef<'r>, identity: &'r IdentityRule) -> WriterPlan<'r> {
+/// The first step of judging a request (whose `preamble` the pipeline worked out) sent by the
+/// webhook of opted-in Lease `lease`.
+pub fn plan<'r>(preamble: &Preamble<'r>, lease: LeaseRef<'r>, identity: &'r IdentityRule) -> Step<'r> {
     // The routing names the Lease's own ServiceAccounts only; anything else was sent by a stale
     // or forged registration: it is not this Lease's to judge.
-    let account = req
-        .user
-        .strip_prefix(SERVICE_ACCOUNT_PREFIX)
-        .and_then(|rest| rest.split_once(':'))
-        .filter(|(namespace, _)| *namespace == lease.namespace)
-        .map(|(_, account)| account);
-    let Some(account) = account else { return WriterPlan::Done(Verdict::Allow { reason: Reason::Unguarded }) };
-    let pod = req.pod.as_ref().and_then(|p| p.name_in(lease.namespace));
-    WriterPlan::Quorum(WriterRead { lease, account, pod, identity })
+    let Some(account) = preamble.requester.account_in(lease.namespace) else {
+        return Step::Done(Verdict::Allow { reason: Reason::Unguarded });
+    };
+    let pod = preamble.requester.pod_in(lease.namespace);
+    Step::Writer(WriterRead { lease, account, pod, identity })
 }
 
 impl<'r> WriterRead<'r> {
@@ -243,16 +207,20 @@ impl<'r> WriterRead<'r> {
         self.lease
     }
 
-    /// Judges with the Lease as a quorum read returned it.
-    pub fn judge(self, fresh: WriterQuorum) -> Verdict {
+    /// Judges with the Lease as a quorum read returned it (a failed read is denied: fail closed).
+    pub fn judge(self, fresh: Result<WriterQuorum, ReadError>) -> Verdict {
         let WriterRead { lease, account, pod, identity } = self;
-        let fenced = match &fresh.0 {
+        let fresh = match fresh {
+            Ok(fresh) => fresh,
+            Err(err) => return err.verdict(lease, true),
+        };
+        let fenced = match fresh.lease() {
             Some(l) => l.holder_bound && l.accounts.contains(account),
             None => false,
         };
         // The opt-in is gone (the Lease deleted, or its annotation or label removed — by its
         // holder or an admin, the holder policy sees to that): the writes flow again.
-        let Some(fresh) = fresh.0.filter(|_| fenced) else { return Verdict::Allow { reason: Reason::Unguarded } };
+        let Some(fresh) = fresh.lease().filter(|_| fenced) else { return Verdict::Allow { reason: Reason::Unguarded } };
         let requester = pod.map_or_else(|| format!("{SERVICE_ACCOUNT_PREFIX}{}:{account}", lease.namespace), str::to_string);
         let facts = |holder: &str| Facts {
             lease: Some(lease.to_string()),
@@ -285,12 +253,6 @@ impl<'r> WriterRead<'r> {
             facts: facts(&fresh.holder),
         }
     }
-}
-
-/// The Lease as etcd has it now: `Api::get` without a resourceVersion is a quorum read.
-pub async fn read_lease(client: Client, lease: LeaseRef<'_>) -> Result<WriterQuorum, kube::Error> {
-    let fresh = Api::<LeaderElectionLease>::namespaced(client, lease.namespace).get_opt(lease.name).await?;
-    Ok(WriterQuorum::from_read(fresh))
 }
 
 /// The Lease a writer webhook's path names (`<namespace>/<name>` after [`PATH_PREFIX`]), or why

@@ -13,7 +13,9 @@
 //! - [`identity`]: clients that act as a worker or as a Pod, and the RBAC a worker has.
 //! - [`process`]: stopping and resuming a worker process (the pause tests).
 //! - [`history`]: the history checker, the oracle of the fault-injection tests.
-//! - [`fakes`]: in-process fakes for pure tests.
+//! - The fake lease reader for pure tests of the webhook is `kube_fence::admission::reads::fake`:
+//!   its trait belongs to the operator crate, which this crate (contract and client only) does not
+//!   depend on.
 //!
 //! Everything here reads the API server's typed answers (code and reason), never message text,
 //! and panics with what it saw when something is not as the test needs: it is test code.
@@ -22,7 +24,6 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
-pub mod fakes;
 pub mod fencing;
 pub mod grants;
 pub mod history;

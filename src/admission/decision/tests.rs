@@ -1,9 +1,12 @@
 //! The decision table (docs/design.md §5), row by row, plus every
 //! malformed-token form, subresources, finalizer removal and the reads each row needs.
 
+use futures::FutureExt;
 use rstest::rstest;
 
 use super::*;
+use crate::admission::pipeline::{self, Judging, Sent};
+use crate::admission::reads::fake::{FakeLeases, ReadCounts};
 
 const NS: &str = "team";
 const ALICE: &str = "alice";
@@ -43,29 +46,41 @@ fn strict(issued: u64) -> LeaseFacts {
     facts(Some(issued), Enforcement::Enforce)
 }
 
+/// The leases a request is judged by, in the fake: `cached` in the watch cache and `current` in
+/// the quorum, under every lease name the request carries (`None`: no such lease).
+fn leases(req: &Request, cached: Option<LeaseFacts>, current: Option<LeaseFacts>) -> FakeLeases {
+    let mut leases = FakeLeases::default();
+    for name in [&req.old, &req.new].into_iter().flatten().filter_map(|side| side.lease.as_deref()) {
+        if let Some(cached) = &cached {
+            leases = leases.with_cached(&req.namespace, name, cached.clone());
+        }
+        if let Some(current) = &current {
+            leases = leases.with_current(&req.namespace, name, current.clone());
+        }
+    }
+    leases
+}
+
+/// Judges as the server does — the pipeline: the plan, then the reads it asks for, from a cache
+/// that holds `cached` and a quorum that holds `current` — and says which reads it made.
+fn judged(req: &Request, exempt: &Exemptions, cached: Option<LeaseFacts>, current: Option<LeaseFacts>) -> (Verdict, ReadCounts) {
+    let leases = leases(req, cached, current);
+    let judging = Judging { exempt: exempt.clone(), ..Judging::default() };
+    let verdict = pipeline::judge(req, &judging, Sent::Objects, &leases).now_or_never().expect("the fake answers at once");
+    (verdict, leases.reads())
+}
+
 /// Which read a request needs, given what the cache holds: "none", "cache" or "quorum".
 fn read_needed(req: &Request, exempt: &Exemptions, cached: Option<LeaseFacts>) -> &'static str {
-    match plan(req, exempt) {
-        Plan::Done(_) => "none",
-        Plan::Quorum(_) => "quorum",
-        Plan::Cache(read) => match read.judge(Cached(cached)) {
-            Judged::Done(_) => "cache",
-            Judged::Quorum(_) => "quorum",
-        },
+    match judged(req, exempt, cached, None).1 {
+        ReadCounts { quorum: 1.., .. } => "quorum",
+        ReadCounts { cached: 1.., .. } => "cache",
+        _ => "none",
     }
 }
 
-/// Judges as the server does: the plan, then the read it asks for, from a cache that holds
-/// `cached` and a quorum that holds `current`.
 fn judge_with(req: &Request, exempt: &Exemptions, cached: Option<LeaseFacts>, current: Option<LeaseFacts>) -> Verdict {
-    match plan(req, exempt) {
-        Plan::Done(verdict) => verdict,
-        Plan::Cache(read) => match read.judge(Cached(cached)) {
-            Judged::Done(verdict) => verdict,
-            Judged::Quorum(read) => read.judge(Quorum(current)),
-        },
-        Plan::Quorum(read) => read.judge(Quorum(current)),
-    }
+    judged(req, exempt, cached, current).0
 }
 
 fn judge(req: &Request, cached: Option<LeaseFacts>, current: Option<LeaseFacts>) -> Verdict {
@@ -194,7 +209,8 @@ fn create_and_newly_guarded(
 ) {
     let req = request(op, old, g("l", Some(presented)));
     // The cache alone is never enough, even when it agrees: the plan asks for the quorum.
-    assert!(matches!(plan(&req, &Exemptions::default()), Plan::Quorum(_)));
+    let (_, reads) = judged(&req, &Exemptions::default(), Some(strict(9)), Some(strict(9)));
+    assert_eq!(reads, ReadCounts { quorum: 1, ..ReadCounts::default() });
     let v = judge(&req, Some(strict(1)), Some(strict(9)));
     match expect {
         None => assert_eq!(v, Verdict::Allow { reason: Reason::Fenced }),
@@ -228,7 +244,8 @@ fn lease_missing_or_never_granted(#[case] op: Operation, #[case] old: Option<Obj
 #[case::stale_token("1")]
 fn rebinding_is_never_allowed(#[case] presented: &str) {
     let req = request(Operation::Update, g("a", Some("5")), g("b", Some(presented)));
-    let Plan::Done(v) = plan(&req, &Exemptions::default()) else { panic!("rebinding needs no lease read") };
+    let (v, reads) = judged(&req, &Exemptions::default(), None, None);
+    assert_eq!(reads, ReadCounts::default(), "rebinding needs no lease read");
     assert_eq!(denied(&v), (403, Reason::LeaseRebound));
     // Not even a Warn lease relaxes it.
     let warn = facts(Some(9), Enforcement::Warn);

@@ -1,9 +1,13 @@
 //! The leader-election guard, row by row: who holds the Lease, who asks, which write.
 
+use futures::FutureExt;
+use k8s_openapi::api::coordination::v1::{Lease as LeaderElectionLease, LeaseSpec};
 use rstest::rstest;
 
 use super::*;
-use crate::admission::decision::PodIdentity;
+use crate::admission::decision::{Exemptions, PodIdentity};
+use crate::admission::pipeline::{self, Judging, Sent};
+use crate::admission::reads::fake::{FakeLeases, ReadCounts};
 
 const NS: &str = "team";
 const GC: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
@@ -49,10 +53,21 @@ fn judge(req: &Request, holder: Option<&str>) -> Verdict {
 }
 
 fn judge_by(identity: &IdentityRule, req: &Request, holder: Option<&str>) -> Verdict {
-    match plan(req, &Exemptions::default(), identity) {
-        LeaderPlan::Done(verdict) => verdict,
-        LeaderPlan::Quorum(read) => read.judge(HolderQuorum(holder.map(str::to_string))),
+    judged(&Judging { identity: identity.clone(), ..Judging::default() }, req, holder).0
+}
+
+/// Judges through the pipeline, with the leader-election Lease the request names held by
+/// `holder` (`None`: no such Lease) in the fake; also the reads it made.
+fn judged(judging: &Judging, req: &Request, holder: Option<&str>) -> (Verdict, ReadCounts) {
+    let mut leases = FakeLeases::default();
+    for name in [&req.old, &req.new].into_iter().flatten().filter_map(|side| side.leader_lease.as_deref()) {
+        if let Some(holder) = holder {
+            let spec = LeaseSpec { holder_identity: Some(holder.to_string()), ..LeaseSpec::default() };
+            leases = leases.with_leader_lease(&req.namespace, name, LeaderElectionLease { spec: Some(spec), ..Default::default() });
+        }
     }
+    let verdict = pipeline::judge(req, judging, Sent::Objects, &leases).now_or_never().expect("the fake answers at once");
+    (verdict, leases.reads())
 }
 
 fn rule(value: &str) -> IdentityRule {
@@ -210,7 +225,7 @@ fn exempt_identities_and_finalizer_removal_need_no_holder() {
 
 #[test]
 fn only_the_request_that_needs_the_holder_reads_it() {
-    let reads = |req: &Request| matches!(plan(req, &Exemptions::default(), &IdentityRule::default()), LeaderPlan::Quorum(_));
+    let reads = |req: &Request| judged(&Judging::default(), req, Some("web-0_a")).1.holder == 1;
     assert!(reads(&by_pod(Operation::Update, bound("ctl"), bound("ctl"), Some("web-0"))));
     assert!(!reads(&by_pod(Operation::Update, plain(), plain(), Some("web-0"))));
     assert!(!reads(&by_pod(Operation::Update, bound("ctl"), bound("ctl"), None)));
@@ -250,10 +265,8 @@ fn admins_move_the_leader_label(
 ) {
     let exempt = Exemptions::default().with_label_admins(["admin"]);
     let req = Request::new(operation, NS, old, new, user);
-    let verdict = match plan(&req, &exempt, &IdentityRule::default()) {
-        LeaderPlan::Done(verdict) => verdict,
-        LeaderPlan::Quorum(_) => panic!("{user} is no Pod: judged without a read"),
-    };
+    let (verdict, reads) = judged(&Judging { exempt, ..Judging::default() }, &req, Some("web-0_a"));
+    assert_eq!(reads, ReadCounts::default(), "{user} is no Pod: judged without a read");
     match (expect, &verdict) {
         (Ok(reason), _) => assert_eq!(verdict.reason(), reason, "{verdict:?}"),
         (Err(code), Verdict::Deny { code: c, reason, .. }) => assert_eq!((*c, *reason), (code, Reason::NotHolder), "{verdict:?}"),

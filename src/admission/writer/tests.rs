@@ -2,12 +2,15 @@
 
 use std::collections::BTreeMap;
 
+use futures::FutureExt;
 use k8s_openapi::api::coordination::v1::LeaseSpec;
 use kube::api::ObjectMeta;
 use rstest::rstest;
 
 use super::*;
-use crate::admission::decision::{Operation, PodIdentity};
+use crate::admission::decision::{Operation, PodIdentity, Request};
+use crate::admission::pipeline::{self, Judging, Sent};
+use crate::admission::reads::fake::FakeLeases;
 
 const NS: &str = "team";
 
@@ -85,12 +88,15 @@ fn by(user: &str, pod: Option<&str>) -> Request {
     Request { pod: PodIdentity::of(user, pod), ..Request::new(Operation::Update, "anywhere", None, None, user) }
 }
 
+/// Judges through the pipeline as the webhook of Lease `team/ctl`, which is `fresh` (`None`: no
+/// such Lease) in the fake.
 fn judge(req: &Request, fresh: Option<LeaderElectionLease>) -> Verdict {
-    let identity = IdentityRule::default();
-    match plan(req, LeaseRef { namespace: NS, name: "ctl" }, &identity) {
-        WriterPlan::Done(verdict) => verdict,
-        WriterPlan::Quorum(read) => read.judge(WriterQuorum::from_read(fresh)),
-    }
+    let leases = match fresh {
+        Some(lease) => FakeLeases::default().with_leader_lease(NS, "ctl", lease),
+        None => FakeLeases::default(),
+    };
+    let sent = Sent::Writer(LeaseRef { namespace: NS, name: "ctl" });
+    pipeline::judge(req, &Judging::default(), sent, &leases).now_or_never().expect("the fake answers at once")
 }
 
 const CTL: &str = "system:serviceaccount:team:ctl";
