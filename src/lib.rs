@@ -71,6 +71,7 @@
 //! - `history` (cargo feature `history`, off by default): checks a recorded history of grants and
 //!   accepted writes for fencing violations; the oracle of kube-fence's own fault-injection tests.
 //! - [`process`]: a running process's identity and shutdown signal.
+//! - [`ready`]: the ready file, where a process that bound its ports says which they are.
 #![forbid(unsafe_code)]
 
 pub mod admission;
@@ -81,5 +82,6 @@ pub mod client;
 pub mod history;
 pub mod lease;
 pub mod process;
+pub mod ready;
 pub mod telemetry;
 pub mod token;
