@@ -1,4 +1,4 @@
-//! Section 6 (`--only connections`): the webhook port under a flood of idle connections (issue
+//! Section 7 (`--only connections`): the webhook port under a flood of idle connections (issue
 //! 24). A fresh `kube-fence webhook` process with the default connection bounds
 //! (`--max-connections`, `--max-connections-per-source`) is registered for the bench namespace;
 //! guarded ConfigMap updates, judged by the API server through it, are timed (interleaved with
@@ -392,7 +392,7 @@ fn load_average() -> String {
 pub async fn run(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
     let connections = args.connections();
     let secs = args.connection_phase_secs();
-    eprintln!("[6] the webhook port under {connections} idle connections ({ATTACKERS} attacker processes, {SOURCES} source addresses)");
+    eprintln!("[7] the webhook port under {connections} idle connections ({ATTACKERS} attacker processes, {SOURCES} source addresses)");
     eprintln!("    descriptor limit of the bench (inherited by the webhook): {}", raise_descriptor_limit());
     // A fresh webhook process: its memory is this section's alone.
     let (mut webhook, port) = spawn_webhook(&bench.https, &bench.kubeconfig, bench.dir.path(), &bench.cert, &bench.key, &bench.ns_hook).await?;
@@ -486,7 +486,7 @@ async fn phases(
             p.load,
         );
         table.add(
-            "6",
+            "7",
             format!("guarded update p50 / p99, {}", p.name),
             format!("{} / {}", ms(p.guarded.p50()), ms(p.guarded.p99())),
             format!("{} / {} unguarded", ms(p.plain.p50()), ms(p.plain.p99())),
@@ -495,7 +495,7 @@ async fn phases(
             Met::Info,
         );
         table.add(
-            "6",
+            "7",
             format!("… webhook RSS peak / end, fds, {}", p.name),
             format!("{} / {}, {} fds", mib(p.rss_peak), mib(p.rss_end), p.fds),
             "256 MiB chart limit",
@@ -505,7 +505,7 @@ async fn phases(
         );
         if let Some(t) = p.attack {
             table.add(
-                "6",
+                "7",
                 format!("… attack connections, {}", p.name),
                 format!("{} let in, {} refused, ≤ {} open at once", t.admitted, t.refused, t.peak_open),
                 format!("{} attempts", t.attempts),

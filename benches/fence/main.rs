@@ -7,7 +7,8 @@
 //!    3p. the webhook path vs the policy path vs unguarded, with the API server's CPU per write;
 //! 4. lease acquire latency vs two raw API server writes, and takeover delay vs lease duration;
 //! 5. many leases churning: grants/s and the controller's and webhook's resident memory;
-//! 6. the webhook port under 20,000 idle HTTP/2 and then TLS connections: guarded-write latency,
+//! 6. holder-only `/status` writes vs the same writes to an unlabelled object (`holder.rs`);
+//! 7. the webhook port under 20,000 idle HTTP/2 and then TLS connections: guarded-write latency,
 //!    the webhook's memory and descriptors, connections let in and refused (`connections.rs`).
 //!
 //! It measures and reports; it never asserts a timing. Run without `--bench` (as
