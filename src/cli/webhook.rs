@@ -207,6 +207,11 @@ pub async fn serve(
     };
     let listener = std::net::TcpListener::bind(args.addr).map_err(|source| Error::Listen { addr: args.addr, source })?;
     let bound = listener.local_addr().map_err(|source| Error::Listen { addr: args.addr, source })?;
+    // Said at once, before anything runs that could still log after a failure here.
+    if let Some(path) = ready_file {
+        let ready = Ready { webhook: Some(bound), metrics: None };
+        ready.write(path).map_err(|source| Error::WriteReadyFile { path: path.to_path_buf(), source })?;
+    }
     // The writer webhooks (ServiceAccounts opted in on their leader-election Lease) call this
     // server too; every replica keeps their configuration in step, with the same content.
     spawn_until(
@@ -218,10 +223,6 @@ pub async fn serve(
     tracing::info!(addr = %bound, exempt = ?args.exempt, leader_identity_separator = %args.leader_identity, "fencing webhook serving");
     let bounds = args.bounds();
     let exempt = Exemptions::new(args.exempt).with_label_admins(args.lease_admins);
-    if let Some(path) = ready_file {
-        let ready = Ready { webhook: Some(bound), metrics: None };
-        ready.write(path).map_err(|source| Error::WriteReadyFile { path: path.to_path_buf(), source })?;
-    }
     let served = server::run(leases, listener, tls, exempt, args.leader_identity, bounds, metrics, registry, shutdown.cancelled_owned())
         .await
         .map_err(|source| Error::ServeWebhook { source });
