@@ -130,7 +130,10 @@ mod tests {
         ] {
             assert_eq!(Ready::parse(&ready.render()).ok(), Some(ready), "{:?}", ready.render());
         }
-        assert_eq!(Ready { webhook: addr("127.0.0.1:1"), metrics: addr("127.0.0.1:2") }.render(), "webhook=127.0.0.1:1\nmetrics=127.0.0.1:2\n");
+        assert_eq!(
+            Ready { webhook: addr("127.0.0.1:1"), metrics: addr("127.0.0.1:2") }.render(),
+            "webhook=127.0.0.1:1\nmetrics=127.0.0.1:2\n"
+        );
     }
 
     #[test]

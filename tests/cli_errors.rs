@@ -645,7 +645,14 @@ async fn webhook_and_controller_write_where_they_listen_to_their_ready_files() {
         ["webhook", "--addr", "127.0.0.1:0", "--namespace", &ns, "--webhook-configuration", &format!("kf-cli-ready-{ns}")]
             .into_iter()
             .map(String::from)
-            .chain(["--tls-cert-file".into(), path(&cert), "--tls-key-file".into(), path(&key), "--ready-file".into(), path(&webhook_ready)])
+            .chain([
+                "--tls-cert-file".into(),
+                path(&cert),
+                "--tls-key-file".into(),
+                path(&key),
+                "--ready-file".into(),
+                path(&webhook_ready),
+            ])
             .collect(),
         "webhook.log",
     );

@@ -333,9 +333,8 @@ async fn leader_election_hands_over_when_the_leader_dies() {
         o
     };
     let coordination: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), &ns);
-    let leader_now = async || {
-        coordination.get_opt(controller::CONTROLLER_NAME).await.expect("election lease").and_then(|l| l.spec?.holder_identity)
-    };
+    let leader_now =
+        async || coordination.get_opt(controller::CONTROLLER_NAME).await.expect("election lease").and_then(|l| l.spec?.holder_identity);
     let first = start_controller_with(&client, elected("first"), &mut Registry::default());
     // The first leads before the second starts (polled: however long that takes).
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -18,8 +18,8 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube_fence::admission::registration::{Endpoint, Registration};
 use kube_fence::admission::tls::SelfSigned;
 use kube_fence::api::{Lease, LeaseSpec};
-use kube_fence::ready::Ready;
 use kube_fence::client::{AcquireOptions, Leases};
+use kube_fence::ready::Ready;
 use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION};
 use serde_json::json;
 

@@ -395,9 +395,11 @@ pub async fn run(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::R
     eprintln!("[7] the webhook port under {connections} idle connections ({ATTACKERS} attacker processes, {SOURCES} source addresses)");
     eprintln!("    descriptor limit of the bench (inherited by the webhook): {}", raise_descriptor_limit());
     // A fresh webhook process: its memory is this section's alone.
-    let (mut webhook, port) = spawn_webhook(&bench.https, &bench.kubeconfig, bench.dir.path(), &bench.cert, &bench.key, &bench.ns_hook).await?;
+    let (mut webhook, port) =
+        spawn_webhook(&bench.https, &bench.kubeconfig, bench.dir.path(), &bench.cert, &bench.key, &bench.ns_hook).await?;
     let target = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let mut registration = Registration::new(format!("kf-bench-conn-{}", bench.ns_hook), Endpoint::Url(format!("https://{target}/validate")));
+    let mut registration =
+        Registration::new(format!("kf-bench-conn-{}", bench.ns_hook), Endpoint::Url(format!("https://{target}/validate")));
     registration.ca_bundle = Some(bench.ca_pem.clone());
     registration.only_namespaces = Some(vec![bench.ns_hook.clone()]);
     registration.apply(&bench.client).await?;
@@ -445,8 +447,9 @@ async fn phases(
             settled.refused,
             settled.open
         );
-        let phase = measure(&format!("{connections} {}", kind.label()), secs, &cms, &tokens, webhook, &bench.https, &metrics_url, Some(&attack))
-            .await;
+        let phase =
+            measure(&format!("{connections} {}", kind.label()), secs, &cms, &tokens, webhook, &bench.https, &metrics_url, Some(&attack))
+                .await;
         attack.stop().await;
         results.push(phase?);
     }

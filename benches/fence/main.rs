@@ -17,9 +17,9 @@
 //! profile: release under `cargo bench`), so their memory can be read from /proc.
 
 mod cluster;
-mod connections;
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod connections;
 mod decision;
 mod holder;
 mod load;

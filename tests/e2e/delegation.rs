@@ -221,7 +221,9 @@ async fn caught_up(seen: &Mutex<Vec<Observation>>, configmaps: &Api<ConfigMap>) 
         let (missing_versions, ungranted) = {
             let observations = seen.lock().expect("history lock");
             let recorded = |object: &str, version: u64| {
-                observations.iter().any(|o| matches!(o, Observation::Write { object: o, resource_version, .. } if o == object && *resource_version >= version))
+                observations.iter().any(
+                    |o| matches!(o, Observation::Write { object: o, resource_version, .. } if o == object && *resource_version >= version),
+                )
             };
             let granted = |token: Token| observations.iter().any(|o| matches!(o, Observation::Grant { token: t, .. } if *t == token));
             let missing = current.iter().filter(|(name, version)| !recorded(name, *version)).count();

@@ -21,8 +21,8 @@ use kube_fence::admission::leader::LEADER_LEASE_LABEL;
 use serde_json::{Value, json};
 
 use super::{KubeFence, common, installed};
-use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
 use common::leader::{self, CONFIGMAP, LEASE, WIDGET};
+use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
 
 /// The user that creates the guarded objects, acting for the leader's Pod.
 const SETUP: &str = "leader-go-setup";
@@ -354,7 +354,8 @@ async fn watched_now(client: &Client, ns: &str, widgets: &ApiResource, seen: &Mu
     let version = |meta: &kube::api::ObjectMeta| meta.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     let lease = version(&Api::<LeaderLease>::namespaced(client.clone(), ns).get(LEASE).await.expect("the Lease").metadata);
     let cm = version(&Api::<ConfigMap>::namespaced(client.clone(), ns).get(CONFIGMAP).await.expect("the ConfigMap").metadata);
-    let widget = version(&Api::<DynamicObject>::namespaced_with(client.clone(), ns, widgets).get(WIDGET).await.expect("the Widget").metadata);
+    let widget =
+        version(&Api::<DynamicObject>::namespaced_with(client.clone(), ns, widgets).get(WIDGET).await.expect("the Widget").metadata);
     let (cm_name, widget_name) = (format!("configmap/{CONFIGMAP}"), format!("widget/{WIDGET}"));
     leader::until("the watch delivers the current Lease, ConfigMap and Widget", Duration::from_secs(60), async || {
         let seen = seen.lock().expect("seen");
