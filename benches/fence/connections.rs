@@ -420,14 +420,16 @@ async fn phases(
     let cms: Api<ConfigMap> = Api::namespaced(bench.client.clone(), &bench.ns_hook);
     let leases: Api<Lease> = Api::namespaced(bench.client.clone(), &bench.ns_hook);
     common::wait_fenced(&bench.client, &bench.ns_hook, &Default::default(), common::Fencing::Judged, Duration::from_secs(30)).await;
-    // Tokens above any other section's: t > recorded, t <= issued.
-    let first = ISSUED * 3;
-    set_issued(&leases, ISSUED * 4).await?;
+    // Tokens above any other section's: a guarded create presents the newest issued token, an
+    // update one greater than the recorded, at most the newest issued.
+    let first = ISSUED * 4;
+    set_issued(&leases, first).await?;
     let data = Some([("seq".to_string(), "0".to_string())].into());
     for (name, lease) in [("conn-guarded-0", Some(LEASE)), ("conn-plain-0", None)] {
         let metadata = meta(name, lease, lease.map(|_| first));
         cms.create(&PostParams::default(), &ConfigMap { metadata, data: data.clone(), ..Default::default() }).await?;
     }
+    set_issued(&leases, first * 2).await?;
     let tokens = Arc::new(AtomicU64::new(first + 1));
     let ca_file = bench.dir.path().join("ca.crt");
     std::fs::write(&ca_file, &bench.ca_pem)?;
