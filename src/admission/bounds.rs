@@ -4,7 +4,8 @@
 //! NetworkPolicy or `--client-ca-file` keeps others out), so:
 //! - [`ConnectionGate`]: the connections open at once are bounded, in all and per source
 //!   address. A connection holds its place ([`Ticket`]) from the moment it is accepted — before
-//!   its TLS handshake — until it is closed; beyond either bound a connection is closed at once.
+//!   its TLS handshake — until it is closed; beyond either bound a connection is closed at once,
+//!   in the accept loop ([`GatedListener`]).
 //!   The deadlines of a connection (handshake, headers, body, idle) are in `super::server`.
 //! - [`ReadBudget`]: the reviews of one source address that need a quorum read of a lease are
 //!   budgeted (a token bucket per source): a forged review costs the API server a read only
