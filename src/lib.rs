@@ -26,6 +26,7 @@
 //! - [`cli`]: the `kube-fence` command line.
 //! - [`telemetry`]: logs and metrics shared by every long-running subcommand.
 //! - [`process`]: a running process's identity and shutdown signal.
+//! - [`ready`]: the ready file, where a process that bound its ports says which they are.
 #![forbid(unsafe_code)]
 
 pub mod admission;
@@ -34,5 +35,6 @@ pub mod cli;
 pub use kube_fence_client as client;
 pub mod lease;
 pub mod process;
+pub mod ready;
 pub mod telemetry;
 pub mod token;

@@ -45,11 +45,17 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` over plain HTTP for a process that has no webhook
-/// server of its own (the `controller` subcommand). Metrics carry no secrets; the webhook's
-/// own port is HTTPS only.
+/// Binds the plain-HTTP port of [`serve_metrics`] (port 0: one the kernel picks; the listener
+/// says which).
+pub async fn bind_metrics(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` over plain HTTP on `listener` ([`bind_metrics`])
+/// for a process that has no webhook server of its own (the `controller` subcommand). Metrics
+/// carry no secrets; the webhook's own port is HTTPS only.
 pub async fn serve_metrics(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     registry: Arc<Registry>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -67,6 +73,5 @@ pub async fn serve_metrics(
             )
             .route("/healthz", get(|| async { "ok" }))
             .route("/readyz", get(|| async { "ok" }));
-    let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

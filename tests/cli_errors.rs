@@ -101,8 +101,25 @@ fn entries<'a>(config: &'a mut serde_yaml::Value, list: &str, field: &str) -> Ve
         .collect()
 }
 
-fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+/// A port on 127.0.0.1 where nothing listens, for as long as the returned socket lives: it is
+/// bound (so nobody else can take the port) but never listens (so a connection is refused).
+fn closed_port() -> (tokio::net::TcpSocket, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind("127.0.0.1:0".parse().expect("address")).expect("bind");
+    let port = socket.local_addr().expect("addr").port();
+    (socket, port)
+}
+
+/// A self-signed serving certificate and key for 127.0.0.1, written to `dir`; returns the CA,
+/// certificate and key files.
+fn serving_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    use kube_fence::admission::tls::SelfSigned;
+    let made = SelfSigned::generate(&["localhost".to_string()], &[std::net::Ipv4Addr::LOCALHOST.into()]).expect("certificates");
+    let files = (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&files.0, &made.ca_cert).expect("write CA");
+    std::fs::write(&files.1, &made.serving.cert).expect("write certificate");
+    std::fs::write(&files.2, &made.serving.key).expect("write key");
+    files
 }
 
 /// `kube-fence run --local` as a child process, stopped with SIGTERM (a clean exit that
@@ -296,7 +313,7 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
         &["patch", "configmaps/shared", "--lease", "l", "--token", &token_b, "-n", &ns, "-p", r#"{"data":{"writer":"b"}}"#],
     );
 
-    let port = closed_port();
+    let (_closed, port) = closed_port();
     let unreachable = kubeconfig_variant(home, "unreachable", |config| {
         for cluster in entries(config, "clusters", "cluster") {
             cluster.insert("server".into(), format!("https://127.0.0.1:{port}").into());
@@ -312,6 +329,9 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
     let busy_port = busy.local_addr().expect("addr").port().to_string();
     let kc = Some(kubeconfig.as_path());
     let missing_cert = home.join("no-such.crt").display().to_string();
+    let (_, cert, key) = serving_files(home);
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    let unwritable = home.join("no-such-dir/ready").display().to_string();
     let cases = [
         case(
             "no kubeconfig",
@@ -523,6 +543,22 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
             &format!("cannot read the TLS file {missing_cert}: no such file or directory"),
         ),
         case(
+            "webhook ready file unwritable",
+            kc,
+            &["webhook", "--addr", "127.0.0.1:0", "--tls-cert-file", &cert, "--tls-key-file", &key, "--ready-file", &unwritable],
+            1,
+            "any other failure",
+            &format!("cannot write the ready file {unwritable}: no such file or directory"),
+        ),
+        case(
+            "controller ready file unwritable",
+            kc,
+            &["controller", "--namespace", &ns, "--metrics-addr", "127.0.0.1:0", "--ready-file", &unwritable],
+            1,
+            "any other failure",
+            &format!("cannot write the ready file {unwritable}: no such file or directory"),
+        ),
+        case(
             "controller metrics port taken",
             kc,
             &["controller", "--namespace", &ns, "--metrics-addr", &format!("127.0.0.1:{busy_port}")],
@@ -585,6 +621,81 @@ async fn two_local_instances_run_at_once_on_free_ports() {
     for local in [&mut first, &mut second] {
         let status = local.stop();
         assert!(status.success(), "{status}\n{}", local.log());
+    }
+}
+
+/// `kube-fence webhook` and `kube-fence controller` on port 0: each writes the address it was
+/// given to its ready file (the port bound, never picked first and bound later), serves there,
+/// and removes the file on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_and_controller_write_where_they_listen_to_their_ready_files() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "cli-ready").await;
+    let kubeconfig = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("kubeconfig");
+    let home = tempfile::tempdir().expect("HOME");
+    let (ca, cert, key) = serving_files(home.path());
+    let (webhook_ready, controller_ready) = (home.path().join("webhook.ready"), home.path().join("controller.ready"));
+    let spawn = |args: Vec<String>, log: &str| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let log = std::fs::File::create(home.path().join(log)).expect("log file");
+        command(Cluster::Kubeconfig(&kubeconfig), home.path(), &args).stdout(Stdio::null()).stderr(log).spawn().expect("start kube-fence")
+    };
+    let path = |p: &Path| p.display().to_string();
+    let mut webhook = spawn(
+        ["webhook", "--addr", "127.0.0.1:0", "--namespace", &ns, "--webhook-configuration", &format!("kf-cli-ready-{ns}")]
+            .into_iter()
+            .map(String::from)
+            .chain([
+                "--tls-cert-file".into(),
+                path(&cert),
+                "--tls-key-file".into(),
+                path(&key),
+                "--ready-file".into(),
+                path(&webhook_ready),
+            ])
+            .collect(),
+        "webhook.log",
+    );
+    let mut controller = spawn(
+        ["controller", "--namespace", &ns, "--metrics-addr", "127.0.0.1:0", "--ready-file", &path(&controller_ready)]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+        "controller.log",
+    );
+
+    let at_webhook = common::wait_ready_file(&webhook_ready, &mut webhook, Duration::from_secs(60)).await;
+    let at_controller = common::wait_ready_file(&controller_ready, &mut controller, Duration::from_secs(60)).await;
+    let webhook_addr = at_webhook.webhook.expect("the webhook's ready file names its address");
+    let metrics_addr = at_controller.metrics.expect("the controller's ready file names its metrics address");
+    assert_eq!((at_webhook.metrics, at_controller.webhook), (None, None), "each names only the port it serves");
+    assert!(webhook_addr.ip().is_loopback() && webhook_addr.port() != 0, "{webhook_addr}");
+    assert!(metrics_addr.ip().is_loopback() && metrics_addr.port() != 0, "{metrics_addr}");
+
+    let healthz = |url: String, ca: Option<&Path>| {
+        let mut curl = Command::new("curl");
+        curl.args(["-sf", "--max-time", "5"]);
+        if let Some(ca) = ca {
+            curl.arg("--cacert").arg(ca);
+        }
+        curl.arg(&url).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    };
+    assert!(healthz(format!("https://{webhook_addr}/healthz"), Some(&ca)), "the webhook serves HTTPS at {webhook_addr}");
+    assert!(healthz(format!("http://{metrics_addr}/healthz"), None), "the controller serves /healthz at {metrics_addr}");
+
+    for (child, ready) in [(&mut webhook, &webhook_ready), (&mut controller, &controller_ready)] {
+        let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("run kill");
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let exited = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "kube-fence did not stop within 30 s of SIGTERM");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(exited.success(), "{exited}");
+        assert!(!ready.exists(), "{} is removed on exit", ready.display());
     }
 }
 

@@ -276,8 +276,10 @@ async fn racing_writers_never_move_an_object_backwards() {
     leases.release(&setup).await.expect("release");
 
     let seen = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    // The newest version the watch delivered, so the test can wait for it to catch up.
+    let watched = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let recorder = {
-        let seen = seen.clone();
+        let (seen, watched) = (seen.clone(), watched.clone());
         let stream = watcher(configmaps.clone(), watcher::Config::default().fields("metadata.name=raced")).applied_objects();
         tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
@@ -286,6 +288,8 @@ async fn racing_writers_never_move_an_object_backwards() {
                 if let (Some(token), Ok(mut seen)) = (token, seen.lock()) {
                     seen.push(token);
                 }
+                let version = cm.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
+                watched.fetch_max(version, std::sync::atomic::Ordering::SeqCst);
             }
         })
     };
@@ -316,7 +320,13 @@ async fn racing_writers_never_move_an_object_backwards() {
             Err(e) => panic!("round {round}: unexpected error {e}"),
         }
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The watch has delivered every accepted version once it delivered the current one.
+    let current: u64 = configmaps.get("raced").await.expect("get").metadata.resource_version.and_then(|v| v.parse().ok()).unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while watched.load(std::sync::atomic::Ordering::SeqCst) < current {
+        assert!(Instant::now() < deadline, "the watch did not deliver version {current} within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     recorder.abort();
     let history = seen.lock().map(|s| s.clone()).unwrap_or_default();
     eprintln!(

@@ -94,6 +94,22 @@ impl History {
         (history, task)
     }
 
+    /// Waits (at most 30 s) until the watch has delivered the grant of every token in `tokens`,
+    /// rather than a pause that hopes it did.
+    async fn caught_up(&self, tokens: impl IntoIterator<Item = Token>) {
+        let tokens: Vec<Token> = tokens.into_iter().collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let granted: std::collections::HashSet<Token> = self.grants().into_iter().map(|(_, _, t)| t).collect();
+            let missing = tokens.iter().filter(|t| !granted.contains(t)).count();
+            if missing == 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the watch did not deliver {missing} of {} grants within 30 s", tokens.len());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     fn snapshot(&self) -> Vec<Seen> {
         self.0.lock().map(|h| h.clone()).unwrap_or_default()
     }
@@ -203,7 +219,7 @@ async fn twenty_contenders_two_hundred_grants_tokens_strictly_increase() {
     let started = Instant::now();
     let mut got = contend(&client, &ns, "contended", 20, 200).await;
     let elapsed = started.elapsed();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    history.caught_up(got.iter().map(|(_, token, _)| *token)).await;
 
     assert!(got.len() >= 200, "only {} grants", got.len());
     assert_client_grants_distinct(&got);
@@ -294,10 +310,10 @@ async fn controller_restarts_and_two_replicas_never_regress_a_token() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let c = start_controller(&client, &ns, "replica-c");
     let more = contend(&client, &ns, "shared", 3, 10).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
 
     let mut all = got;
     all.extend(more);
+    history.caught_up(all.iter().map(|(_, token, _)| *token)).await;
     assert_client_grants_distinct(&all);
     let grants = history.assert_fencing_invariants();
     assert!(grants >= 90, "{grants} grants in history");
@@ -317,23 +333,27 @@ async fn leader_election_hands_over_when_the_leader_dies() {
         o.retry_period = Duration::from_millis(300);
         o
     };
+    let coordination: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), &ns);
+    let leader_now =
+        async || coordination.get_opt(controller::CONTROLLER_NAME).await.expect("election lease").and_then(|l| l.spec?.holder_identity);
     let first = start_controller_with(&client, elected("first"), &mut Registry::default());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The first leads before the second starts (polled: however long that takes).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while leader_now().await.as_deref() != Some("first") {
+        assert!(Instant::now() < deadline, "the first controller did not lead within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let second = start_controller_with(&client, elected("second"), &mut Registry::default());
     let leases = Leases::new(client.clone(), &ns);
     let g1 = leases.acquire("l", "w", options(3, 30)).await.expect("granted under the first leader");
     leases.release(&g1).await.expect("release");
-
-    let coordination: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), &ns);
-    let leader = coordination.get(controller::CONTROLLER_NAME).await.expect("election lease").spec.and_then(|s| s.holder_identity);
-    assert_eq!(leader.as_deref(), Some("first"));
+    assert_eq!(leader_now().await.as_deref(), Some("first"));
 
     first.abort(); // dies without stepping down
     let died = Instant::now();
     let g2 = leases.acquire("l", "w", options(3, 30)).await.expect("granted under the second leader");
     assert!(g2.token > g1.token);
-    let leader = coordination.get(controller::CONTROLLER_NAME).await.expect("election lease").spec.and_then(|s| s.holder_identity);
-    assert_eq!(leader.as_deref(), Some("second"));
+    assert_eq!(leader_now().await.as_deref(), Some("second"));
     eprintln!("MEASURED leader failover (2 s election lease): next grant {:.2?} after the leader died", died.elapsed());
     second.abort();
 }
@@ -357,12 +377,18 @@ async fn deleting_and_recreating_a_lease_never_restarts_its_tokens() {
     assert!(second.token > first.token, "re-created lease granted {} after {}", second.token, first.token);
     history.assert_fencing_invariants();
 
-    // The grants were reported as Events.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The grants were reported as Events (recorded in the background: polled).
     let events: Api<K8sEvent> = Api::namespaced(client.clone(), &ns);
-    let reasons: Vec<String> =
-        events.list(&ListParams::default()).await.expect("events").items.into_iter().filter_map(|e| e.reason).collect();
-    assert!(reasons.iter().any(|r| r == "Granted"), "no Granted event among {reasons:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reasons: Vec<String> =
+            events.list(&ListParams::default()).await.expect("events").items.into_iter().filter_map(|e| e.reason).collect();
+        if reasons.iter().any(|r| r == "Granted") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no Granted event within 30 s among {reasons:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     controller.abort();
     recorder.abort();
 }
@@ -413,10 +439,26 @@ async fn keep_alive_keeps_the_token_and_a_silent_holder_loses_the_lease() {
     let (history, recorder) = History::record(&client, &ns).await;
     let leases = Leases::new(client.clone(), &ns);
 
-    // A holder that heartbeats keeps its lease, and its token, well past the duration.
-    let kept = leases.acquire("kept", "steady", options(2, 30)).await.expect("grant");
+    // A holder that heartbeats keeps its lease, and its token, past the duration: until its
+    // keep-alive has renewed it after its first term ended (a renewal confirmed, sent after
+    // `valid_until` of the grant). The lease is 10 s, renewed every 3.3 s: a heartbeat late by
+    // seconds on a loaded machine still lands in time.
+    let kept = leases.acquire("kept", "steady", options(10, 30)).await.expect("grant");
     let keep_alive = leases.keep_alive(&kept);
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match keep_alive.holding() {
+            kube_fence::client::Holding::Held { token, valid_until } => {
+                assert_eq!(token, kept.token, "renewals keep the token");
+                if valid_until > kept.valid_until + kept.duration {
+                    break;
+                }
+            }
+            other => panic!("the kept lease was lost: {other:?}"),
+        }
+        assert!(Instant::now() < deadline, "no renewal after the first term within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let err = leases.acquire("kept", "rival", options(2, 1)).await.expect_err("a rival cannot take a kept lease");
     assert!(matches!(err, Error::Timeout { ref held_by, .. } if held_by.as_deref() == Some("steady")), "{err}");
     let now = leases.get("kept").await.expect("lease");
@@ -468,13 +510,18 @@ async fn a_skewed_client_clock_neither_expires_nor_extends_a_lease() {
     let controller = start_controller(&client, &ns, "solo");
     let leases = Leases::new(client.clone(), &ns);
     let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let grant = leases.acquire("skewed", "a", options(2, 30)).await.expect("grant");
+    // A 5 s lease, heartbeats every half second: one late by seconds on a loaded machine still
+    // lands in time.
+    let grant = leases.acquire("skewed", "a", options(5, 30)).await.expect("grant");
 
-    // Heartbeats stamped 30 years in the past, but sent in time: the lease stays held.
+    // Heartbeats stamped 30 years in the past, but sent in time: the lease stays held, for more
+    // than twice its duration.
     let past = Timestamp::now().saturating_sub(SignedDuration::from_hours(24 * 365 * 30)).expect("past");
-    for i in 0..8 {
+    let mut i = 0;
+    while grant.valid_until + grant.duration * 3 / 2 > tokio::time::Instant::now() {
         heartbeat_at(&api, "skewed", past.saturating_add(SignedDuration::from_micros(i)).expect("t")).await;
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let lease = api.get("skewed").await.expect("lease");
         let status = lease.status.expect("status");
         assert_eq!((status.phase, status.token), (Phase::Held, Some(grant.token)), "a past heartbeat expired the lease");
@@ -484,9 +531,9 @@ async fn a_skewed_client_clock_neither_expires_nor_extends_a_lease() {
     let future = Timestamp::now().saturating_add(SignedDuration::from_hours(24 * 365 * 30)).expect("future");
     heartbeat_at(&api, "skewed", future).await;
     let sent = Instant::now();
-    let next = leases.acquire("skewed", "b", options(2, 20)).await.expect("a future heartbeat did not extend the lease");
+    let next = leases.acquire("skewed", "b", options(5, 20)).await.expect("a future heartbeat did not extend the lease");
     assert!(next.token > grant.token);
-    eprintln!("MEASURED skew: after a heartbeat stamped 30 years ahead, the 2 s lease went to the next holder in {:.2?}", sent.elapsed());
+    eprintln!("MEASURED skew: after a heartbeat stamped 30 years ahead, the 5 s lease went to the next holder in {:.2?}", sent.elapsed());
     controller.abort();
 }
 

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,10 +23,12 @@ impl Drop for Replica {
     }
 }
 
-fn replica(ns: &str, configuration: &str, port: u16) -> Replica {
+/// A replica on a port the kernel picks; it says which in its ready file.
+fn replica(ns: &str, configuration: &str, ready_file: &Path) -> Replica {
     let child = Command::new(env!("CARGO_BIN_EXE_kube-fence"))
         .args(["webhook", "--self-managed-tls", "--namespace", ns, "--service-name", "fence", "--webhook-configuration", configuration])
-        .arg(format!("--addr=127.0.0.1:{port}"))
+        .args(["--addr=127.0.0.1:0", "--ready-file"])
+        .arg(ready_file)
         .env("KUBECONFIG", kube_fence_testenv::shared_kubeconfig())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -60,9 +63,14 @@ async fn replicas_share_one_ca_and_keep_the_ca_bundle_right() {
     registration.only_namespaces = Some(vec![format!("{ns}-nothing")]);
     registration.apply(&client).await.expect("create the webhook configuration");
 
-    let free_port = || kube_fence_testenv::free_port().expect("a free port");
-    let ports = [free_port(), free_port()];
-    let _replicas: Vec<Replica> = ports.iter().map(|p| replica(&ns, &configuration, *p)).collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ready_files = [dir.path().join("replica-0.ready"), dir.path().join("replica-1.ready")];
+    let mut replicas: Vec<Replica> = ready_files.iter().map(|path| replica(&ns, &configuration, path)).collect();
+    let mut ports = vec![];
+    for (replica, path) in replicas.iter_mut().zip(&ready_files) {
+        let ready = common::wait_ready_file(path, &mut replica.0, Duration::from_secs(60)).await;
+        ports.push(ready.webhook.expect("the ready file names the webhook's address").port());
+    }
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
@@ -80,7 +88,6 @@ async fn replicas_share_one_ca_and_keep_the_ca_bundle_right() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
 
-    let dir = tempfile::tempdir().expect("tempdir");
     let ca_file = dir.path().join("ca.crt");
     std::fs::write(&ca_file, &ca).expect("write CA");
     for port in ports {
@@ -107,4 +114,16 @@ async fn replicas_share_one_ca_and_keep_the_ca_bundle_right() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     registration.remove(&client).await.expect("remove the configuration");
+
+    // A replica told to stop removes its ready file.
+    for (replica, path) in replicas.iter_mut().zip(&ready_files) {
+        let status = Command::new("kill").args(["-TERM", &replica.0.id().to_string()]).status().expect("run kill");
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while replica.0.try_wait().expect("wait for the replica").is_none() {
+            assert!(Instant::now() < deadline, "replica did not stop within 30 s of SIGTERM");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(!path.exists(), "{} is removed on exit", path.display());
+    }
 }

@@ -19,6 +19,7 @@ use kube_fence::admission::registration::{Endpoint, Registration};
 use kube_fence::admission::tls::SelfSigned;
 use kube_fence::api::{Lease, LeaseSpec};
 use kube_fence::client::{AcquireOptions, Leases};
+use kube_fence::ready::Ready;
 use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION};
 use serde_json::json;
 
@@ -52,7 +53,7 @@ impl Proc {
         self.child.id()
     }
 
-    fn alive(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn alive(&mut self) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait()? {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
             anyhow::bail!(
@@ -73,7 +74,7 @@ impl Drop for Proc {
 }
 
 /// Resident memory (VmRSS, VmHWM) of `pid`, bytes.
-fn memory(pid: u32) -> (u64, u64) {
+pub(crate) fn memory(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
         status
@@ -98,8 +99,20 @@ pub(crate) fn cpu(pid: u32) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
+impl Proc {
+    /// Waits (at most 60 s) for the ready file at `path` the process writes once its ports are
+    /// bound (`--ready-file`; they are asked for port 0, so none is picked first and bound later).
+    pub(crate) async fn ready(&mut self, path: &Path) -> anyhow::Result<Ready> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            self.alive()?;
+            if let Some(ready) = Ready::read(path)? {
+                return Ok(ready);
+            }
+            anyhow::ensure!(Instant::now() < deadline, "{} wrote no ready file {} within 60 s", self.name, path.display());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 /// Polls `url` until it answers 200, at most 60 s.
@@ -119,17 +132,17 @@ async fn wait_ready(https: &load::Https, url: &str, proc: &mut Proc) -> anyhow::
 pub(crate) struct Bench {
     pub(crate) client: Client,
     pub(crate) kubeconfig: PathBuf,
-    dir: tempfile::TempDir,
+    pub(crate) dir: tempfile::TempDir,
     pub(crate) ca_pem: String,
-    cert: PathBuf,
-    key: PathBuf,
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
     /// Guarded objects and the no-controller lease live here; the webhook is registered for it.
     pub(crate) ns_hook: String,
     /// The controller runs here (acquire, takeover, scale).
     ns_lease: String,
     pub(crate) webhook: Proc,
     pub(crate) webhook_url: String,
-    https: load::Https,
+    pub(crate) https: load::Https,
 }
 
 pub async fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
@@ -175,8 +188,8 @@ pub async fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
     result
 }
 
-/// Starts `kube-fence webhook` on a free loopback port and waits until it is ready.
-async fn spawn_webhook(
+/// Starts `kube-fence webhook` on a loopback port the kernel picks and waits until it is ready.
+pub(crate) async fn spawn_webhook(
     https: &load::Https,
     kubeconfig: &Path,
     dir: &Path,
@@ -184,12 +197,15 @@ async fn spawn_webhook(
     key: &Path,
     own_namespace: &str,
 ) -> anyhow::Result<(Proc, u16)> {
-    let port = free_port()?;
-    let addr = format!("127.0.0.1:{port}");
+    // Each webhook process of the run has a ready file of its own.
+    static STARTED: AtomicU64 = AtomicU64::new(0);
+    let ready_file = dir.join(format!("webhook-{}.ready", STARTED.fetch_add(1, Ordering::Relaxed)));
     let args: Vec<String> = [
         "webhook",
         "--addr",
-        &addr,
+        "127.0.0.1:0",
+        "--ready-file",
+        &ready_file.display().to_string(),
         "--namespace",
         own_namespace,
         "--tls-cert-file",
@@ -208,6 +224,8 @@ async fn spawn_webhook(
     .map(|s| s.to_string())
     .collect();
     let mut webhook = Proc::spawn("kube-fence-webhook", Path::new(env!("CARGO_BIN_EXE_kube-fence")), &args, kubeconfig, dir)?;
+    let addr = webhook.ready(&ready_file).await?.webhook.ok_or_else(|| anyhow::anyhow!("the webhook's ready file names no address"))?;
+    let port = addr.port();
     wait_ready(https, &format!("https://{addr}/readyz"), &mut webhook).await?;
     eprintln!("webhook process {} serving on {addr} (logs in {})", webhook.pid(), dir.display());
     Ok((webhook, port))
@@ -233,13 +251,15 @@ async fn sections(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::
         crate::holder::status_writes(args, table, &bench.client, &bench.ns_hook, &bench.webhook_url, &bench.ca_pem).await?;
     }
     if args.runs("acquire") || args.runs("scale") {
-        let metrics_port = free_port()?;
+        let ready_file = bench.dir.path().join("controller.ready");
         let controller_args: Vec<String> = [
             "controller",
             "--namespace",
             &bench.ns_lease,
             "--metrics-addr",
-            &format!("127.0.0.1:{metrics_port}"),
+            "127.0.0.1:0",
+            "--ready-file",
+            &ready_file.display().to_string(),
             "--identity",
             "bench-controller",
         ]
@@ -253,7 +273,9 @@ async fn sections(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::
             &bench.kubeconfig,
             bench.dir.path(),
         )?;
-        let metrics_url = format!("http://127.0.0.1:{metrics_port}/metrics");
+        let metrics = controller.ready(&ready_file).await?.metrics;
+        let metrics = metrics.ok_or_else(|| anyhow::anyhow!("the controller's ready file names no metrics address"))?;
+        let metrics_url = format!("http://{metrics}/metrics");
         wait_metrics(&metrics_url, &mut controller).await?;
         eprintln!("controller process {} running in namespace {}", controller.pid(), bench.ns_lease);
         if args.runs("acquire") {
@@ -271,6 +293,9 @@ async fn sections(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::
         }
         controller.alive()?;
     }
+    if args.runs("connections") {
+        crate::connections::run(args, table, bench).await?;
+    }
     bench.webhook.alive()?;
     Ok(())
 }
@@ -279,12 +304,18 @@ async fn sections(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::
 // 2. Webhook HTTPS vs the no-op server.
 
 async fn webhook_vs_noop(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
-    let port = free_port()?;
-    let noop_args =
-        vec!["--noop-server".to_string(), format!("127.0.0.1:{port}"), bench.cert.display().to_string(), bench.key.display().to_string()];
+    let ready_file = bench.dir.path().join("noop.ready");
+    let noop_args = vec![
+        "--noop-server".to_string(),
+        "127.0.0.1:0".to_string(),
+        bench.cert.display().to_string(),
+        bench.key.display().to_string(),
+        ready_file.display().to_string(),
+    ];
     let mut noop = Proc::spawn("noop-webhook", &std::env::current_exe()?, &noop_args, &bench.kubeconfig, bench.dir.path())?;
-    wait_ready(&bench.https, &format!("https://127.0.0.1:{port}/readyz"), &mut noop).await?;
-    let noop_url = format!("https://127.0.0.1:{port}/validate");
+    let addr = noop.ready(&ready_file).await?.webhook.ok_or_else(|| anyhow::anyhow!("the no-op server's ready file names no address"))?;
+    wait_ready(&bench.https, &format!("https://{addr}/readyz"), &mut noop).await?;
+    let noop_url = format!("https://{addr}/validate");
     let c = args.concurrency;
     eprintln!(
         "[2] webhook over HTTPS vs a no-op axum+rustls server ({c} connections, ≤ {} requests or {} s per server and size)",

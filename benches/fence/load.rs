@@ -115,7 +115,7 @@ struct UidRequest {
 
 /// `--noop-server ADDR CERT KEY`: the limit. Serves until killed.
 pub async fn serve_noop(args: &[String]) -> anyhow::Result<()> {
-    let [addr, cert, key] = args else { anyhow::bail!("--noop-server ADDR CERT KEY") };
+    let [addr, cert, key, ready_file] = args else { anyhow::bail!("--noop-server ADDR CERT KEY READY_FILE") };
     let addr: SocketAddr = addr.parse()?;
     let config = kube_fence::admission::tls::server_config(&std::fs::read(cert)?, &std::fs::read(key)?)?;
     let router = axum::Router::new()
@@ -135,6 +135,7 @@ pub async fn serve_noop(args: &[String]) -> anyhow::Result<()> {
         .route("/readyz", axum::routing::get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     let listener = std::net::TcpListener::bind(addr)?;
+    kube_fence::ready::Ready { webhook: Some(listener.local_addr()?), metrics: None }.write(std::path::Path::new(ready_file))?;
     let gate = kube_fence::admission::bounds::ConnectionGate::new(Default::default(), Default::default());
     kube_fence::admission::server::serve(listener, RustlsConfig::from_config(config), router, gate, std::future::pending()).await?;
     Ok(())

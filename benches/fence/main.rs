@@ -6,7 +6,10 @@
 //! 3. guarded vs unguarded ConfigMap updates through the real API server;
 //!    3p. the webhook path vs the policy path vs unguarded, with the API server's CPU per write;
 //! 4. lease acquire latency vs two raw API server writes, and takeover delay vs lease duration;
-//! 5. many leases churning: grants/s and the controller's and webhook's resident memory.
+//! 5. many leases churning: grants/s and the controller's and webhook's resident memory;
+//! 6. holder-only `/status` writes vs the same writes to an unlabelled object (`holder.rs`);
+//! 7. the webhook port under 20,000 idle HTTP/2 and then TLS connections: guarded-write latency,
+//!    the webhook's memory and descriptors, connections let in and refused (`connections.rs`).
 //!
 //! It measures and reports; it never asserts a timing. Run without `--bench` (as
 //! `cargo test --all-targets` does) it only smoke-tests the in-process path and exits.
@@ -14,6 +17,7 @@
 //! profile: release under `cargo bench`), so their memory can be read from /proc.
 
 mod cluster;
+mod connections;
 mod decision;
 mod holder;
 mod load;
@@ -51,7 +55,8 @@ pub struct Args {
     /// Small sizes: finishes in a few minutes.
     #[arg(long)]
     quick: bool,
-    /// Sections to run (decision, webhook, apiserver, policy, acquire, scale, holder); default all.
+    /// Sections to run (decision, webhook, apiserver, policy, acquire, scale, holder,
+    /// connections); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Seconds per object size for the in-process decision.
@@ -94,8 +99,18 @@ pub struct Args {
     /// each kind of write with --writers writers, into this directory (read with `go tool pprof`).
     #[arg(long, value_name = "DIR")]
     profile_apiserver: Option<std::path::PathBuf>,
-    /// Internal: serve the no-op webhook (the limit) on this address, with these PEM files.
-    #[arg(long, num_args = 3, value_names = ["ADDR", "CERT", "KEY"], hide = true)]
+    /// Idle connections held against the webhook port in section 6 (each kind in turn).
+    #[arg(long)]
+    connections: Option<usize>,
+    /// Seconds of guarded writes per phase of section 6.
+    #[arg(long)]
+    connection_phase_secs: Option<f64>,
+    /// Internal: an attacker process of section 6 (its orders, JSON).
+    #[arg(long, value_name = "SPEC", hide = true)]
+    attack: Option<String>,
+    /// Internal: serve the no-op webhook (the limit) on this address, with these PEM files; its
+    /// address goes to the ready file once bound.
+    #[arg(long, num_args = 4, value_names = ["ADDR", "CERT", "KEY", "READY_FILE"], hide = true)]
     noop_server: Option<Vec<String>>,
 }
 
@@ -130,11 +145,17 @@ impl Args {
     pub fn churn_secs(&self) -> f64 {
         self.pick(self.churn_secs, 15.0, 60.0)
     }
+    pub fn connections(&self) -> usize {
+        self.pick(self.connections, 5_000, 20_000)
+    }
+    pub fn connection_phase_secs(&self) -> f64 {
+        self.pick(self.connection_phase_secs, 10.0, 20.0)
+    }
 }
 
 fn main() -> anyhow::Result<()> {
     let raw: Vec<String> = std::env::args().collect();
-    if !raw.iter().any(|a| a == "--bench" || a == "--noop-server" || a == "--help") {
+    if !raw.iter().any(|a| a == "--bench" || a == "--noop-server" || a == "--attack" || a == "--help") {
         // `cargo test --all-targets` runs this binary (with whatever test arguments it was
         // given): check that the measured path works, measure nothing.
         decision::smoke()?;
@@ -146,12 +167,15 @@ fn main() -> anyhow::Result<()> {
     if let Some(noop) = &args.noop_server {
         return runtime.block_on(load::serve_noop(noop));
     }
+    if let Some(spec) = &args.attack {
+        return runtime.block_on(connections::attack(spec));
+    }
     let mut table = Table::default();
     print_machine();
     if args.runs("decision") {
         decision::run(&args, &mut table)?;
     }
-    let needs_cluster = ["webhook", "apiserver", "policy", "acquire", "scale", "holder"].iter().any(|s| args.runs(s));
+    let needs_cluster = ["webhook", "apiserver", "policy", "acquire", "scale", "holder", "connections"].iter().any(|s| args.runs(s));
     if needs_cluster {
         runtime.block_on(cluster::run(&args, &mut table))?;
     }

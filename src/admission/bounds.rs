@@ -4,7 +4,8 @@
 //! NetworkPolicy or `--client-ca-file` keeps others out), so:
 //! - [`ConnectionGate`]: the connections open at once are bounded, in all and per source
 //!   address. A connection holds its place ([`Ticket`]) from the moment it is accepted — before
-//!   its TLS handshake — until it is closed; beyond either bound a connection is closed at once.
+//!   its TLS handshake — until it is closed; beyond either bound a connection is closed at once,
+//!   in the accept loop ([`GatedListener`]).
 //!   The deadlines of a connection (handshake, headers, body, idle) are in `super::server`.
 //! - [`ReadBudget`]: the reviews of one source address that need a quorum read of a lease are
 //!   budgeted (a token bucket per source): a forged review costs the API server a read only
@@ -224,28 +225,63 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Admitted<S> {
     }
 }
 
-/// The accept step that runs first, before the TLS handshake: a connection without a place is
-/// closed at once (`axum_server`'s acceptor; the TLS acceptor wraps it).
-#[derive(Clone, Debug)]
-pub struct GateAcceptor(pub ConnectionGate);
+/// The webhook port's listener: a connection without a place is closed in the accept loop
+/// itself, before a task, a service or a TLS handshake is spent on it. (Refused in a task of its
+/// own, as an acceptor is, refusals queued behind one another under a flood of connections,
+/// each holding its descriptor, and the API server's reviews waited behind them:
+/// `hack/bench.sh --only connections`.) The address type `GatedAddr` names it to
+/// `axum_server`, and handlers extract the peer as `ConnectInfo<SocketAddr>`.
+#[derive(Debug)]
+pub struct GatedListener {
+    listener: tokio::net::TcpListener,
+    gate: ConnectionGate,
+}
 
-impl<S: Send + 'static> axum_server::accept::Accept<TcpStream, S> for GateAcceptor {
+impl GatedListener {
+    /// Accepts on `listener` (non-blocking) within `gate`.
+    pub fn new(listener: std::net::TcpListener, gate: ConnectionGate) -> io::Result<GatedListener> {
+        listener.set_nonblocking(true)?;
+        Ok(GatedListener { listener: tokio::net::TcpListener::from_std(listener)?, gate })
+    }
+}
+
+/// The peer address of a connection a [`GatedListener`] accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatedAddr(pub SocketAddr);
+
+impl axum_server::Address for GatedAddr {
     type Stream = Admitted<TcpStream>;
-    type Service = S;
-    type Future = std::future::Ready<io::Result<(Admitted<TcpStream>, S)>>;
+    type Listener = GatedListener;
+}
 
-    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
-        let admitted = stream.peer_addr().and_then(|peer: SocketAddr| {
-            self.0.admit(peer.ip()).map_err(|crowded| {
-                tracing::debug!(%peer, ?crowded, "connection closed at once: too many open");
-                io::Error::other(format!("too many connections open ({crowded:?})"))
-            })
-        });
-        std::future::ready(admitted.map(|ticket| {
-            // The API server sends a review at once and waits for the verdict: no batching.
-            let _ = stream.set_nodelay(true);
-            (Admitted { inner: stream, _ticket: ticket }, service)
-        }))
+impl axum_server::AddrListener<Admitted<TcpStream>, GatedAddr> for GatedListener {
+    async fn bind_to(_: GatedAddr) -> io::Result<GatedListener> {
+        Err(io::Error::other("a GatedListener is made from a bound listener and its gate (GatedListener::new)"))
+    }
+
+    async fn accept_stream(&self) -> io::Result<(Admitted<TcpStream>, GatedAddr)> {
+        loop {
+            let (stream, peer) = self.listener.accept().await?;
+            match self.gate.admit(peer.ip()) {
+                Ok(ticket) => {
+                    // The API server sends a review at once and waits for the verdict: no batching.
+                    let _ = stream.set_nodelay(true);
+                    return Ok((Admitted { inner: stream, _ticket: ticket }, GatedAddr(peer)));
+                }
+                // Dropped here: closed at once.
+                Err(crowded) => tracing::debug!(%peer, ?crowded, "connection closed at once: too many open"),
+            }
+        }
+    }
+
+    fn get_local_addr(&self) -> io::Result<GatedAddr> {
+        self.listener.local_addr().map(GatedAddr)
+    }
+}
+
+impl axum::extract::connect_info::Connected<GatedAddr> for SocketAddr {
+    fn connect_info(accepted: GatedAddr) -> SocketAddr {
+        accepted.0
     }
 }
 

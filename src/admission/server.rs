@@ -26,7 +26,7 @@ use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use prometheus_client::registry::Registry;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::bounds::{Bounds, ConnectionGate, GateAcceptor};
+use super::bounds::{Bounds, ConnectionGate, GatedAddr, GatedListener};
 use super::decision::{Exemptions, Reason, Verdict};
 use super::events::RejectionEvents;
 use super::leader::IdentityRule;
@@ -234,7 +234,6 @@ pub async fn serve(
     gate: ConnectionGate,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
     let handle = axum_server::Handle::new();
     let stopper = handle.clone();
     tokio::spawn(async move {
@@ -242,9 +241,14 @@ pub async fn serve(
         stopper.graceful_shutdown(Some(Duration::from_secs(10)));
     });
     let trim = tokio::spawn(super::bounds::trim_after_bursts(gate.clone(), Duration::from_secs(5), 256));
-    // The gate runs first, before the handshake: a connection without a place costs nothing more.
-    let acceptor = RustlsAcceptor::new(tls).handshake_timeout(HANDSHAKE_TIMEOUT).acceptor(GateAcceptor(gate));
-    let server = axum_server::from_tcp(listener)?.acceptor(acceptor).handle(handle).first_request_timeout(HEADER_READ_TIMEOUT);
+    // The gate runs in the accept loop, before the handshake: a connection without a place costs
+    // nothing more.
+    let acceptor = RustlsAcceptor::new(tls).handshake_timeout(HANDSHAKE_TIMEOUT);
+    let listener = GatedListener::new(listener, gate.clone())?;
+    let server = axum_server::Server::<GatedAddr>::from_listener(listener)
+        .acceptor(acceptor)
+        .handle(handle)
+        .first_request_timeout(HEADER_READ_TIMEOUT);
     // HTTP/1.1 only, as ALPN says: hyper's HTTP/2 server has no idle deadline, so a client that
     // spoke HTTP/2 by prior knowledge could keep a connection forever.
     let mut server = server.http1_only();

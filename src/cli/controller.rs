@@ -1,6 +1,7 @@
 //! `kube-fence controller`: the Lease controller with `/metrics`, `/healthz` and `/readyz`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use super::cluster::Cluster;
 use super::error::Error;
 
 use crate::lease::controller::{self, ControllerOptions};
+use crate::ready::Ready;
 use crate::telemetry::{self, LogFormat};
 
 /// Arguments of `kube-fence controller`.
@@ -19,9 +21,14 @@ pub struct ControllerArgs {
     /// Watch Leases in this namespace only (default: all namespaces).
     #[arg(long, env = "KUBE_FENCE_NAMESPACE")]
     pub namespace: Option<String>,
-    /// Where to serve /metrics, /healthz and /readyz (plain HTTP).
+    /// Where to serve /metrics, /healthz and /readyz (plain HTTP; port 0: one the kernel
+    /// picks, see --ready-file).
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
+    /// Once the metrics port is bound, write its address to this file as `metrics=IP:PORT`
+    /// (atomically: it appears complete or not at all). Removed again on exit.
+    #[arg(long, value_name = "PATH")]
+    pub ready_file: Option<PathBuf>,
     /// Reconcile only while leading among replicas (coordination.k8s.io/v1 Lease). For
     /// efficiency only: safety never depends on it.
     #[arg(long, alias = "leader-elect")]
@@ -55,12 +62,32 @@ pub async fn run(args: ControllerArgs) -> Result<(), Error> {
     let controller = tokio::spawn(controller::run(cluster.client.clone(), options, &mut registry, stop.clone().cancelled_owned()));
     // Until a signal; a metrics port that cannot be bound stops the controller too, rather
     // than running blind, and is the error to report.
-    let served = telemetry::serve_metrics(args.metrics_addr, Arc::new(registry), stop.clone().cancelled_owned()).await;
+    let served = match telemetry::bind_metrics(args.metrics_addr).await {
+        Ok(listener) => {
+            let ready = match (&args.ready_file, listener.local_addr()) {
+                (Some(path), Ok(bound)) => Ready { webhook: None, metrics: Some(bound) }
+                    .write(path)
+                    .map_err(|source| Error::WriteReadyFile { path: path.clone(), source }),
+                (Some(_), Err(source)) => Err(Error::ServeMetrics { addr: args.metrics_addr, source }),
+                (None, _) => Ok(()),
+            };
+            match ready {
+                Ok(()) => telemetry::serve_metrics(listener, Arc::new(registry), stop.clone().cancelled_owned())
+                    .await
+                    .map_err(|source| Error::ServeMetrics { addr: args.metrics_addr, source }),
+                Err(err) => Err(err),
+            }
+        }
+        Err(source) => Err(Error::ServeMetrics { addr: args.metrics_addr, source }),
+    };
     stop.cancel();
-    if let Err(source) = served {
+    if let Some(path) = &args.ready_file {
+        let _ = std::fs::remove_file(path);
+    }
+    if let Err(err) = served {
         controller.abort();
         let _ = controller.await;
-        return Err(Error::ServeMetrics { addr: args.metrics_addr, source });
+        return Err(err);
     }
     stopped(controller, &cluster.server).await
 }

@@ -43,7 +43,7 @@ pub enum Command {
     ChartTemplates(chart_templates::ChartTemplatesArgs),
     /// Serve the fencing webhook (HTTPS): judges writes to objects labelled kubefence.io/lease.
     #[command(after_help = EXIT_STATUS_HELP)]
-    Webhook(webhook::WebhookArgs),
+    Webhook(webhook::WebhookCommand),
     /// Run the lease controller and the fencing webhook in one process (--local: on this
     /// machine, registered by URL on the cluster in KUBECONFIG).
     #[command(after_help = EXIT_STATUS_HELP)]
@@ -140,7 +140,7 @@ mod tests {
         use crate::admission::leader::IdentityRule;
         let rule = |args: &[&str]| match parse(args).map(|cli| cli.command) {
             Ok(Command::Run(run)) => run.webhook.leader_identity,
-            Ok(Command::Webhook(webhook)) => webhook.leader_identity,
+            Ok(Command::Webhook(command)) => command.webhook.leader_identity,
             other => panic!("{args:?}: {other:?}"),
         };
         assert_eq!(rule(&["run", "--local"]), IdentityRule::Separated("_".into()));
@@ -165,5 +165,27 @@ mod tests {
         }
         assert!(parse(&["run", "--ready-file", "/tmp/r"]).is_err(), "--ready-file needs --local");
         assert!(parse(&["run", "--local-port", "9443"]).is_err(), "--local-port needs --local");
+    }
+
+    #[test]
+    fn the_webhook_and_the_controller_take_a_ready_file() {
+        match parse(&["webhook", "--addr", "127.0.0.1:0", "--ready-file", "/tmp/w"]).map(|cli| cli.command) {
+            Ok(Command::Webhook(command)) => {
+                assert_eq!(command.ready_file.as_deref(), Some(std::path::Path::new("/tmp/w")));
+                assert_eq!(command.webhook.addr.port(), 0);
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["webhook"]).map(|cli| cli.command) {
+            Ok(Command::Webhook(command)) => assert_eq!(command.ready_file, None),
+            other => panic!("{other:?}"),
+        }
+        match parse(&["controller", "--metrics-addr", "127.0.0.1:0", "--ready-file", "/tmp/c"]).map(|cli| cli.command) {
+            Ok(Command::Controller(controller)) => {
+                assert_eq!(controller.ready_file.as_deref(), Some(std::path::Path::new("/tmp/c")))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&["webhook", "--ready-file"]).is_err(), "--ready-file takes a path");
     }
 }

@@ -91,7 +91,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     let webhook = if args.local {
         local(&cluster, &args, metrics, registry, &shutdown, &controller).await
     } else {
-        super::webhook::serve(&cluster, args.webhook.clone(), metrics, registry, shutdown.clone()).await
+        super::webhook::serve(&cluster, args.webhook.clone(), metrics, registry, shutdown.clone(), None).await
     };
     shutdown.cancel();
     if webhook.is_err() {
@@ -153,18 +153,9 @@ async fn local(
     ready.and(removed)
 }
 
-/// Writes `contents` to `path` atomically: to a temporary file beside it, then renamed, so a
-/// script that sees the file sees all of it.
+/// Writes `contents` to the ready file `path` (atomically: [`crate::ready::write_atomically`]).
 fn write_ready_file(path: &Path, contents: &str) -> Result<(), Error> {
-    let failed = |source| Error::WriteReadyFile { path: path.to_path_buf(), source };
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(format!(".{}.tmp", std::process::id()));
-    let temporary = PathBuf::from(temporary);
-    std::fs::write(&temporary, contents).map_err(failed)?;
-    std::fs::rename(&temporary, path).map_err(|e| {
-        let _ = std::fs::remove_file(&temporary);
-        failed(e)
-    })
+    crate::ready::write_atomically(path, contents).map_err(|source| Error::WriteReadyFile { path: path.to_path_buf(), source })
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
-//! `kube-fence webhook`: the fencing webhook alone (HTTPS only).
+//! `kube-fence webhook`: the fencing webhook alone (HTTPS only). `--ready-file` says where it
+//! listens once the port is bound (`--addr 127.0.0.1:0`: a port the kernel picks, no race).
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,15 +17,30 @@ use crate::admission::leases::LeaseDirectory;
 use crate::admission::registration::CONFIGURATION_NAME;
 use crate::admission::server::{self, Metrics};
 use crate::admission::tls::{CertFiles, ClientAuth, SelfManaged};
+use crate::ready::Ready;
 use crate::telemetry::{LogFormat, init_logging};
 
 use super::cluster::Cluster;
 use super::error::{Error, Object};
 
+/// The command line of `kube-fence webhook`: the webhook's arguments, and its ready file.
+#[derive(Clone, Debug, clap::Args)]
+pub struct WebhookCommand {
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+
+    /// Once the webhook port is bound, write its address to this file as `webhook=IP:PORT`
+    /// (atomically: it appears complete or not at all; with --addr 127.0.0.1:0 the port the
+    /// kernel picked). Removed again on exit. /readyz on that port says when the lease cache
+    /// is synced.
+    #[arg(long, value_name = "PATH")]
+    pub ready_file: Option<PathBuf>,
+}
+
 /// Arguments of `kube-fence webhook` (also used by `kube-fence run`).
 #[derive(Clone, Debug, clap::Args)]
 pub struct WebhookArgs {
-    /// Address the HTTPS server listens on.
+    /// Address the HTTPS server listens on (port 0: one the kernel picks; see --ready-file).
     #[arg(long, default_value = "0.0.0.0:8443", env = "KUBE_FENCE_WEBHOOK_ADDR")]
     pub addr: SocketAddr,
 
@@ -128,23 +145,26 @@ impl WebhookArgs {
     }
 }
 
-pub async fn run(args: WebhookArgs) -> Result<(), Error> {
+pub async fn run(command: WebhookCommand) -> Result<(), Error> {
+    let WebhookCommand { webhook: args, ready_file } = command;
     init_logging(args.log_format);
     args.check_tls()?;
     let cluster = Cluster::connect().await?;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let shutdown = crate::process::shutdown_on_signal();
-    serve(&cluster, args, metrics, Arc::new(registry), shutdown).await
+    serve(&cluster, args, metrics, Arc::new(registry), shutdown, ready_file.as_deref()).await
 }
 
-/// Serves the webhook as `args` say until `shutdown` is cancelled.
+/// Serves the webhook as `args` say until `shutdown` is cancelled; once its port is bound, says
+/// where in `ready_file` (removed again when it stops).
 pub async fn serve(
     cluster: &Cluster,
     args: WebhookArgs,
     metrics: Metrics,
     registry: Arc<Registry>,
     shutdown: CancellationToken,
+    ready_file: Option<&Path>,
 ) -> Result<(), Error> {
     let client = cluster.client.clone();
     let client_auth = match &args.client_ca_file {
@@ -186,6 +206,12 @@ pub async fn serve(
         _ => return Err(Error::ChooseTls),
     };
     let listener = std::net::TcpListener::bind(args.addr).map_err(|source| Error::Listen { addr: args.addr, source })?;
+    let bound = listener.local_addr().map_err(|source| Error::Listen { addr: args.addr, source })?;
+    // Said at once, before anything runs that could still log after a failure here.
+    if let Some(path) = ready_file {
+        let ready = Ready { webhook: Some(bound), metrics: None };
+        ready.write(path).map_err(|source| Error::WriteReadyFile { path: path.to_path_buf(), source })?;
+    }
     // The writer webhooks (ServiceAccounts opted in on their leader-election Lease) call this
     // server too; every replica keeps their configuration in step, with the same content.
     spawn_until(
@@ -194,12 +220,16 @@ pub async fn serve(
     );
     let (leases, cache) = LeaseDirectory::new(client);
     spawn_until(cache, shutdown.clone());
-    tracing::info!(addr = %args.addr, exempt = ?args.exempt, leader_identity_separator = %args.leader_identity, "fencing webhook serving");
+    tracing::info!(addr = %bound, exempt = ?args.exempt, leader_identity_separator = %args.leader_identity, "fencing webhook serving");
     let bounds = args.bounds();
     let exempt = Exemptions::new(args.exempt).with_label_admins(args.lease_admins);
-    server::run(leases, listener, tls, exempt, args.leader_identity, bounds, metrics, registry, shutdown.cancelled_owned())
+    let served = server::run(leases, listener, tls, exempt, args.leader_identity, bounds, metrics, registry, shutdown.cancelled_owned())
         .await
-        .map_err(|source| Error::ServeWebhook { source })
+        .map_err(|source| Error::ServeWebhook { source });
+    if let Some(path) = ready_file {
+        let _ = std::fs::remove_file(path);
+    }
+    served
 }
 
 /// Runs `task` until it ends or `shutdown` is cancelled.

@@ -147,14 +147,6 @@ pub struct ControlPlane {
     node_mode: bool,
 }
 
-/// A free TCP port on 127.0.0.1. It is free now; whoever binds it does so a moment later, and
-/// a clash then fails with that program's own message, never silently. Only for what cannot
-/// be retried: a control plane's own ports are picked by [`listen_port`] and their start is
-/// retried on a clash.
-pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// A port on 127.0.0.1 for a server that binds it itself, free now, and outside the range the
 /// kernel hands out to outgoing connections and `bind(0)` (`ip_local_port_range`): no client
 /// on the machine can take it in between, only another program that picks ports the same
@@ -180,9 +172,10 @@ pub fn listen_port() -> Result<u16> {
     bail!("no free port in {from}..{to} on 127.0.0.1 after 100 tries")
 }
 
-/// Whether a component's log says it could not bind its port because another process has it.
+/// Whether a component's log says it could not bind its port because another process has it
+/// (Go's "address already in use", socat's "Address already in use").
 pub fn is_bind_conflict(log: &str) -> bool {
-    log.contains("address already in use")
+    log.to_ascii_lowercase().contains("address already in use")
 }
 
 pub(crate) fn random_hex(bytes: usize) -> Result<String> {
@@ -711,4 +704,31 @@ pub fn rss_by_process(pids: impl IntoIterator<Item = u32>) -> Vec<(String, u64)>
     }
     v.sort_by_key(|e| std::cmp::Reverse(e.1));
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bind_conflict_is_recognised_in_go_and_socat_logs_alike() {
+        for (log, conflict) in [
+            ("E1204 listen tcp 127.0.0.1:12345: bind: address already in use", true),
+            ("2026/12/04 16:00:00 socat[42] E bind(5, {AF=2 127.0.0.1:12345}, 16): Address already in use", true),
+            ("E1204 etcd cluster is unavailable", false),
+            ("", false),
+        ] {
+            assert_eq!(is_bind_conflict(log), conflict, "{log}");
+        }
+    }
+
+    #[test]
+    fn a_listen_port_lies_below_the_ephemeral_range() {
+        let low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
+            .unwrap_or(32768);
+        let port = listen_port().unwrap_or_else(|e| panic!("{e:#}"));
+        assert!((10_000..low.max(10_001)).contains(&port), "{port} (ephemeral range from {low})");
+    }
 }

@@ -7,7 +7,8 @@
 pub mod identity;
 pub mod leader;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 pub use kube_fence_test_support::*;
 
@@ -20,4 +21,23 @@ pub async fn kubeconfig() -> PathBuf {
 /// A client for the shared test cluster, with kube-fence's CRDs installed and established.
 pub async fn client() -> kube::Client {
     kube_fence_test_support::client(&kubeconfig().await).await
+}
+
+/// Waits (at most `limit`) for the ready file at `path` of the kube-fence process `child`
+/// (`--ready-file`, [`kube_fence::ready`]), and returns where it serves. Panics if the process
+/// exits first.
+pub async fn wait_ready_file(path: &Path, child: &mut std::process::Child, limit: Duration) -> kube_fence::ready::Ready {
+    let deadline = Instant::now() + limit;
+    loop {
+        match kube_fence::ready::Ready::read(path) {
+            Ok(Some(ready)) => return ready,
+            Ok(None) => {}
+            Err(err) => panic!("{err}"),
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("kube-fence exited ({status}) before writing its ready file {}", path.display());
+        }
+        assert!(Instant::now() < deadline, "no ready file {} within {limit:?}", path.display());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -206,6 +206,41 @@ fn record(client: kube::Client, ns: &str) -> (Arc<Mutex<Vec<Observation>>>, toki
     (seen, task)
 }
 
+/// Waits (at most 30 s) until the recorded history has caught up, rather than a pause that
+/// hopes it did: it holds the current version of `result` and `plain`, and the grant of every
+/// token a recorded write carries (the Lease and the ConfigMaps are two watches: one may run
+/// behind the other).
+async fn caught_up(seen: &Mutex<Vec<Observation>>, configmaps: &Api<ConfigMap>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut current = Vec::new();
+        for name in ["result", "plain"] {
+            let cm = configmaps.get(name).await.expect("the recorded ConfigMap");
+            current.push((name, cm.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)));
+        }
+        let (missing_versions, ungranted) = {
+            let observations = seen.lock().expect("history lock");
+            let recorded = |object: &str, version: u64| {
+                observations.iter().any(
+                    |o| matches!(o, Observation::Write { object: o, resource_version, .. } if o == object && *resource_version >= version),
+                )
+            };
+            let granted = |token: Token| observations.iter().any(|o| matches!(o, Observation::Grant { token: t, .. } if *t == token));
+            let missing = current.iter().filter(|(name, version)| !recorded(name, *version)).count();
+            let ungranted = observations.iter().filter(|o| matches!(o, Observation::Write { token, .. } if !granted(*token))).count();
+            (missing, ungranted)
+        };
+        if missing_versions == 0 && ungranted == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the recorded history did not catch up within 30 s: {missing_versions} current versions and {ungranted} grants missing"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// One pause cycle: A acquires and starts a Job; its Pod's worker prepares its write to `object`
 /// and stops itself; B acquires once A's lease expired and writes `object`; the worker resumes.
 /// Returns the worker's outcome line and both tokens.
@@ -318,7 +353,7 @@ async fn a_paused_delegated_pod_cannot_write_after_a_newer_grant_wrote() {
     let (outcome, a, _, _) = cycle(&kf, rounds, "plain", false).await;
     assert_eq!(outcome["event"], "written", "without fencing the stale write lands: {outcome}");
 
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    caught_up(&seen, &configmaps).await;
     recorder.abort();
     let observations = seen.lock().expect("history lock").clone();
     let violations = history::check(&observations, |_| false);
@@ -379,7 +414,7 @@ async fn a_paused_delegated_job_pod_on_the_node_is_fenced() {
     let (outcome, stale, _) = node_cycle(&kf, &image, cycles, "plain", false).await;
     assert_eq!(outcome["event"], "written", "without fencing the paused Pod's stale write lands: {outcome}");
 
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    caught_up(&seen, &configmaps).await;
     recorder.abort();
     let observations = seen.lock().expect("history lock").clone();
     let (control, others): (Vec<_>, Vec<_>) = history::check(&observations, |_| false)

@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 use super::{KubeFence, common, installed};
 use common::leader::{self, CONFIGMAP, LEASE, WIDGET};
+use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
 
 /// The user that creates the guarded objects, acting for the leader's Pod.
 const SETUP: &str = "leader-go-setup";
@@ -322,8 +323,10 @@ async fn paused_leader_pods(test: &str, everything: bool) {
     .await;
 
     let run = leader::pause_cycles(&client, &ns, &widgets, cycles, &mut replicas).await;
-    // Let the logs catch up with the last writes, then the watch with what the logs say.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The watch catches up with the present (the Lease's, the ConfigMap's and the Widget's current
+    // versions: every holder and write before them too), however busy the machine is; then with
+    // what the logs say was accepted.
+    watched_now(&client, &ns, &widgets, &seen).await;
     let accepted: usize = replicas.0.iter().map(|r| leader::accepted(&r.lines.lock().expect("lines"))).sum();
     leader::catch_up(&seen, accepted, Duration::from_secs(30)).await;
     recorder.abort();
@@ -342,4 +345,22 @@ async fn paused_leader_pods(test: &str, everything: bool) {
     // Its Pods would keep writing through the tests that follow.
     Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await.expect("delete the namespace");
     kf.stop().await;
+}
+
+/// Waits (at most 60 s) until the watch recorded in `seen` has delivered the current version of
+/// the leader-election Lease, the ConfigMap and the Widget: a watch delivers versions in order,
+/// so it then holds every holder and write that came before, without a pause that hopes it does.
+async fn watched_now(client: &Client, ns: &str, widgets: &ApiResource, seen: &Mutex<leader::Seen>) {
+    let version = |meta: &kube::api::ObjectMeta| meta.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let lease = version(&Api::<LeaderLease>::namespaced(client.clone(), ns).get(LEASE).await.expect("the Lease").metadata);
+    let cm = version(&Api::<ConfigMap>::namespaced(client.clone(), ns).get(CONFIGMAP).await.expect("the ConfigMap").metadata);
+    let widget =
+        version(&Api::<DynamicObject>::namespaced_with(client.clone(), ns, widgets).get(WIDGET).await.expect("the Widget").metadata);
+    let (cm_name, widget_name) = (format!("configmap/{CONFIGMAP}"), format!("widget/{WIDGET}"));
+    leader::until("the watch delivers the current Lease, ConfigMap and Widget", Duration::from_secs(60), async || {
+        let seen = seen.lock().expect("seen");
+        let newest = |object: &str| seen.writes.iter().filter(|(_, o, _)| o == object).map(|(rv, _, _)| *rv).max().unwrap_or(0);
+        seen.holders.iter().map(|(rv, _, _)| *rv).max().unwrap_or(0) >= lease && newest(&cm_name) >= cm && newest(&widget_name) >= widget
+    })
+    .await;
 }

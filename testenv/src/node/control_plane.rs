@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::{API_PORT, KUBERNETES_SERVICE_IP, NODE_IP, SERVICE_CIDR, say};
-use crate::{ApiServerFlags, ControlPlane, Options, free_port, pki};
+use crate::{ApiServerFlags, ControlPlane, Options, listen_port, pki};
 
 impl ControlPlane {
     /// Credentials, the API relay, etcd and kube-apiserver (waited for), then
@@ -19,16 +19,29 @@ impl ControlPlane {
             &["kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"],
         )?;
         let (token, kcm_token) = self.write_credentials(&pki)?;
-        let host_port = free_port()?;
-        self.server = format!("https://127.0.0.1:{host_port}");
         let in_ns = format!("https://127.0.0.1:{API_PORT}");
-        self.write_kubeconfig_to(&self.kubeconfig, &self.server, "admin", &token)?;
         self.write_kubeconfig_to(&self.dir.join("node.kubeconfig"), &in_ns, "admin", &token)?;
         self.write_kubeconfig_to(&self.dir.join("kcm.kubeconfig"), &in_ns, "system:kube-controller-manager", &kcm_token)?;
 
-        self.start_api_relay(opts, host_port)?;
+        self.start_netns_relay(opts)?;
         self.start_node_etcd(opts)?;
         self.start_node_apiserver(opts)?;
+        // The host's end of the relay on a port outside the ephemeral range (no client takes it
+        // in between); should another program bind it first all the same, the relay is started
+        // again on another. The API server is waited for through it.
+        for attempt in 1.. {
+            let host_port = listen_port()?;
+            self.server = format!("https://127.0.0.1:{host_port}");
+            self.write_kubeconfig_to(&self.kubeconfig, &self.server, "admin", &token)?;
+            self.start_host_relay(opts, host_port)?;
+            match self.wait_node_apiserver(opts) {
+                Ok(()) => break,
+                Err(err) if attempt < 5 && self.lost_its_port("socat-host") => {
+                    say(opts, &format!("port {host_port} was taken before the API relay bound it; another port ({err:#})"));
+                }
+                Err(err) => return Err(err),
+            }
+        }
 
         let args = self.controller_manager_args("*,-node-ipam-controller,-persistentvolume-binder-controller");
         self.spawn_node(opts, "kube-controller-manager", Command::new(self.bin_dir.join("kube-controller-manager")).args(args), true)?;
@@ -55,15 +68,20 @@ impl ControlPlane {
         )
     }
 
-    /// The API from the host: host 127.0.0.1:<port> -> unix socket -> netns 127.0.0.1:6443.
-    fn start_api_relay(&mut self, opts: &Options, host_port: u16) -> Result<()> {
+    /// The API from the host, the namespace's end: unix socket -> netns 127.0.0.1:6443.
+    fn start_netns_relay(&mut self, opts: &Options) -> Result<()> {
         let sock = self.state_path("kas.sock");
         self.spawn_node(
             opts,
             "socat-netns",
             Command::new("socat").args([&format!("UNIX-LISTEN:{sock},fork,unlink-early,mode=600"), &format!("TCP:127.0.0.1:{API_PORT}")]),
             true,
-        )?;
+        )
+    }
+
+    /// The API from the host, the host's end: host 127.0.0.1:<port> -> unix socket.
+    fn start_host_relay(&mut self, opts: &Options, host_port: u16) -> Result<()> {
+        let sock = self.state_path("kas.sock");
         self.spawn_node(
             opts,
             "socat-host",
@@ -80,7 +98,7 @@ impl ControlPlane {
     }
 
     fn start_node_apiserver(&mut self, opts: &Options) -> Result<()> {
-        say(opts, &format!("starting kube-apiserver (in the namespace on {NODE_IP}:{API_PORT}; from the host {})", self.server));
+        say(opts, &format!("starting kube-apiserver (in the namespace on {NODE_IP}:{API_PORT})"));
         let (kubelet_cert, kubelet_key) = (self.state_path("kubelet-client.crt"), self.state_path("kubelet-client.key"));
         let flags = ApiServerFlags {
             etcd: "http://127.0.0.1:2379",
@@ -105,7 +123,12 @@ impl ControlPlane {
                 &kubelet_key,
             ],
         );
-        self.spawn_node(opts, "kube-apiserver", Command::new(self.bin_dir.join("kube-apiserver")).args(args), true)?;
+        self.spawn_node(opts, "kube-apiserver", Command::new(self.bin_dir.join("kube-apiserver")).args(args), true)
+    }
+
+    /// Waits until kube-apiserver answers from the host, through the relay.
+    fn wait_node_apiserver(&mut self, opts: &Options) -> Result<()> {
+        say(opts, &format!("waiting for kube-apiserver from the host at {}", self.server));
         let readyz = format!("{}/readyz", self.server);
         let default_ns = format!("{}/api/v1/namespaces/default", self.server);
         self.wait_until(opts, "kube-apiserver", Duration::from_secs(90), |cp| cp.curl_ok(&readyz, true) && cp.curl_ok(&default_ns, true))
