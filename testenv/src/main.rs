@@ -244,8 +244,21 @@ fn alive(pid_file: &Path) -> bool {
     pid(pid_file).is_some_and(|pid| unsafe { libc::kill(pid, 0) } == 0)
 }
 
+/// The supervisor's pid from its pid file, if that process is still a kf-env. A supervisor that
+/// was killed leaves its pid file behind, and on a busy machine its pid soon belongs to another
+/// program (pid_max is often 32768): `down` must never signal, or wait for, that one.
 fn pid(pid_file: &Path) -> Option<i32> {
-    fs::read_to_string(pid_file).ok()?.trim().parse().ok()
+    let pid: i32 = fs::read_to_string(pid_file).ok()?.trim().parse().ok()?;
+    is_kf_env(pid).then_some(pid)
+}
+
+/// Whether process `pid` runs a program with kf-env's file name (`/proc/<pid>/exe`; a rebuilt
+/// binary reads "kf-env (deleted)").
+fn is_kf_env(pid: i32) -> bool {
+    let name_of = |path: &Path| path.file_name().map(|n| n.to_string_lossy().trim_end_matches(" (deleted)").to_string());
+    let ours = std::env::current_exe().ok().and_then(|p| name_of(&p));
+    let theirs = fs::read_link(format!("/proc/{pid}/exe")).ok().and_then(|p| name_of(&p));
+    ours.is_some() && ours == theirs
 }
 
 fn down(dir: &Path) -> Result<()> {

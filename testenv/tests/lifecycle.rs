@@ -92,3 +92,21 @@ fn env_without_a_running_control_plane_says_so() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no control plane is running"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A supervisor that was killed leaves its pid file behind, and on a busy machine its pid soon
+/// belongs to another program: `down` must leave that program alone (it once sent it SIGTERM).
+#[test]
+fn down_never_signals_a_stranger_that_got_a_dead_supervisors_pid() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let dir = state.path().join("env");
+    std::fs::create_dir_all(&dir).expect("state dir");
+    let mut stranger = Command::new("sleep").arg("120").spawn().expect("start sleep");
+    std::fs::write(dir.join("supervisor.pid"), stranger.id().to_string()).expect("pid file");
+    let down = Command::new(env!("CARGO_BIN_EXE_kf-env")).arg("--state-dir").arg(&dir).arg("down").output().expect("run kf-env down");
+    let still_running = stranger.try_wait().expect("wait").is_none();
+    let _ = stranger.kill();
+    let _ = stranger.wait();
+    assert!(down.status.success(), "kf-env down: {}", String::from_utf8_lossy(&down.stderr));
+    assert!(still_running, "kf-env down signalled a process that is not its supervisor");
+    assert!(!dir.exists(), "the stale state directory is removed");
+}
