@@ -261,6 +261,16 @@ async fn helm_upgrade(chart: &str, extra: &[&str]) {
     helm(args).await;
 }
 
+/// After a rollout, guarded writes in `ns` reach a kube-fence Pod that judges them. `helm --wait`
+/// says the new Pods are ready; on a busy node the Service can still send a review to a Pod that
+/// is gone for a while (kube-proxy's rules lag), which times out (500, deadline exceeded) rather
+/// than judging. Five judged probes, not one, before a test's first guarded write.
+async fn wait_judged_after_rollout(client: &Client, ns: &str) {
+    for _ in 0..5 {
+        common::wait_fenced(client, ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(120)).await;
+    }
+}
+
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/kube-fence");
 
 /// The commit whose chart is the 0.1.0 release's (`git archive` of it is the 0.1.0 chart).
@@ -292,6 +302,7 @@ async fn helm_upgrade_keeps_fencing() {
     let client = common::client().await;
     let ns = common::namespace(&client, "ops-upgrade").await;
     helm_upgrade(CHART, &["--set", "replicaCount=3"]).await;
+    wait_judged_after_rollout(&client, &ns).await;
     let (ok, failed, stale_ok, stale_rejected) = under_load(&client, &ns, 5, async {}).await;
     eprintln!("MEASURED after helm upgrade: valid ok={ok} failed={failed} stale admitted={stale_ok} rejected={stale_rejected}");
     assert_eq!((stale_ok, failed), (0, 0));
@@ -322,6 +333,7 @@ async fn helm_upgrade_from_0_1_keeps_guarded_objects_and_fencing() {
     let old_chart_dir = tempfile::tempdir().expect("tempdir");
     let old_chart = chart_0_1(old_chart_dir.path());
     helm_upgrade(&old_chart, &[]).await;
+    wait_judged_after_rollout(&client, &ns).await;
     let stdout = |out: std::process::Output| String::from_utf8_lossy(&out.stdout).trim().to_string();
     let on_0_1 = stdout(helm(vec!["get".into(), "metadata".into(), kf.clone(), "-n".into(), kf_ns.clone()]).await);
     eprintln!("release on the 0.1.0 chart:\n{on_0_1}");
@@ -422,6 +434,7 @@ async fn helm_upgrade_from_0_1_keeps_guarded_objects_and_fencing() {
     let on_current = stdout(helm(vec!["get".into(), "metadata".into(), kf.clone(), "-n".into(), kf_ns.clone()]).await);
     eprintln!("release on this chart:\n{on_current}");
     wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;
+    wait_judged_after_rollout(&client, &ns).await;
     let pods_now = pod_names(pods).await;
     eprintln!("webhook Pods on 0.1.0 {pods_on_0_1:?}, after the upgrade {pods_now:?}");
     assert!(pods_on_0_1.is_disjoint(&pods_now), "every Pod was replaced under the writers");
