@@ -113,14 +113,19 @@ impl Fixture {
     }
 }
 
-/// How many writes the webhook serving `registry` has judged so far.
-fn decisions(registry: &Registry) -> u64 {
+/// The sum of the webhook's decision counters whose sample line `selected` keeps.
+fn decisions_where(registry: &Registry, selected: impl Fn(&str) -> bool) -> u64 {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, registry).expect("encode metrics");
     text.lines()
-        .filter(|l| l.starts_with("kube_fence_webhook_decisions_total"))
+        .filter(|l| l.starts_with("kube_fence_webhook_decisions_total") && selected(l))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+/// How many writes the webhook serving `registry` has judged so far.
+fn decisions(registry: &Registry) -> u64 {
+    decisions_where(registry, |_| true)
 }
 
 /// How many writes the webhook serving `registry` has denied for `reason` so far. Counting one
@@ -128,13 +133,8 @@ fn decisions(registry: &Registry) -> u64 {
 /// give up on a slow review (its timeout) that the webhook still finishes and counts after the
 /// retried write succeeded.
 fn denials(registry: &Registry, reason: Reason) -> u64 {
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, registry).expect("encode metrics");
     let label = format!("reason=\"{}\"", reason.as_str());
-    text.lines()
-        .filter(|l| l.starts_with("kube_fence_webhook_decisions_total") && l.contains("verdict=\"denied\"") && l.contains(&label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    decisions_where(registry, |l| l.contains("verdict=\"denied\"") && l.contains(&label))
 }
 
 /// The probe lease and object of `common::wait_policy_path`.
