@@ -349,3 +349,96 @@ async fn connections_open_at_once_are_bounded_in_all_and_per_source() {
     }
     hook.stop(&client).await.expect("remove the registration");
 }
+
+/// Attempts `attempt` (from one source) until the webhook refuses the source's connections for
+/// its failures (its `failing` refusals count up), at most `limit` times: how many attempts ran
+/// before, or `None` if none was refused.
+async fn attempts_until_refused<F, Fut>(registry: &Registry, limit: usize, mut attempt: F) -> Option<usize>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    const REFUSED: &str = "kube_fence_webhook_refused_connections_total{cause=\"failing\"}";
+    let before = metric(registry, REFUSED);
+    for n in 0..limit {
+        attempt().await;
+        if metric(registry, REFUSED) > before {
+            return Some(n);
+        }
+    }
+    None
+}
+
+/// Reads until the server closes the connection (or `wait` passes).
+async fn until_closed<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, wait: Duration) {
+    let mut buf = vec![0u8; 1024];
+    let _ = tokio::time::timeout(wait, async { while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {} }).await;
+}
+
+/// Threat case: anyone who can reach the port, reopening connections that fail as fast as they
+/// are closed — HTTP/2 by prior knowledge to this HTTP/1.1 port, or bytes that are not TLS. Each
+/// cost the webhook a TLS handshake (20,000 HTTP/2 connections reopened a second after each
+/// close kept 650–900 handshakes a second going and slowed every guarded write). Now a source's
+/// failed connections are budgeted: after its burst the source's new connections are closed
+/// before any handshake, while other sources — one whose connections carry requests, one whose
+/// connections handshake and close without a byte (as a Go client's spare dial does), and the
+/// API server judging a guarded write — are served as before.
+#[tokio::test]
+async fn a_source_whose_connections_fail_is_refused_before_its_handshake() {
+    let _serial = SERIAL.lock().await;
+    let client = common::client().await;
+    let (ns, hook, registry) = start(&client, "bounds-failing", Bounds::default()).await;
+    let (addr, ca) = (hook.addr, hook.ca_pem.clone());
+    const FAILED: &str = "kube_fence_webhook_failed_connections_total ";
+    let burst = kube_fence::admission::bounds::FAILURE_BURST_SECONDS as usize;
+
+    // HTTP/2 by prior knowledge from 127.0.0.2: handshaken, the preface sent, closed by the server.
+    let handshakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h2 = attempts_until_refused(&registry, 400, || {
+        let (ca, handshakes) = (ca.clone(), handshakes.clone());
+        async move {
+            if let Ok(mut tls) = connect_from(Some("127.0.0.2"), addr, &ca).await {
+                handshakes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let _ = tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00").await;
+                until_closed(&mut tls, Duration::from_secs(30)).await;
+            }
+        }
+    })
+    .await;
+    let handshaken = handshakes.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("HTTP/2 preface from 127.0.0.2: {handshaken} handshakes, refused after {h2:?} attempts (burst {burst})");
+    assert!(h2.is_some(), "400 connections that spoke HTTP/2 were all handshaken: the source was never refused");
+    assert!(handshaken >= burst, "the burst of {burst} failed connections is allowed before refusing ({handshaken} handshaken)");
+    assert!(metric(&registry, FAILED) >= burst as f64);
+
+    // Not TLS at all from 127.0.0.3: the handshake fails.
+    let plain = attempts_until_refused(&registry, 400, || async move {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind("127.0.0.3:0".parse().expect("source")).expect("bind the source");
+        if let Ok(mut tcp) = socket.connect(addr).await {
+            let _ = tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            until_closed(&mut tcp, Duration::from_secs(30)).await;
+        }
+    })
+    .await;
+    eprintln!("plain HTTP to the TLS port from 127.0.0.3: refused after {plain:?} attempts");
+    assert!(plain.is_some(), "400 failed handshakes from one source: never refused");
+
+    // Other sources are not charged: 100 connections carrying a request each, and 100 closed
+    // right after their handshake without a byte, all handshaken.
+    let failed_before = metric(&registry, FAILED);
+    for _ in 0..100 {
+        let mut tls = connect_from(Some("127.0.0.4"), addr, &ca).await.expect("a source whose connections carry requests is admitted");
+        tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.expect("request");
+        assert_eq!(status_of(&mut tls, Duration::from_secs(30)).await, 200);
+    }
+    for _ in 0..100 {
+        let tls = connect_from(Some("127.0.0.5"), addr, &ca).await.expect("a source whose connections close without a byte is admitted");
+        drop(tls);
+    }
+    assert_eq!(metric(&registry, FAILED), failed_before, "connections with a request, or without a byte, are not failures");
+
+    // The API server (127.0.0.1) still has its reviews judged.
+    common::wait_fenced(&client, &ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(60)).await;
+    hook.stop(&client).await.expect("remove the registration");
+}

@@ -7,6 +7,14 @@
 //!   its TLS handshake — until it is closed; beyond either bound a connection is closed at once,
 //!   in the accept loop ([`GatedListener`]).
 //!   The deadlines of a connection (handshake, headers, body, idle) are in `super::server`.
+//! - Failed connections are budgeted per source ([`FailureBudget`]): a connection that failed its
+//!   TLS handshake, or sent bytes but never a request (HTTP/2 spoken to this HTTP/1.1 port,
+//!   garbage, headers that never finished), costs its source a token; a source without one has
+//!   its new connections closed in the accept loop, before their handshake, until its bucket
+//!   refills. Each such connection had cost a TLS handshake, and a client that reopens them as
+//!   fast as they are closed kept the two cores busy with handshakes. The API server's
+//!   connections carry requests, so they are never charged (what is charged is in
+//!   `super::failures`).
 //! - [`ReadBudget`]: the reviews of one source address that need a quorum read of a lease are
 //!   budgeted (a token bucket per source): a forged review costs the API server a read only
 //!   within its source's budget; beyond it the review is denied `429 ReadsThrottled` without a
@@ -44,13 +52,22 @@ pub const MAX_CONNECTIONS_PER_SOURCE: usize = 512;
 pub const FEW_CONNECTIONS: usize = 8;
 /// Reviews that need a quorum read, per second and source address.
 pub const QUORUM_READS_PER_SECOND: u32 = 100;
+/// Failed connections (see [`FailureBudget`]) per second and source address.
+pub const FAILED_CONNECTIONS_PER_SECOND: u32 = 1;
+/// A source's failed connections may come in a burst of this many seconds' worth. A kubelet's
+/// `tcpSocket` probes (a connection closed before its handshake) fail one every 5–10 s.
+pub const FAILURE_BURST_SECONDS: u32 = 16;
 
 /// Bounds on what the webhook port's clients can cost (`--max-connections`,
-/// `--max-connections-per-source`, `--quorum-reads-per-source`).
+/// `--max-connections-per-source`, `--failed-connections-per-source`,
+/// `--quorum-reads-per-source`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bounds {
     pub max_connections: usize,
     pub max_connections_per_source: usize,
+    /// Failed connections per second and source (bursts of [`FAILURE_BURST_SECONDS`] times
+    /// that) before the source's new connections are closed at once; `None`: unbudgeted.
+    pub failed_connections_per_source: Option<u32>,
     /// Reviews needing a quorum read, per second and source (a burst of twice that is allowed);
     /// `None`: unbudgeted (every caller is authenticated, or a benchmark).
     pub quorum_reads_per_source: Option<u32>,
@@ -61,6 +78,7 @@ impl Default for Bounds {
         Bounds {
             max_connections: MAX_CONNECTIONS,
             max_connections_per_source: MAX_CONNECTIONS_PER_SOURCE,
+            failed_connections_per_source: Some(FAILED_CONNECTIONS_PER_SECOND),
             quorum_reads_per_source: Some(QUORUM_READS_PER_SECOND),
         }
     }
@@ -73,6 +91,8 @@ pub enum Crowded {
     Total,
     /// Its source address has [`Bounds::max_connections_per_source`] open.
     Source,
+    /// Its source address used up its budget of failed connections ([`FailureBudget`]).
+    Failing,
 }
 
 /// Counts of open connections, in all and per source. Pure.
@@ -132,6 +152,9 @@ pub struct ConnectionMetrics {
     pub open: Gauge,
     pub refused_total: Counter,
     pub refused_source: Counter,
+    pub refused_failing: Counter,
+    /// Connections that failed (charged to their source's [`FailureBudget`]).
+    pub failed: Counter,
 }
 
 /// Admits connections within [`Bounds`]; shared by the accept path of one server.
@@ -139,16 +162,28 @@ pub struct ConnectionMetrics {
 pub struct ConnectionGate {
     limits: Bounds,
     open: Arc<Mutex<OpenConnections>>,
+    failures: Option<Arc<Mutex<FailureBudget>>>,
     metrics: ConnectionMetrics,
 }
 
 impl ConnectionGate {
     pub fn new(limits: Bounds, metrics: ConnectionMetrics) -> ConnectionGate {
-        ConnectionGate { limits, open: Arc::default(), metrics }
+        let failures = limits.failed_connections_per_source.map(|n| Arc::new(Mutex::new(FailureBudget::new(n))));
+        ConnectionGate { limits, open: Arc::default(), failures, metrics }
     }
 
     /// A place for a connection from `source`, held until the ticket is dropped.
     pub fn admit(&self, source: IpAddr) -> Result<Ticket, Crowded> {
+        self.admit_at(source, Instant::now())
+    }
+
+    fn admit_at(&self, source: IpAddr, now: Instant) -> Result<Ticket, Crowded> {
+        if let Some(failures) = &self.failures
+            && !failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).may_connect(source, now)
+        {
+            self.metrics.refused_failing.inc();
+            return Err(Crowded::Failing);
+        }
         let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         match open.open(source, &self.limits) {
             Ok(()) => {
@@ -159,6 +194,7 @@ impl ConnectionGate {
                 match crowded {
                     Crowded::Total => self.metrics.refused_total.inc(),
                     Crowded::Source => self.metrics.refused_source.inc(),
+                    Crowded::Failing => self.metrics.refused_failing.inc(),
                 };
                 Err(crowded)
             }
@@ -172,6 +208,14 @@ impl ConnectionGate {
 
     fn take_peak(&self) -> (usize, usize) {
         self.open.lock().map(|mut o| o.take_peak()).unwrap_or_default()
+    }
+
+    /// Charges a failed connection from `source` to its [`FailureBudget`].
+    pub fn failed(&self, source: IpAddr) {
+        self.metrics.failed.inc();
+        if let Some(failures) = &self.failures {
+            failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).charge(source, Instant::now());
+        }
     }
 }
 
@@ -190,11 +234,38 @@ impl Drop for Ticket {
     }
 }
 
+impl Ticket {
+    /// Where to report that this connection failed.
+    pub fn failure_report(&self) -> FailureReport {
+        FailureReport { gate: self.gate.clone(), source: self.source }
+    }
+}
+
+/// Reports one connection's failure to its gate ([`ConnectionGate::failed`]).
+#[derive(Clone, Debug)]
+pub struct FailureReport {
+    gate: ConnectionGate,
+    source: IpAddr,
+}
+
+impl FailureReport {
+    pub fn failed(&self) {
+        self.gate.failed(self.source);
+    }
+}
+
 /// A stream that holds its connection's [`Ticket`] for as long as it lives.
 #[derive(Debug)]
 pub struct Admitted<S> {
     inner: S,
-    _ticket: Ticket,
+    ticket: Ticket,
+}
+
+impl<S> Admitted<S> {
+    /// Where to report that this connection failed.
+    pub fn failure_report(&self) -> FailureReport {
+        self.ticket.failure_report()
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Admitted<S> {
@@ -266,7 +337,7 @@ impl axum_server::AddrListener<Admitted<TcpStream>, GatedAddr> for GatedListener
                 Ok(ticket) => {
                     // The API server sends a review at once and waits for the verdict: no batching.
                     let _ = stream.set_nodelay(true);
-                    return Ok((Admitted { inner: stream, _ticket: ticket }, GatedAddr(peer)));
+                    return Ok((Admitted { inner: stream, ticket }, GatedAddr(peer)));
                 }
                 // Dropped here: closed at once.
                 Err(crowded) => tracing::debug!(%peer, ?crowded, "connection closed at once: too many open"),
@@ -285,11 +356,11 @@ impl axum::extract::connect_info::Connected<GatedAddr> for SocketAddr {
     }
 }
 
-/// A token bucket per source address for reviews that need a quorum read. Pure: the clock is
-/// passed in.
+/// A token bucket per source address. Pure: the clock is passed in.
 #[derive(Debug)]
-pub struct ReadBudget {
-    per_second: u32,
+pub struct SourceBuckets {
+    per_second: f64,
+    burst: f64,
     sources: HashMap<IpAddr, Bucket>,
 }
 
@@ -299,35 +370,37 @@ struct Bucket {
     at: Instant,
 }
 
-impl ReadBudget {
+impl SourceBuckets {
     /// Sources tracked at once; beyond that the one idle longest is forgotten (a source
     /// forgotten starts again with a full bucket, so only a client with this many addresses
     /// gains by it).
     pub const MAX_SOURCES: usize = 1024;
 
-    /// `per_second` reads a second per source, and a burst of twice that.
-    pub fn new(per_second: u32) -> ReadBudget {
-        ReadBudget { per_second: per_second.max(1), sources: HashMap::new() }
+    /// `per_second` tokens a second per source, at most `burst` saved up.
+    pub fn new(per_second: u32, burst: u32) -> SourceBuckets {
+        let per_second = f64::from(per_second.max(1));
+        SourceBuckets { per_second, burst: f64::from(burst).max(1.0), sources: HashMap::new() }
     }
 
-    fn burst(&self) -> f64 {
-        f64::from(self.per_second) * 2.0
-    }
-
-    /// Whether `source` may cause one more quorum read at `now` (and if so, it is counted).
-    pub fn admit(&mut self, source: IpAddr, now: Instant) -> bool {
-        let burst = self.burst();
+    /// `source`'s bucket, refilled to `now`.
+    fn bucket(&mut self, source: IpAddr, now: Instant) -> &mut Bucket {
         if !self.sources.contains_key(&source) && self.sources.len() >= Self::MAX_SOURCES {
             let idlest = self.sources.iter().min_by_key(|(_, b)| b.at).map(|(ip, _)| *ip);
             if let Some(idlest) = idlest {
                 self.sources.remove(&idlest);
             }
         }
-        let rate = f64::from(self.per_second);
+        let (rate, burst) = (self.per_second, self.burst);
         let bucket = self.sources.entry(source).or_insert(Bucket { tokens: burst, at: now });
         let refill = now.saturating_duration_since(bucket.at).as_secs_f64() * rate;
         bucket.tokens = (bucket.tokens + refill).min(burst);
         bucket.at = bucket.at.max(now);
+        bucket
+    }
+
+    /// Takes a token of `source` at `now` if it has one.
+    pub fn take(&mut self, source: IpAddr, now: Instant) -> bool {
+        let bucket = self.bucket(source, now);
         if bucket.tokens >= 1.0 {
             bucket.tokens -= 1.0;
             true
@@ -336,8 +409,61 @@ impl ReadBudget {
         }
     }
 
+    /// Whether `source` has a token at `now` (none is taken; a source not tracked has a full
+    /// bucket and stays untracked).
+    pub fn has(&mut self, source: IpAddr, now: Instant) -> bool {
+        if !self.sources.contains_key(&source) {
+            return true;
+        }
+        self.bucket(source, now).tokens >= 1.0
+    }
+}
+
+/// The reviews of one source that need a quorum read: [`QUORUM_READS_PER_SECOND`] a second,
+/// bursts of twice that.
+#[derive(Debug)]
+pub struct ReadBudget(SourceBuckets);
+
+impl ReadBudget {
+    pub const MAX_SOURCES: usize = SourceBuckets::MAX_SOURCES;
+
+    /// `per_second` reads a second per source, and a burst of twice that.
+    pub fn new(per_second: u32) -> ReadBudget {
+        let per_second = per_second.max(1);
+        ReadBudget(SourceBuckets::new(per_second, per_second.saturating_mul(2)))
+    }
+
+    /// Whether `source` may cause one more quorum read at `now` (and if so, it is counted).
+    pub fn admit(&mut self, source: IpAddr, now: Instant) -> bool {
+        self.0.take(source, now)
+    }
+
     pub fn per_second(&self) -> u32 {
-        self.per_second
+        self.0.per_second as u32
+    }
+}
+
+/// The failed connections of one source: `per_second` a second, bursts of
+/// [`FAILURE_BURST_SECONDS`] times that. A source whose bucket is empty may not connect until
+/// it has a token again; a connection admitted and then failing takes one (or none, when none
+/// is left: failures do not run up a debt).
+#[derive(Debug)]
+pub struct FailureBudget(SourceBuckets);
+
+impl FailureBudget {
+    pub fn new(per_second: u32) -> FailureBudget {
+        let per_second = per_second.max(1);
+        FailureBudget(SourceBuckets::new(per_second, per_second.saturating_mul(FAILURE_BURST_SECONDS)))
+    }
+
+    /// Whether a new connection from `source` may be accepted at `now`.
+    pub fn may_connect(&mut self, source: IpAddr, now: Instant) -> bool {
+        self.0.has(source, now)
+    }
+
+    /// Charges one failed connection of `source` at `now`.
+    pub fn charge(&mut self, source: IpAddr, now: Instant) {
+        self.0.take(source, now);
     }
 }
 
@@ -378,9 +504,12 @@ mod tests {
         IpAddr::from([10, 0, 0, last])
     }
 
+    const UNBUDGETED: Bounds =
+        Bounds { max_connections: 0, max_connections_per_source: 0, failed_connections_per_source: None, quorum_reads_per_source: None };
+
     #[test]
     fn connections_are_bounded_in_all_and_per_source() {
-        let limits = Bounds { max_connections: 5, max_connections_per_source: 3, quorum_reads_per_source: None };
+        let limits = Bounds { max_connections: 5, max_connections_per_source: 3, ..UNBUDGETED };
         let mut open = OpenConnections::default();
         assert_eq!((0..10).filter(|_| open.open(ip(66), &limits).is_ok()).count(), 3);
         assert_eq!(open.open(ip(66), &limits), Err(Crowded::Source));
@@ -404,7 +533,7 @@ mod tests {
 
     #[test]
     fn the_last_quarter_of_the_places_is_kept_for_sources_with_few_connections() {
-        let limits = Bounds { max_connections: 40, max_connections_per_source: 16, quorum_reads_per_source: None };
+        let limits = Bounds { max_connections: 40, max_connections_per_source: 16, ..UNBUDGETED };
         let mut open = OpenConnections::default();
         // Sources with many connections fill the shared three quarters (30), then each its
         // first FEW_CONNECTIONS more from the rest: 16, 14 (8 + 6 to 30), 8.
@@ -421,10 +550,7 @@ mod tests {
     #[test]
     fn a_gate_gives_a_place_back_when_its_ticket_is_dropped() {
         let metrics = ConnectionMetrics::default();
-        let gate = ConnectionGate::new(
-            Bounds { max_connections: 2, max_connections_per_source: 2, quorum_reads_per_source: None },
-            metrics.clone(),
-        );
+        let gate = ConnectionGate::new(Bounds { max_connections: 2, max_connections_per_source: 2, ..UNBUDGETED }, metrics.clone());
         let a = gate.admit(ip(1)).expect("a place");
         let _b = gate.admit(ip(1)).expect("a place");
         assert_eq!(gate.admit(ip(2)).map(|_| ()), Err(Crowded::Total));
@@ -462,12 +588,67 @@ mod tests {
         for i in 0..5_000u32 {
             budget.admit(IpAddr::from([172, 16, (i >> 8) as u8, i as u8]), start + Duration::from_millis(u64::from(i)));
         }
-        assert!(budget.sources.len() <= ReadBudget::MAX_SOURCES);
-        assert!(budget.sources.contains_key(&ip(1)), "the most recently active source is kept");
+        assert!(budget.0.sources.len() <= ReadBudget::MAX_SOURCES);
+        assert!(budget.0.sources.contains_key(&ip(1)), "the most recently active source is kept");
         // A clock that goes backwards (a caller's Instant taken before another's) refills nothing.
         let mut budget = ReadBudget::new(1);
         assert!(budget.admit(ip(1), start + Duration::from_secs(1)));
         assert!(budget.admit(ip(1), start + Duration::from_secs(1)));
         assert!(!budget.admit(ip(1), start));
+    }
+
+    #[test]
+    fn a_source_whose_connections_fail_is_refused_until_its_bucket_refills() {
+        let mut failures = FailureBudget::new(1);
+        let now = Instant::now();
+        // A source that never failed may connect, and is not even tracked.
+        assert!(failures.may_connect(ip(1), now));
+        assert!(failures.0.sources.is_empty());
+        // Failing connections: the burst, then refused.
+        let mut admitted = 0;
+        while failures.may_connect(ip(66), now) && admitted < 1_000 {
+            failures.charge(ip(66), now);
+            admitted += 1;
+        }
+        assert_eq!(admitted, FAILURE_BURST_SECONDS, "a burst of FAILURE_BURST_SECONDS seconds' worth");
+        assert!(failures.may_connect(ip(1), now), "another source is not affected");
+        // Failures charged while empty (connections admitted before it ran out) run up no debt.
+        failures.charge(ip(66), now);
+        let second = now + Duration::from_secs(1);
+        assert!(failures.may_connect(ip(66), second), "one more a second later");
+        failures.charge(ip(66), second);
+        assert!(!failures.may_connect(ip(66), second + Duration::from_millis(500)));
+        // Rested long enough, the whole burst again, no more.
+        let rested = second + Duration::from_secs(600);
+        let again = (0..1_000).take_while(|_| {
+            let may = failures.may_connect(ip(66), rested);
+            failures.charge(ip(66), rested);
+            may
+        });
+        assert_eq!(again.count() as u32, FAILURE_BURST_SECONDS);
+    }
+
+    #[test]
+    fn a_gate_refuses_a_failing_source_before_counting_its_connection() {
+        let metrics = ConnectionMetrics::default();
+        let limits = Bounds { max_connections: 100, max_connections_per_source: 100, failed_connections_per_source: Some(1), ..UNBUDGETED };
+        let gate = ConnectionGate::new(limits, metrics.clone());
+        let now = Instant::now();
+        let mut held = Vec::new();
+        for _ in 0..FAILURE_BURST_SECONDS {
+            let ticket = gate.admit_at(ip(66), now).expect("within the burst");
+            ticket.failure_report().failed();
+            held.push(ticket);
+        }
+        assert_eq!(gate.admit_at(ip(66), now).map(|_| ()), Err(Crowded::Failing));
+        assert_eq!(gate.open(), FAILURE_BURST_SECONDS as usize, "a refused connection takes no place");
+        assert!(gate.admit_at(ip(1), now).is_ok(), "a source that does not fail is admitted");
+        assert_eq!(metrics.refused_failing.get(), 1);
+        assert_eq!(metrics.failed.get(), u64::from(FAILURE_BURST_SECONDS));
+        // Without a budget, failures are counted and nothing is refused.
+        let gate = ConnectionGate::new(Bounds { max_connections: 100, max_connections_per_source: 100, ..UNBUDGETED }, metrics.clone());
+        let held: Vec<_> = (0..50).map(|_| gate.admit_at(ip(66), now).expect("no failure budget")).collect();
+        held.iter().for_each(|t| t.failure_report().failed());
+        assert!(gate.admit_at(ip(66), now).is_ok());
     }
 }

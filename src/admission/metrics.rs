@@ -83,7 +83,9 @@ impl Metrics {
         let refused_connections = Family::<RefusalLabels, Counter>::default();
         let refused_total = refused_connections.get_or_create(&RefusalLabels { cause: "total" }).clone();
         let refused_source = refused_connections.get_or_create(&RefusalLabels { cause: "per_source" }).clone();
-        let connections = ConnectionMetrics { open: Default::default(), refused_total, refused_source };
+        let refused_failing = refused_connections.get_or_create(&RefusalLabels { cause: "failing" }).clone();
+        let connections =
+            ConnectionMetrics { open: Default::default(), refused_total, refused_source, refused_failing, failed: Counter::default() };
         let m = Metrics {
             decisions: Family::default(),
             cache_reads,
@@ -109,8 +111,13 @@ impl Metrics {
         r.register("open_connections", "Connections open now", m.connections.open.clone());
         r.register(
             "refused_connections",
-            "Connections closed as soon as they were accepted: too many open in all (total) or from their source (per_source)",
+            "Connections closed as soon as they were accepted: too many open in all (total) or from their source (per_source), or their source used up its budget of failed connections (failing)",
             refused_connections,
+        );
+        r.register(
+            "failed_connections",
+            "Connections that failed their TLS handshake or sent bytes but no request, charged to their source's budget",
+            m.connections.failed.clone(),
         );
         r.register(
             "reads_throttled",

@@ -27,6 +27,7 @@ pub mod bounds;
 pub mod decision;
 pub mod denial;
 pub mod events;
+pub mod failures;
 pub mod leader;
 pub mod leases;
 pub mod local;

@@ -4,7 +4,9 @@
 //!
 //! The port is reachable by more than the API server, so every connection is bounded: it speaks
 //! HTTP/1.1 only (what its ALPN advertises; an HTTP/2 connection has no idle deadline), the
-//! connections open at once are bounded in all and per source (`super::bounds`), the TLS
+//! connections open at once are bounded in all and per source, a source whose connections fail
+//! (a failed handshake, bytes without a request) is refused new ones beyond a budget
+//! (`super::bounds`, `super::failures`), the TLS
 //! handshake, the headers of every request (the first, and the next on an idle keep-alive
 //! connection) and the body each have a deadline, a body is at most [`MAX_BODY_BYTES`], and all
 //! bodies in flight together at most [`BODY_BUDGET_BYTES`] (beyond that a request is refused at
@@ -29,6 +31,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::bounds::{Bounds, ConnectionGate, GatedAddr, GatedListener};
 use super::decision::{Exemptions, Reason, Verdict};
 use super::events::RejectionEvents;
+use super::failures::Watching;
 use super::leader::IdentityRule;
 use super::leases::LeaseDirectory;
 pub use super::metrics::Metrics;
@@ -243,7 +246,9 @@ pub async fn serve(
     let trim = tokio::spawn(super::bounds::trim_after_bursts(gate.clone(), Duration::from_secs(5), 256));
     // The gate runs in the accept loop, before the handshake: a connection without a place costs
     // nothing more.
-    let acceptor = RustlsAcceptor::new(tls).handshake_timeout(HANDSHAKE_TIMEOUT);
+    // Connections that fail (their handshake, or bytes without a request) are charged to their
+    // source's budget of failed connections (`super::failures`).
+    let acceptor = Watching::new(RustlsAcceptor::new(tls).handshake_timeout(HANDSHAKE_TIMEOUT));
     let listener = GatedListener::new(listener, gate.clone())?;
     let server = axum_server::Server::<GatedAddr>::from_listener(listener)
         .acceptor(acceptor)

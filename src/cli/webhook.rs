@@ -114,6 +114,14 @@ pub struct WebhookArgs {
     #[arg(long, value_name = "N", default_value_t = bounds::MAX_CONNECTIONS_PER_SOURCE as u32, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections_per_source: u32,
 
+    /// Failed connections per second and source address (bursts of 16 times that): a TLS
+    /// handshake that fails, or bytes that are not an HTTP/1.1 request (HTTP/2, garbage). Beyond
+    /// it the source's new connections are closed as soon as they are accepted, before a
+    /// handshake is spent on them, until its budget refills. The API server's connections carry
+    /// requests and never count. 0: no budget.
+    #[arg(long, value_name = "N", default_value_t = bounds::FAILED_CONNECTIONS_PER_SECOND)]
+    pub failed_connections_per_source: u32,
+
     /// Reviews that need a quorum read of a lease, per second and source address (bursts of
     /// twice that); beyond it a review is denied with 429 ReadsThrottled (the API server asks
     /// the writer to retry in a second) and costs the API server nothing. 0: no budget. No
@@ -132,6 +140,7 @@ impl WebhookArgs {
         Bounds {
             max_connections: self.max_connections as usize,
             max_connections_per_source: self.max_connections_per_source as usize,
+            failed_connections_per_source: Some(self.failed_connections_per_source).filter(|n| *n > 0),
             quorum_reads_per_source: Some(self.quorum_reads_per_source).filter(|n| *n > 0 && !authenticated),
         }
     }
