@@ -336,6 +336,7 @@ async fn forged_reviews_cannot_use_up_the_api_servers_events() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // A genuine stale write, through the API server, in the middle of the flood.
     assert_eq!(common::rejected(patch(&api, "state", &write(Some(4), "late")).await).code, 409);
+    // Pacing: the flood goes on a while after the genuine write, so its Event competes with it.
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut sent = 0;
