@@ -501,14 +501,21 @@ impl SlowWebhook {
         let tls = axum_server::tls_rustls::RustlsConfig::from_config(made.server_config().unwrap());
         let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         let addr = listener.local_addr().unwrap();
+        let reviewed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = reviewed.clone();
         let router = axum::Router::new().route(
             "/slow",
-            post(move |axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>| async move {
-                let request: AdmissionRequest<DynamicObject> = review.try_into().expect("a review");
-                if request.object.as_ref().is_some_and(|o| o.annotations().contains_key("test.kubefence.io/slow")) {
-                    tokio::time::sleep(delay).await;
+            post(move |axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>| {
+                let reviewed = counted.clone();
+                async move {
+                    reviewed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let request: AdmissionRequest<DynamicObject> = review.try_into().expect("a review");
+                    if request.object.as_ref().is_some_and(|o| o.annotations().contains_key("test.kubefence.io/slow")) {
+                        // Deliberate: this is the slow webhook whose delay the test measures.
+                        tokio::time::sleep(delay).await;
+                    }
+                    axum::Json(AdmissionResponse::from(&request).into_review())
                 }
-                axum::Json(AdmissionResponse::from(&request).into_review())
             }),
         );
         let stop = tokio_util::sync::CancellationToken::new();
@@ -528,7 +535,20 @@ impl SlowWebhook {
         .unwrap();
         let api: Api<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration> = Api::all(f.client.clone());
         api.create(&PostParams::default(), &config).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(2)).await; // the API server picks it up
+        // The API server picks the configuration up a moment after it is created: probe creates
+        // (not slowed) until one of them reaches this webhook.
+        let probes: Api<ConfigMap> = Api::namespaced(f.client.clone(), &f.ns);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for attempt in 0.. {
+            let probe: ConfigMap = serde_json::from_value(json!({"metadata": {"name": format!("kf-slow-probe-{attempt}")}})).unwrap();
+            probes.create(&PostParams::default(), &probe).await.expect("a probe create is admitted");
+            probes.delete(&probe.name_any(), &DeleteParams::default()).await.expect("the probe is deleted");
+            if reviewed.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the slow webhook's configuration took no effect within 60 s: no probe create reached it");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         SlowWebhook { name, stop }
     }
 
