@@ -559,6 +559,16 @@ impl SlowWebhook {
     }
 }
 
+/// The number of reviews the fixture's webhook has allowed so far, from its metrics.
+fn allowed_decisions(f: &Fixture) -> u64 {
+    let metrics = kube_fence::telemetry::render(&f.registry);
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("kube_fence_webhook_decisions_total{") && l.contains("verdict=\"allowed\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// Finding 8, the documented limit (stale worker): a CREATE has no stored object to compare
 /// with, so it is judged against the lease's newest token when it is admitted, and the API
 /// server does not judge it again when it commits. Validating webhooks run in parallel, so the
@@ -574,12 +584,19 @@ async fn create_after_delete_window_is_as_long_as_the_slowest_webhook() {
     let api = f.api::<ConfigMap>();
     let mut stale = configmap("x", "work", 5);
     stale.annotations_mut().insert("test.kubefence.io/slow".into(), "true".into());
+    let allowed_before = allowed_decisions(&f);
     let sent = Instant::now();
     let a = {
         let api = api.clone();
         tokio::spawn(async move { api.create(&PostParams::default(), &stale).await.map(|_| Instant::now()) })
     };
-    tokio::time::sleep(Duration::from_secs(1)).await; // kube-fence has admitted A's create
+    // Wait until kube-fence has admitted A's create (its allowed-decision count moves); the slow
+    // webhook still holds the create back.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while allowed_decisions(&f) <= allowed_before {
+        assert!(Instant::now() < deadline, "kube-fence did not admit A's create within 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     f.grant("work", "b", 6).await;
     let b = api.create(&PostParams::default(), &configmap("x", "work", 6)).await.expect("B creates the object with the newest token");
     let params = DeleteParams {
