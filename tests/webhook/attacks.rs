@@ -336,6 +336,7 @@ async fn forged_reviews_cannot_use_up_the_api_servers_events() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // A genuine stale write, through the API server, in the middle of the flood.
     assert_eq!(common::rejected(patch(&api, "state", &write(Some(4), "late")).await).code, 409);
+    // Pacing: the flood goes on a while after the genuine write, so its Event competes with it.
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut sent = 0;
@@ -500,14 +501,21 @@ impl SlowWebhook {
         let tls = axum_server::tls_rustls::RustlsConfig::from_config(made.server_config().unwrap());
         let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         let addr = listener.local_addr().unwrap();
+        let reviewed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = reviewed.clone();
         let router = axum::Router::new().route(
             "/slow",
-            post(move |axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>| async move {
-                let request: AdmissionRequest<DynamicObject> = review.try_into().expect("a review");
-                if request.object.as_ref().is_some_and(|o| o.annotations().contains_key("test.kubefence.io/slow")) {
-                    tokio::time::sleep(delay).await;
+            post(move |axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>| {
+                let reviewed = counted.clone();
+                async move {
+                    reviewed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let request: AdmissionRequest<DynamicObject> = review.try_into().expect("a review");
+                    if request.object.as_ref().is_some_and(|o| o.annotations().contains_key("test.kubefence.io/slow")) {
+                        // Deliberate: this is the slow webhook whose delay the test measures.
+                        tokio::time::sleep(delay).await;
+                    }
+                    axum::Json(AdmissionResponse::from(&request).into_review())
                 }
-                axum::Json(AdmissionResponse::from(&request).into_review())
             }),
         );
         let stop = tokio_util::sync::CancellationToken::new();
@@ -527,7 +535,20 @@ impl SlowWebhook {
         .unwrap();
         let api: Api<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration> = Api::all(f.client.clone());
         api.create(&PostParams::default(), &config).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(2)).await; // the API server picks it up
+        // The API server picks the configuration up a moment after it is created: probe creates
+        // (not slowed) until one of them reaches this webhook.
+        let probes: Api<ConfigMap> = Api::namespaced(f.client.clone(), &f.ns);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for attempt in 0.. {
+            let probe: ConfigMap = serde_json::from_value(json!({"metadata": {"name": format!("kf-slow-probe-{attempt}")}})).unwrap();
+            probes.create(&PostParams::default(), &probe).await.expect("a probe create is admitted");
+            probes.delete(&probe.name_any(), &DeleteParams::default()).await.expect("the probe is deleted");
+            if reviewed.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the slow webhook's configuration took no effect within 60 s: no probe create reached it");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         SlowWebhook { name, stop }
     }
 
@@ -536,6 +557,16 @@ impl SlowWebhook {
         let _ = api.delete(&self.name, &DeleteParams::default()).await;
         self.stop.cancel();
     }
+}
+
+/// The number of reviews the fixture's webhook has allowed so far, from its metrics.
+fn allowed_decisions(f: &Fixture) -> u64 {
+    let metrics = kube_fence::telemetry::render(&f.registry);
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("kube_fence_webhook_decisions_total{") && l.contains("verdict=\"allowed\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
 }
 
 /// Finding 8, the documented limit (stale worker): a CREATE has no stored object to compare
@@ -553,12 +584,19 @@ async fn create_after_delete_window_is_as_long_as_the_slowest_webhook() {
     let api = f.api::<ConfigMap>();
     let mut stale = configmap("x", "work", 5);
     stale.annotations_mut().insert("test.kubefence.io/slow".into(), "true".into());
+    let allowed_before = allowed_decisions(&f);
     let sent = Instant::now();
     let a = {
         let api = api.clone();
         tokio::spawn(async move { api.create(&PostParams::default(), &stale).await.map(|_| Instant::now()) })
     };
-    tokio::time::sleep(Duration::from_secs(1)).await; // kube-fence has admitted A's create
+    // Wait until kube-fence has admitted A's create (its allowed-decision count moves); the slow
+    // webhook still holds the create back.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while allowed_decisions(&f) <= allowed_before {
+        assert!(Instant::now() < deadline, "kube-fence did not admit A's create within 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     f.grant("work", "b", 6).await;
     let b = api.create(&PostParams::default(), &configmap("x", "work", 6)).await.expect("B creates the object with the newest token");
     let params = DeleteParams {
