@@ -352,10 +352,10 @@ fn descriptors(pid: u32) -> usize {
 }
 
 /// A sample of the webhook's /metrics: (open connections, refused per source, refused in all).
-async fn webhook_connections(https: &load::Https, metrics_url: &str) -> (f64, f64, f64) {
+async fn webhook_connections(https: &load::Https, metrics_url: &str) -> (f64, f64, f64, f64) {
     let text = match load::request(https, http::Method::GET, metrics_url, Bytes::new()).await {
         Ok((200, body)) => String::from_utf8_lossy(&body).into_owned(),
-        _ => return (f64::NAN, f64::NAN, f64::NAN),
+        _ => return (f64::NAN, f64::NAN, f64::NAN, f64::NAN),
     };
     let value = |sample: &str| {
         text.lines().find(|l| l.starts_with(sample)).and_then(|l| l.split_whitespace().last()).and_then(|v| v.parse().ok()).unwrap_or(0.0)
@@ -364,6 +364,7 @@ async fn webhook_connections(https: &load::Https, metrics_url: &str) -> (f64, f6
         value("kube_fence_webhook_open_connections "),
         value("kube_fence_webhook_refused_connections_total{cause=\"per_source\"}"),
         value("kube_fence_webhook_refused_connections_total{cause=\"total\"}"),
+        value("kube_fence_webhook_refused_connections_total{cause=\"failing\"}"),
     )
 }
 
@@ -380,7 +381,8 @@ struct Phase {
     attack_cpu: Duration,
     elapsed: Duration,
     attack: Option<Tally>,
-    refused_by_webhook: (f64, f64),
+    /// Connections the webhook refused at once: per source, in all, for their source's failures.
+    refused_by_webhook: (f64, f64, f64),
     load: String,
 }
 
@@ -472,7 +474,7 @@ async fn phases(
         });
         eprintln!(
             "    {}: {} guarded writes p50 {} p99 {} (unguarded p50 {} p99 {}); webhook RSS peak {} end {}, {} fds, {} connections open; \
-             refused by the webhook per source {} / in all {}; CPU webhook {:.1?} attackers {:.1?} in {:.1?}; load {}{attack}",
+             refused by the webhook per source {} / in all {} / failing {}; CPU webhook {:.1?} attackers {:.1?} in {:.1?}; load {}{attack}",
             p.name,
             p.guarded.len(),
             ms(p.guarded.p50()),
@@ -485,6 +487,7 @@ async fn phases(
             p.open,
             p.refused_by_webhook.0,
             p.refused_by_webhook.1,
+            p.refused_by_webhook.2,
             p.webhook_cpu,
             p.attack_cpu,
             p.elapsed,
@@ -538,7 +541,7 @@ async fn measure(
 ) -> anyhow::Result<Phase> {
     webhook.alive()?;
     let pid = webhook.pid();
-    let (_, refused_source_before, refused_total_before) = webhook_connections(https, metrics_url).await;
+    let (_, refused_source_before, refused_total_before, refused_failing_before) = webhook_connections(https, metrics_url).await;
     let tally_before = attack.map(Attack::tally);
     let (cpu_before, attack_cpu_before) = (cpu(pid), attack.map_or(Duration::ZERO, Attack::cpu));
     let peak = Arc::new(AtomicU64::new(memory(pid).0));
@@ -561,7 +564,7 @@ async fn measure(
     }
     let elapsed = started.elapsed();
     sampler.abort();
-    let (open, refused_source, refused_total) = webhook_connections(https, metrics_url).await;
+    let (open, refused_source, refused_total, refused_failing) = webhook_connections(https, metrics_url).await;
     let attack_tally = match (attack, tally_before) {
         (Some(a), Some(before)) => Some(a.tally().since(before)),
         _ => None,
@@ -578,7 +581,11 @@ async fn measure(
         attack_cpu: attack.map_or(Duration::ZERO, Attack::cpu) - attack_cpu_before,
         elapsed,
         attack: attack_tally,
-        refused_by_webhook: (refused_source - refused_source_before, refused_total - refused_total_before),
+        refused_by_webhook: (
+            refused_source - refused_source_before,
+            refused_total - refused_total_before,
+            refused_failing - refused_failing_before,
+        ),
         load: load_average(),
     })
 }
