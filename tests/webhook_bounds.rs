@@ -411,6 +411,33 @@ async fn a_source_whose_connections_fail_is_refused_before_its_handshake() {
     assert!(handshaken >= burst, "the burst of {burst} failed connections is allowed before refusing ({handshaken} handshaken)");
     assert!(metric(&registry, FAILED) >= burst as f64);
 
+    // Refused, the source reopens 50 connections at once. Each must pay a token of its budget
+    // up front (otherwise all 50 pass on the first token that refilled, before any has failed):
+    // no more are handshaken than tokens refilled since it was refused (one a second).
+    let refused_at = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await; // lets a token or two refill: the budget is per second
+    let at_once: Vec<_> = (0..50)
+        .map(|_| {
+            let ca = ca.clone();
+            tokio::spawn(async move {
+                let mut tls = connect_from(Some("127.0.0.2"), addr, &ca).await.ok()?;
+                let _ = tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+                until_closed(&mut tls, Duration::from_secs(30)).await;
+                Some(())
+            })
+        })
+        .collect();
+    let mut handshaken_at_once = 0u64;
+    for attempt in at_once {
+        handshaken_at_once += u64::from(matches!(attempt.await, Ok(Some(()))));
+    }
+    let refilled = refused_at.elapsed().as_secs() + 1;
+    eprintln!("50 at once from 127.0.0.2, {:.1?} after it was refused: {handshaken_at_once} handshaken", refused_at.elapsed());
+    assert!(
+        handshaken_at_once <= refilled,
+        "{handshaken_at_once} of 50 connections opened at once were handshaken; at most {refilled} tokens refilled"
+    );
+
     // Not TLS at all from 127.0.0.3: the handshake fails.
     let plain = attempts_until_refused(&registry, 400, || async move {
         let socket = tokio::net::TcpSocket::new_v4().expect("socket");

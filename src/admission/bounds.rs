@@ -11,7 +11,9 @@
 //!   TLS handshake, or sent bytes but never a request (HTTP/2 spoken to this HTTP/1.1 port,
 //!   garbage, headers that never finished), costs its source a token; a source without one has
 //!   its new connections closed in the accept loop, before their handshake, until its bucket
-//!   refills. Each such connection had cost a TLS handshake, and a client that reopens them as
+//!   refills. A source below half its budget pays for each new connection when it is accepted
+//!   and is paid back when the connection turns out not to fail, so connections reopened all
+//!   at once cannot pass on one token. Each such connection had cost a TLS handshake, and a client that reopens them as
 //!   fast as they are closed kept the two cores busy with handshakes. The API server's
 //!   connections carry requests, so they are never charged (what is charged is in
 //!   `super::failures`).
@@ -178,19 +180,25 @@ impl ConnectionGate {
     }
 
     fn admit_at(&self, source: IpAddr, now: Instant) -> Result<Ticket, Crowded> {
-        if let Some(failures) = &self.failures
-            && !failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).may_connect(source, now)
-        {
-            self.metrics.refused_failing.inc();
-            return Err(Crowded::Failing);
-        }
+        let paid = match &self.failures {
+            None => Paid::Nothing,
+            Some(failures) => match failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).admit(source, now) {
+                Some(paid) => paid,
+                None => {
+                    self.metrics.refused_failing.inc();
+                    return Err(Crowded::Failing);
+                }
+            },
+        };
         let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         match open.open(source, &self.limits) {
             Ok(()) => {
                 self.metrics.open.set(open.total() as i64);
-                Ok(Ticket { gate: self.clone(), source })
+                Ok(Ticket { gate: self.clone(), source, paid })
             }
             Err(crowded) => {
+                drop(open);
+                self.settle(source, paid, false);
                 match crowded {
                     Crowded::Total => self.metrics.refused_total.inc(),
                     Crowded::Source => self.metrics.refused_source.inc(),
@@ -210,11 +218,14 @@ impl ConnectionGate {
         self.open.lock().map(|mut o| o.take_peak()).unwrap_or_default()
     }
 
-    /// Charges a failed connection from `source` to its [`FailureBudget`].
-    pub fn failed(&self, source: IpAddr) {
-        self.metrics.failed.inc();
+    /// Settles a connection from `source` with its [`FailureBudget`]: it `failed` or not, and
+    /// what it `paid` when it was accepted.
+    fn settle(&self, source: IpAddr, paid: Paid, failed: bool) {
+        if failed {
+            self.metrics.failed.inc();
+        }
         if let Some(failures) = &self.failures {
-            failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).charge(source, Instant::now());
+            failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).settle(source, paid, failed, Instant::now());
         }
     }
 }
@@ -224,6 +235,7 @@ impl ConnectionGate {
 pub struct Ticket {
     gate: ConnectionGate,
     source: IpAddr,
+    paid: Paid,
 }
 
 impl Drop for Ticket {
@@ -237,20 +249,27 @@ impl Drop for Ticket {
 impl Ticket {
     /// Where to report that this connection failed.
     pub fn failure_report(&self) -> FailureReport {
-        FailureReport { gate: self.gate.clone(), source: self.source }
+        FailureReport { gate: self.gate.clone(), source: self.source, paid: self.paid }
     }
 }
 
-/// Reports one connection's failure to its gate ([`ConnectionGate::failed`]).
+/// Reports how one connection ended to its gate's [`FailureBudget`]; to be called once.
 #[derive(Clone, Debug)]
 pub struct FailureReport {
     gate: ConnectionGate,
     source: IpAddr,
+    paid: Paid,
 }
 
 impl FailureReport {
+    /// The connection failed.
     pub fn failed(&self) {
-        self.gate.failed(self.source);
+        self.gate.settle(self.source, self.paid, true);
+    }
+
+    /// The connection ended without failing.
+    pub fn ended_well(&self) {
+        self.gate.settle(self.source, self.paid, false);
     }
 }
 
@@ -408,15 +427,6 @@ impl SourceBuckets {
             false
         }
     }
-
-    /// Whether `source` has a token at `now` (none is taken; a source not tracked has a full
-    /// bucket and stays untracked).
-    pub fn has(&mut self, source: IpAddr, now: Instant) -> bool {
-        if !self.sources.contains_key(&source) {
-            return true;
-        }
-        self.bucket(source, now).tokens >= 1.0
-    }
 }
 
 /// The reviews of one source that need a quorum read: [`QUORUM_READS_PER_SECOND`] a second,
@@ -443,10 +453,25 @@ impl ReadBudget {
     }
 }
 
+/// What a connection paid its source's [`FailureBudget`] when it was accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Paid {
+    /// Nothing: its source had at least half its budget (or none applies). Charged if it fails.
+    Nothing,
+    /// A token: its source had less than half its budget. Paid back if it does not fail.
+    Token,
+}
+
 /// The failed connections of one source: `per_second` a second, bursts of
-/// [`FAILURE_BURST_SECONDS`] times that. A source whose bucket is empty may not connect until
-/// it has a token again; a connection admitted and then failing takes one (or none, when none
-/// is left: failures do not run up a debt).
+/// [`FAILURE_BURST_SECONDS`] times that.
+/// - A source with at least half its bucket connects freely; a connection that then fails
+///   takes a token (or none, when none is left: failures run up no debt).
+/// - A source with less than half pays a token for each new connection when it is accepted,
+///   given back when the connection does not fail: connections reopened all at once cannot pass
+///   on one token, so a source's handshakes are bounded by its budget.
+/// - A source with no token left is refused until it has one again.
+///
+/// A source that never failed (the API server) always has a full bucket and pays nothing.
 #[derive(Debug)]
 pub struct FailureBudget(SourceBuckets);
 
@@ -456,14 +481,37 @@ impl FailureBudget {
         FailureBudget(SourceBuckets::new(per_second, per_second.saturating_mul(FAILURE_BURST_SECONDS)))
     }
 
-    /// Whether a new connection from `source` may be accepted at `now`.
-    pub fn may_connect(&mut self, source: IpAddr, now: Instant) -> bool {
-        self.0.has(source, now)
+    /// Whether a new connection from `source` may be accepted at `now`, and what it paid; `None`:
+    /// refused.
+    pub fn admit(&mut self, source: IpAddr, now: Instant) -> Option<Paid> {
+        if !self.0.sources.contains_key(&source) {
+            return Some(Paid::Nothing);
+        }
+        let half = self.0.burst / 2.0;
+        let bucket = self.0.bucket(source, now);
+        if bucket.tokens >= half {
+            Some(Paid::Nothing)
+        } else if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            Some(Paid::Token)
+        } else {
+            None
+        }
     }
 
-    /// Charges one failed connection of `source` at `now`.
-    pub fn charge(&mut self, source: IpAddr, now: Instant) {
-        self.0.take(source, now);
+    /// Settles a connection of `source` at `now`: it `failed` or not, having `paid` when accepted.
+    pub fn settle(&mut self, source: IpAddr, paid: Paid, failed: bool, now: Instant) {
+        match (paid, failed) {
+            (Paid::Nothing, true) => {
+                self.0.take(source, now);
+            }
+            (Paid::Token, false) => {
+                let burst = self.0.burst;
+                let bucket = self.0.bucket(source, now);
+                bucket.tokens = (bucket.tokens + 1.0).min(burst);
+            }
+            (Paid::Nothing, false) | (Paid::Token, true) => {}
+        }
     }
 }
 
@@ -601,31 +649,61 @@ mod tests {
     fn a_source_whose_connections_fail_is_refused_until_its_bucket_refills() {
         let mut failures = FailureBudget::new(1);
         let now = Instant::now();
-        // A source that never failed may connect, and is not even tracked.
-        assert!(failures.may_connect(ip(1), now));
+        let burst = FAILURE_BURST_SECONDS as usize;
+        // A source that never failed connects freely, and is not even tracked.
+        assert_eq!(failures.admit(ip(1), now), Some(Paid::Nothing));
         assert!(failures.0.sources.is_empty());
-        // Failing connections: the burst, then refused.
+        // A flood of connections from one source, each failing once it was let in: the burst.
         let mut admitted = 0;
-        while failures.may_connect(ip(66), now) && admitted < 1_000 {
-            failures.charge(ip(66), now);
+        while let Some(paid) = failures.admit(ip(66), now) {
+            failures.settle(ip(66), paid, true, now);
             admitted += 1;
+            assert!(admitted <= 1_000);
         }
-        assert_eq!(admitted, FAILURE_BURST_SECONDS, "a burst of FAILURE_BURST_SECONDS seconds' worth");
-        assert!(failures.may_connect(ip(1), now), "another source is not affected");
-        // Failures charged while empty (connections admitted before it ran out) run up no debt.
-        failures.charge(ip(66), now);
+        assert_eq!(admitted, burst, "a burst of FAILURE_BURST_SECONDS seconds' worth");
+        assert_eq!(failures.admit(ip(1), now), Some(Paid::Nothing), "another source is not affected");
+        // Failures charged while empty run up no debt: a second later, one more.
+        failures.settle(ip(66), Paid::Nothing, true, now);
         let second = now + Duration::from_secs(1);
-        assert!(failures.may_connect(ip(66), second), "one more a second later");
-        failures.charge(ip(66), second);
-        assert!(!failures.may_connect(ip(66), second + Duration::from_millis(500)));
+        assert_eq!(failures.admit(ip(66), second), Some(Paid::Token), "below half its budget, a connection pays");
+        assert_eq!(failures.admit(ip(66), second), None);
         // Rested long enough, the whole burst again, no more.
         let rested = second + Duration::from_secs(600);
-        let again = (0..1_000).take_while(|_| {
-            let may = failures.may_connect(ip(66), rested);
-            failures.charge(ip(66), rested);
-            may
-        });
-        assert_eq!(again.count() as u32, FAILURE_BURST_SECONDS);
+        let again = std::iter::from_fn(|| failures.admit(ip(66), rested).map(|paid| failures.settle(ip(66), paid, true, rested)));
+        assert_eq!(again.take(1_000).count(), burst);
+    }
+
+    #[test]
+    fn connections_opened_at_once_by_a_failing_source_cannot_pass_on_one_token() {
+        let mut failures = FailureBudget::new(1);
+        let now = Instant::now();
+        let burst = FAILURE_BURST_SECONDS as usize;
+        // Half the burst fails; then 100 connections arrive at once, before any has failed.
+        for _ in 0..burst / 2 + 1 {
+            let paid = failures.admit(ip(66), now).expect("within the burst");
+            failures.settle(ip(66), paid, true, now);
+        }
+        let at_once: Vec<Paid> = (0..100).map_while(|_| failures.admit(ip(66), now)).collect();
+        assert_eq!(at_once.len(), burst / 2 - 1, "each paid a token up front: as many as were left");
+        assert!(at_once.iter().all(|paid| *paid == Paid::Token));
+        // Those that carried requests are paid back; the source may connect again.
+        for paid in at_once {
+            failures.settle(ip(66), paid, false, now);
+        }
+        assert_eq!(failures.admit(ip(66), now), Some(Paid::Token));
+    }
+
+    #[test]
+    fn a_source_with_an_occasional_failure_never_pays_up_front() {
+        // A kubelet's tcpSocket probe from the API server's address: one failure every 5 s.
+        let mut failures = FailureBudget::new(1);
+        let start = Instant::now();
+        for probe in 0..100u64 {
+            let at = start + Duration::from_secs(5 * probe);
+            failures.settle(ip(10), Paid::Nothing, true, at);
+            // The API server opens 100 connections at once right after.
+            assert!((0..100).all(|_| failures.admit(ip(10), at) == Some(Paid::Nothing)), "probe {probe}");
+        }
     }
 
     #[test]

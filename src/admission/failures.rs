@@ -48,6 +48,8 @@ impl Drop for Outcome {
     fn drop(&mut self) {
         if Outcome::failed(self.sent.load(Ordering::Relaxed), self.served.load(Ordering::Relaxed)) {
             self.report.failed();
+        } else {
+            self.report.ended_well();
         }
     }
 }
