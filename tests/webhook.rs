@@ -725,27 +725,42 @@ async fn rotated_certificate_is_picked_up_without_a_failed_admission() {
     f.grant("work", "a", 2_000_000).await;
 
     let done = tokio_util::sync::CancellationToken::new();
+    // Admitted writes in all, and after the reload: the test waits on them, not on a clock.
+    let admitted = Arc::new((std::sync::atomic::AtomicU64::new(0), std::sync::atomic::AtomicU64::new(0)));
     let writer = {
-        let (api, done, reloads) = (api.clone(), done.clone(), reloads.clone());
+        let (api, done, reloads, admitted) = (api.clone(), done.clone(), reloads.clone(), admitted.clone());
         tokio::spawn(async move {
-            let (mut ok, mut after_reload, mut failed) = (0u64, 0u64, Vec::new());
+            let mut failed = Vec::new();
             let mut token = 1_000_000;
             while !done.is_cancelled() {
                 token += 1;
+                // Read before the write is sent: a write counted "after" went out after the reload.
+                let reloaded = reloads.get() > 0;
                 match patch(&api, "state", &write(Some(token), "a")).await {
                     Ok(_) => {
-                        ok += 1;
-                        if reloads.get() > 0 {
-                            after_reload += 1;
+                        admitted.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        if reloaded {
+                            admitted.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         }
                     }
                     Err(e) => failed.push(e.to_string()),
                 }
             }
-            (ok, after_reload, failed)
+            failed
         })
     };
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let wait_admitted = |which: usize, at_least: u64, what: &'static str| {
+        let admitted = admitted.clone();
+        async move {
+            let started = Instant::now();
+            let count = || if which == 0 { &admitted.0 } else { &admitted.1 };
+            while count().load(std::sync::atomic::Ordering::SeqCst) < at_least {
+                assert!(started.elapsed() < Duration::from_secs(60), "fewer than {at_least} guarded writes admitted {what} within 60 s");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_admitted(0, 5, "before the rotation").await;
 
     // Rotate: a new key and certificate from the same CA, each file replaced atomically.
     let next = issue_serving(&made.ca_key, &["localhost".into()], &loopback).unwrap();
@@ -756,7 +771,7 @@ async fn rotated_certificate_is_picked_up_without_a_failed_admission() {
     }
     let started = Instant::now();
     while reloads.get() == 0 {
-        assert!(started.elapsed() < Duration::from_secs(10), "the rotated certificate was not loaded");
+        assert!(started.elapsed() < Duration::from_secs(60), "the rotated certificate was not loaded within 60 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let reloaded_after = started.elapsed();
@@ -764,9 +779,10 @@ async fn rotated_certificate_is_picked_up_without_a_failed_admission() {
     let (code, _, served) = https(addr, &made.ca_cert, "GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", b"").await;
     assert_eq!(code, 200);
     assert_eq!(served, new_leaf.to_vec(), "new handshakes get the rotated certificate");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_admitted(1, 5, "after the reload").await;
     done.cancel();
-    let (ok, after_reload, failed) = writer.await.unwrap();
+    let failed = writer.await.unwrap();
+    let (ok, after_reload) = (admitted.0.load(std::sync::atomic::Ordering::SeqCst), admitted.1.load(std::sync::atomic::Ordering::SeqCst));
     eprintln!(
         "rotation: {ok} guarded writes admitted ({after_reload} after the reload), {} failed; reloaded {reloaded_after:?} after the files changed",
         failed.len()

@@ -333,7 +333,8 @@ async fn forged_reviews_cannot_use_up_the_api_servers_events() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The flood has used up its source's Events before the genuine write.
+    wait_metric_above(&f, "kube_fence_webhook_events_suppressed_total", 0.0, "a forged review's Event suppressed").await;
     // A genuine stale write, through the API server, in the middle of the flood.
     assert_eq!(common::rejected(patch(&api, "state", &write(Some(4), "late")).await).code, 409);
     // Pacing: the flood goes on a while after the genuine write, so its Event competes with it.
@@ -421,8 +422,9 @@ async fn forged_reviews_cost_the_api_server_reads_only_within_their_sources_budg
             })
         })
         .collect();
-    // A genuine guarded create (one quorum read) through the API server, during the flood.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A genuine guarded create (one quorum read) through the API server, during the flood: once
+    // the flood has used up its source's reads.
+    wait_metric_above(&f, "kube_fence_webhook_reads_throttled_total", 0.0, "a forged review throttled").await;
     f.api::<ConfigMap>().create(&PostParams::default(), &configmap("genuine", "work", 5)).await.expect("the API server's review is judged");
     let mut throttled = 0;
     for flooder in flooders {
@@ -560,6 +562,21 @@ impl SlowWebhook {
 }
 
 /// The number of reviews the fixture's webhook has allowed so far, from its metrics.
+/// Waits (60 s at most) until the fixture's metric sample whose line starts with `sample` is
+/// above `floor`, failing with `what` was awaited.
+async fn wait_metric_above(f: &Fixture, sample: &str, floor: f64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = kube_fence::telemetry::render(&f.registry);
+        let value = text.lines().find(|l| l.starts_with(sample)).and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok());
+        if value.is_some_and(|v| v > floor) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not within 60 s: {what} ({sample} is {value:?})");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn allowed_decisions(f: &Fixture) -> u64 {
     let metrics = kube_fence::telemetry::render(&f.registry);
     metrics
