@@ -59,6 +59,16 @@ pub const FAILED_CONNECTIONS_PER_SECOND: u32 = 1;
 /// A source's failed connections may come in a burst of this many seconds' worth. A kubelet's
 /// `tcpSocket` probes (a connection closed before its handshake) fail one every 5–10 s.
 pub const FAILURE_BURST_SECONDS: u32 = 16;
+/// How long a connection that has carried a request may stay idle before its next request's
+/// headers have arrived. Longer than the API server keeps an idle connection to a webhook for
+/// reuse (90 s, Go's `IdleConnTimeout`), so the API server, not kube-fence, closes it: a server
+/// that closes first races the API server's next review on that connection, and a review whose
+/// connection is reset after it was sent is not retried — the guarded write fails with 500
+/// "connection reset by peer" (seen in the status pause test on a busy machine with a 10 s idle
+/// deadline). It bounds no attacker: one who sends a request every few seconds keeps a
+/// connection anyway; the places in [`Bounds`] are what bound connections.
+pub const KEEP_ALIVE_IDLE: Duration = Duration::from_secs(120);
+const _: () = assert!(KEEP_ALIVE_IDLE.as_secs() > 90, "the API server, not kube-fence, must close an idle connection");
 
 /// Bounds on what the webhook port's clients can cost (`--max-connections`,
 /// `--max-connections-per-source`, `--failed-connections-per-source`,
@@ -73,6 +83,8 @@ pub struct Bounds {
     /// Reviews needing a quorum read, per second and source (a burst of twice that is allowed);
     /// `None`: unbudgeted (every caller is authenticated, or a benchmark).
     pub quorum_reads_per_source: Option<u32>,
+    /// How long a connection that carried a request may stay idle ([`KEEP_ALIVE_IDLE`]).
+    pub keep_alive_idle: Duration,
 }
 
 impl Default for Bounds {
@@ -82,6 +94,7 @@ impl Default for Bounds {
             max_connections_per_source: MAX_CONNECTIONS_PER_SOURCE,
             failed_connections_per_source: Some(FAILED_CONNECTIONS_PER_SECOND),
             quorum_reads_per_source: Some(QUORUM_READS_PER_SECOND),
+            keep_alive_idle: KEEP_ALIVE_IDLE,
         }
     }
 }
@@ -172,6 +185,11 @@ impl ConnectionGate {
     pub fn new(limits: Bounds, metrics: ConnectionMetrics) -> ConnectionGate {
         let failures = limits.failed_connections_per_source.map(|n| Arc::new(Mutex::new(FailureBudget::new(n))));
         ConnectionGate { limits, open: Arc::default(), failures, metrics }
+    }
+
+    /// The bounds it was made with.
+    pub fn limits(&self) -> Bounds {
+        self.limits
     }
 
     /// A place for a connection from `source`, held until the ticket is dropped.
@@ -552,8 +570,13 @@ mod tests {
         IpAddr::from([10, 0, 0, last])
     }
 
-    const UNBUDGETED: Bounds =
-        Bounds { max_connections: 0, max_connections_per_source: 0, failed_connections_per_source: None, quorum_reads_per_source: None };
+    const UNBUDGETED: Bounds = Bounds {
+        max_connections: 0,
+        max_connections_per_source: 0,
+        failed_connections_per_source: None,
+        quorum_reads_per_source: None,
+        keep_alive_idle: KEEP_ALIVE_IDLE,
+    };
 
     #[test]
     fn connections_are_bounded_in_all_and_per_source() {

@@ -7,8 +7,9 @@
 //! connections open at once are bounded in all and per source, a source whose connections fail
 //! (a failed handshake, bytes without a request) is refused new ones beyond a budget
 //! (`super::bounds`, `super::failures`), the TLS
-//! handshake, the headers of every request (the first, and the next on an idle keep-alive
-//! connection) and the body each have a deadline, a body is at most [`MAX_BODY_BYTES`], and all
+//! handshake, the first request, the headers of every later request (idle time included: longer
+//! than the API server keeps an idle connection, so it is the one that closes it) and the body
+//! each have a deadline, a body is at most [`MAX_BODY_BYTES`], and all
 //! bodies in flight together at most [`BODY_BUDGET_BYTES`] (beyond that a request is refused at
 //! once with 503, before any of its body is read). The reviews of one source that need a quorum
 //! read are budgeted (`super::bounds::ReadBudget`).
@@ -43,8 +44,9 @@ use super::writer;
 
 /// How long a client may take to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a client may take to send a request's headers (also the first request's), and how
-/// long a keep-alive connection may stay idle between requests.
+/// How long a client may take, after its handshake, to send its first request. A connection
+/// that has carried a request may then stay idle for `Bounds::keep_alive_idle` (its next
+/// request's headers included), longer than the API server keeps it (`super::bounds::KEEP_ALIVE_IDLE`).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client may take to send a request's body. The API server sends a review at once
 /// and waits at most 30 s for the verdict.
@@ -257,10 +259,11 @@ pub async fn serve(
     // HTTP/1.1 only, as ALPN says: hyper's HTTP/2 server has no idle deadline, so a client that
     // spoke HTTP/2 by prior knowledge could keep a connection forever.
     let mut server = server.http1_only();
-    // The API server sends whole requests at once; a client that trickles its headers
-    // (slowloris) or idles between requests must not keep the webhook's connections, so the
-    // headers of every request get a deadline.
-    server.http_builder().http1().header_read_timeout(Some(HEADER_READ_TIMEOUT));
+    // The first request has HEADER_READ_TIMEOUT (above); the wait for each later request's
+    // headers — idle time included — is longer than the API server keeps an idle connection, so
+    // the API server closes it and never sends a review on a connection kube-fence is closing.
+    let keep_alive_idle = gate.limits().keep_alive_idle;
+    server.http_builder().http1().header_read_timeout(Some(keep_alive_idle));
     let served = server.serve(router.into_make_service_with_connect_info::<SocketAddr>()).await;
     trim.abort();
     served

@@ -142,6 +142,7 @@ impl WebhookArgs {
             max_connections_per_source: self.max_connections_per_source as usize,
             failed_connections_per_source: Some(self.failed_connections_per_source).filter(|n| *n > 0),
             quorum_reads_per_source: Some(self.quorum_reads_per_source).filter(|n| *n > 0 && !authenticated),
+            keep_alive_idle: bounds::KEEP_ALIVE_IDLE,
         }
     }
 
