@@ -37,17 +37,6 @@ async fn connect(addr: std::net::SocketAddr, ca_pem: &str) -> tokio_rustls::clie
 }
 
 /// A TLS connection from `source` (an address of 127.0.0.0/8), or the handshake's error.
-/// One `GET /healthz` on a kept-alive connection; the start of the answer, empty when the
-/// connection was closed (or failed) instead.
-async fn healthz(tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> String {
-    let mut buf = vec![0u8; 1024];
-    if tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").await.is_err() {
-        return String::new();
-    }
-    let n = tls.read(&mut buf).await.unwrap_or(0);
-    String::from_utf8_lossy(&buf[..n]).into_owned()
-}
-
 async fn connect_from(
     source: Option<&str>,
     addr: std::net::SocketAddr,
@@ -70,6 +59,17 @@ async fn connect_from(
     let tcp = socket.connect(addr).await?;
     let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
     tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await
+}
+
+/// One `GET /healthz` on a kept-alive connection; the start of the answer, empty when the
+/// connection was closed (or failed) instead.
+async fn healthz(tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> String {
+    let mut buf = vec![0u8; 1024];
+    if tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").await.is_err() {
+        return String::new();
+    }
+    let n = tls.read(&mut buf).await.unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
 async fn start(client: &kube::Client, test: &str, bounds: Bounds) -> (String, LocalWebhook, Arc<Registry>) {
