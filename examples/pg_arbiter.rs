@@ -29,7 +29,7 @@
 use std::time::Duration;
 
 use kube_fence::client::{AcquireOptions, Leases};
-use kube_fence::token::Token;
+use kube_fence_api::token::Token;
 use serde_json::json;
 use tokio_postgres::{Client, NoTls};
 

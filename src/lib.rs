@@ -6,7 +6,8 @@
 //! `kubefence.io/lease`) whose token is not newer than the one the object already records. This
 //! crate is the operator: the controller, the webhook and the `kube-fence` binary (a thin
 //! [`cli`] over them). Workers depend on `kube-fence-client` alone (re-exported here as
-//! [`client`]); the contract both sides speak is `kube-fence-api` ([`api`], [`token`]).
+//! [`client`]); the contract both sides speak is `kube-fence-api` (the `Lease` custom resource,
+//! tokens, the names on objects, denials).
 //!
 //! # A worker
 //!
@@ -19,22 +20,20 @@
 //!
 //! - [`client`]: the library workers use (the `kube-fence-client` crate, re-exported): acquire,
 //!   keep alive, release, fenced writes.
-//! - [`token`]: what a token is, how it is written and parsed (from `kube-fence-api`).
-//! - [`api`]: the `Lease` custom resource (`kubefence.io/v1alpha1`, from `kube-fence-api`).
 //! - [`lease`]: where a token is issued — the lease state machine and its controller.
 //! - [`admission`]: where a write is judged — the decision table and the webhook server.
 //! - [`cli`]: the `kube-fence` command line.
 //! - [`telemetry`]: logs and metrics shared by every long-running subcommand.
 //! - [`process`]: a running process's identity and shutdown signal.
 //! - [`ready`]: the ready file, where a process that bound its ports says which they are.
+//! - [`limit`]: the one rate limiter (a token bucket per key), pure.
 #![forbid(unsafe_code)]
 
 pub mod admission;
-pub mod api;
 pub mod cli;
 pub use kube_fence_client as client;
 pub mod lease;
+pub mod limit;
 pub mod process;
 pub mod ready;
 pub mod telemetry;
-pub mod token;

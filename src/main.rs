@@ -20,7 +20,7 @@ fn release_free_memory() {
 #[tokio::main]
 async fn main() -> ExitCode {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    kube_fence::admission::bounds::set_memory_release(release_free_memory);
+    kube_fence::admission::http::bounds::set_memory_release(release_free_memory);
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err)

@@ -12,12 +12,18 @@
 use std::str::FromStr;
 
 use futures::FutureExt;
-use kube_fence::admission::decision::{self, Exemptions, LeaseFacts, Operation, Reason, Verdict};
-use kube_fence::admission::pipeline::{self, Judging, Sent};
-use kube_fence::admission::reads::fake::{FakeLeases, ReadCounts};
-use kube_fence::admission::review::{self as server, Unreadable};
-use kube_fence::api::{Comparison, Enforcement};
-use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token};
+use kube_fence::admission::http::review::{self as server, Unreadable};
+use kube_fence::admission::judge::exemptions::Exemptions;
+use kube_fence::admission::judge::facts::LeaseFacts;
+use kube_fence::admission::judge::facts::Operation;
+use kube_fence::admission::judge::facts::Request;
+use kube_fence::admission::judge::fake::{FakeLeases, ReadCounts};
+use kube_fence::admission::judge::pipeline::{self, Judging, Sent};
+use kube_fence::admission::judge::verdict::Verdict;
+use kube_fence_api::denial::Reason;
+use kube_fence_api::names::{LEASE_LABEL, TOKEN_ANNOTATION};
+use kube_fence_api::token::Token;
+use kube_fence_api::{Comparison, Enforcement};
 use proptest::prelude::*;
 use proptest::sample::select;
 use serde_json::{Value, json};
@@ -234,12 +240,7 @@ fn lease() -> impl Strategy<Value = Option<LeaseFacts>> {
 /// Judges as the server does — the pipeline: the plan, then the reads it asks for — with the
 /// watch cache holding `cached` and a quorum read returning `current`; also returns the lease
 /// facts the verdict was judged by.
-fn judge(
-    req: &decision::Request,
-    exempt: &Exemptions,
-    cached: &Option<LeaseFacts>,
-    current: &Option<LeaseFacts>,
-) -> (Verdict, Option<LeaseFacts>) {
+fn judge(req: &Request, exempt: &Exemptions, cached: &Option<LeaseFacts>, current: &Option<LeaseFacts>) -> (Verdict, Option<LeaseFacts>) {
     let mut leases = FakeLeases::default();
     for name in [&req.old, &req.new].into_iter().flatten().filter_map(|side| side.lease.as_deref()) {
         if let Some(cached) = cached {
@@ -260,7 +261,7 @@ fn judge(
 }
 
 /// The oracle: what any allowed write must satisfy (docs/design.md §5).
-fn check_verdict(req: &decision::Request, exempt: &Exemptions, facts: Option<&LeaseFacts>, verdict: &Verdict) -> Result<(), TestCaseError> {
+fn check_verdict(req: &Request, exempt: &Exemptions, facts: Option<&LeaseFacts>, verdict: &Verdict) -> Result<(), TestCaseError> {
     let old_lease = req.old.as_ref().and_then(|o| o.lease.as_deref());
     let new_lease = req.new.as_ref().and_then(|n| n.lease.as_deref());
     let guarded = old_lease.is_some() || new_lease.is_some();

@@ -216,7 +216,7 @@ fn the_chart_registers_what_local_mode_registers() {
 #[test]
 fn the_chart_renders_the_leader_identity_rule_as_local_mode_and_the_webhook_read_it() {
     use clap::Parser;
-    use kube_fence::admission::leader::IdentityRule;
+    use kube_fence::admission::judge::identity::IdentityRule;
     use kube_fence::admission::registration::{Endpoint, Registration};
     use kube_fence::cli::{Cli, Command};
     let dir = tempfile::tempdir().expect("temp dir");
@@ -424,7 +424,7 @@ async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
 #[test]
 fn the_chart_declares_fenced_controllers_as_kube_fence_reads_them() {
     use k8s_openapi::api::coordination::v1::Lease;
-    use kube_fence::admission::writer::OptIn;
+    use kube_fence::admission::registration::opt_in::OptIn;
     let dir = tempfile::tempdir().expect("temp dir");
     let values = dir.path().join("values.yaml");
     std::fs::write(

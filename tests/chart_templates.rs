@@ -1,5 +1,5 @@
 //! The chart's webhook configurations and policies (charts/kube-fence/templates/, the files that
-//! start with the generated header) are rendered from src/admission/registration.rs; this fails
+//! start with the generated header) are rendered from src/admission/registration/mod.rs; this fails
 //! when the committed files and the code drift apart.
 
 use kube_fence::admission::registration::chart;
@@ -15,7 +15,7 @@ fn chart_templates_match_the_registration_code() {
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(
             committed == template.content,
-            "{path} is out of date with the code that renders it (src/admission/registration.rs, registration/chart.rs): {REGENERATE}"
+            "{path} is out of date with the code that renders it (src/admission/registration/mod.rs, registration/chart.rs): {REGENERATE}"
         );
     }
     // A generated file the code no longer renders is stale, not hand-written.

@@ -113,7 +113,7 @@ fn closed_port() -> (tokio::net::TcpSocket, u16) {
 /// A self-signed serving certificate and key for 127.0.0.1, written to `dir`; returns the CA,
 /// certificate and key files.
 fn serving_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    use kube_fence::admission::tls::SelfSigned;
+    use kube_fence::admission::http::tls::SelfSigned;
     let made = SelfSigned::generate(&["localhost".to_string()], &[std::net::Ipv4Addr::LOCALHOST.into()]).expect("certificates");
     let files = (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"));
     std::fs::write(&files.0, &made.ca_cert).expect("write CA");
@@ -726,10 +726,10 @@ fn the_readme_and_the_help_document_the_same_exit_statuses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_removes_exactly_the_version_read_as_holder_or_with_a_token() {
     use kube::api::DeleteParams;
-    use kube_fence::admission::decision::Reason;
-    use kube_fence::admission::denial::Denial;
-    use kube_fence::api::Lease;
-    use kube_fence::token::{HOLDER_ONLY, LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
+    use kube_fence_api::Lease;
+    use kube_fence_api::denial::Denial;
+    use kube_fence_api::denial::Reason;
+    use kube_fence_api::names::{HOLDER_ONLY, LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
 
     let client = common::client().await;
     let ns = common::namespace(&client, "cli-delete").await;

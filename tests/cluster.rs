@@ -4,7 +4,7 @@
 mod common;
 
 use kube::api::{Api, PostParams};
-use kube_fence::api::{Lease, LeaseSpec};
+use kube_fence_api::{Lease, LeaseSpec};
 
 #[tokio::test]
 async fn crds_are_served_and_validated_by_the_api_server() {

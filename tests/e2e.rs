@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, ObjectMeta};
+use kube_fence::admission::http::server::Metrics;
 use kube_fence::admission::local::{LocalOptions, LocalWebhook};
-use kube_fence::admission::server::Metrics;
 use kube_fence::client::{AcquireOptions, Error, Leases};
 use kube_fence::lease::controller::{self, ControllerOptions};
 use prometheus_client::registry::Registry;
@@ -227,12 +227,12 @@ fn the_readme_demonstration_rejects_the_stale_write() {
 #[tokio::test]
 async fn guarded_update_latency_is_measured() {
     let kf = KubeFence::start("e2e-latency").await;
-    let spec = kube_fence::api::LeaseSpec {
-        fencing: Some(kube_fence::api::FencingPolicy { comparison: Some(kube_fence::api::Comparison::AllowEqual), enforcement: None }),
+    let spec = kube_fence_api::LeaseSpec {
+        fencing: Some(kube_fence_api::FencingPolicy { comparison: Some(kube_fence_api::Comparison::AllowEqual), enforcement: None }),
         ..Default::default()
     };
-    Api::<kube_fence::api::Lease>::namespaced(kf.client.clone(), &kf.ns)
-        .create(&Default::default(), &kube_fence::api::Lease::new("timed", spec))
+    Api::<kube_fence_api::Lease>::namespaced(kf.client.clone(), &kf.ns)
+        .create(&Default::default(), &kube_fence_api::Lease::new("timed", spec))
         .await
         .expect("lease");
     let leases = Leases::new(kf.client.clone(), &kf.ns);

@@ -22,10 +22,10 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
 use kube::{Client, ResourceExt};
-use kube_fence::api::{Lease, Phase};
 use kube_fence::client::{AcquireOptions, Error, KeepAliveOptions, Leases, Loss};
 use kube_fence::lease::controller::{self, ControllerOptions};
-use kube_fence::token::Token;
+use kube_fence_api::token::Token;
+use kube_fence_api::{Lease, Phase};
 use kube_fence_test_support::history::{self, Observation};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
@@ -661,7 +661,7 @@ async fn a_timed_out_or_cancelled_acquire_withdraws_its_claim() {
 async fn fenced_writes_stamp_the_token_and_delete_only_the_version_read() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams};
-    use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION};
+    use kube_fence_api::names::{LEASE_LABEL, TOKEN_ANNOTATION};
 
     let client = common::client().await;
     let ns = common::namespace(&client, "fenced").await;

@@ -15,8 +15,8 @@ use k8s_openapi::api::coordination::v1::Lease as CoordinationLease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use kube_fence::api::{Comparison, FencingPolicy, Lease, LeaseSpec};
 use kube_fence::client::{AcquireOptions, Error, Grant, Leases};
+use kube_fence_api::{Comparison, FencingPolicy, Lease, LeaseSpec};
 use serde_json::json;
 
 const NEEDS: &str = "needs an installed kube-fence: hack/e2e-node.sh";
@@ -195,7 +195,7 @@ async fn a_rotated_certificate_is_picked_up_by_the_running_pods_without_a_failed
     let ca_key = String::from_utf8(data.get("ca.key").expect("ca.key").0.clone()).expect("PEM");
     let service = format!("{kf}-webhook");
     let names = vec![format!("{service}.{kf_ns}.svc"), format!("{service}.{kf_ns}.svc.cluster.local")];
-    let fresh = kube_fence::admission::tls::issue_serving(&ca_key, &names, &[]).expect("issue a new serving certificate");
+    let fresh = kube_fence::admission::http::tls::issue_serving(&ca_key, &names, &[]).expect("issue a new serving certificate");
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), &kf_ns);
     let selector = format!("app.kubernetes.io/instance={kf}");
@@ -321,7 +321,11 @@ async fn helm_upgrade_keeps_fencing() {
 
 /// What a guarded object keeps: its data, its lease label and its recorded token.
 fn kept(cm: &ConfigMap) -> (Option<std::collections::BTreeMap<String, String>>, Option<String>, Option<String>) {
-    (cm.data.clone(), cm.labels().get("kubefence.io/lease").cloned(), cm.annotations().get(kube_fence::token::TOKEN_ANNOTATION).cloned())
+    (
+        cm.data.clone(),
+        cm.labels().get("kubefence.io/lease").cloned(),
+        cm.annotations().get(kube_fence_api::names::TOKEN_ANNOTATION).cloned(),
+    )
 }
 
 /// The upgrade from the released 0.1.0 chart: the installed release is put on the 0.1.0 chart,

@@ -19,13 +19,15 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::Status;
 use kube::{Client, ResourceExt};
-use kube_fence::admission::decision::Reason;
+use kube_fence::admission::http::server::Metrics;
 use kube_fence::admission::local::{LocalOptions, LocalWebhook};
-use kube_fence::admission::policy_path::{PARAMS_NAME, PolicyDenial};
-use kube_fence::admission::server::Metrics;
-use kube_fence::api::{Comparison, FencingPolicy, Lease, LeaseSpec, LeaseTokens, LeaseTokensSpec};
 use kube_fence::client::{self as fence, Grant};
-use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token, WRITE_ANNOTATION, WRITER_LABEL};
+use kube_fence_api::denial::Reason;
+use kube_fence_api::names::{LEASE_LABEL, TOKEN_ANNOTATION, WRITE_ANNOTATION, WRITER_LABEL};
+use kube_fence_api::policy_path::PARAMS_NAME;
+use kube_fence_api::policy_path::PolicyDenial;
+use kube_fence_api::token::Token;
+use kube_fence_api::{Comparison, FencingPolicy, Lease, LeaseSpec, LeaseTokens, LeaseTokensSpec};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -323,7 +325,7 @@ async fn a_worker_cannot_forge_the_parameters() {
     let pp = PatchParams::apply("kube-fence-tests").force();
     let role: Role = serde_json::from_value(json!({
         "metadata": {"name": "tokens-by-mistake", "namespace": f.ns},
-        "rules": [{"apiGroups": [kube_fence::api::GROUP], "resources": ["leasetokens"], "verbs": ["*"]}],
+        "rules": [{"apiGroups": [kube_fence_api::GROUP], "resources": ["leasetokens"], "verbs": ["*"]}],
     }))
     .expect("role");
     Api::<Role>::namespaced(f.client.clone(), &f.ns).patch("tokens-by-mistake", &pp, &Patch::Apply(&role)).await.expect("role");

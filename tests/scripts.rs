@@ -67,7 +67,7 @@ fn the_in_cluster_suite_names_the_chart_the_crds_and_the_tests() {
         );
     }
 
-    let crds = kube_fence::api::crds_yaml().expect("crds");
+    let crds = kube_fence_api::crds_yaml().expect("crds");
     let crd_name = script.split("crd/").nth(1).and_then(|s| s.split_whitespace().next()).expect("the script waits for a CRD");
     assert!(crds.contains(&format!("name: {crd_name}\n")), "crd/{crd_name} is the generated CRD");
 

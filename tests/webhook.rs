@@ -29,9 +29,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions, WatchEvent, WatchParams};
 use kube::core::Status;
 use kube::{Client, Resource, ResourceExt};
+use kube_fence::admission::http::server::Metrics;
 use kube_fence::admission::local::{LocalOptions, LocalWebhook};
-use kube_fence::admission::server::Metrics;
-use kube_fence::api::Lease;
+use kube_fence_api::Lease;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
@@ -544,7 +544,7 @@ async fn a_client_trickling_headers_is_cut_off() {
     eprintln!(
         "MEASURED slow client cut off after {:?} (header read timeout {:?})",
         started.elapsed(),
-        kube_fence::admission::server::HEADER_READ_TIMEOUT
+        kube_fence::admission::http::server::HEADER_READ_TIMEOUT
     );
     f.stop().await;
 }
@@ -673,11 +673,11 @@ async fn malformed_input_is_refused_and_the_server_keeps_serving() {
 /// writes running through the rotation never fail.
 #[tokio::test]
 async fn rotated_certificate_is_picked_up_without_a_failed_admission() {
-    use kube_fence::admission::decision::Exemptions;
-    use kube_fence::admission::leases::LeaseDirectory;
+    use kube_fence::admission::http::server;
+    use kube_fence::admission::http::tls::{CertFiles, SelfSigned, issue_serving};
+    use kube_fence::admission::judge::exemptions::Exemptions;
+    use kube_fence::admission::reads::directory::LeaseDirectory;
     use kube_fence::admission::registration::{Endpoint, Registration};
-    use kube_fence::admission::server;
-    use kube_fence::admission::tls::{CertFiles, SelfSigned, issue_serving};
     use rustls::pki_types::pem::PemObject;
 
     let client = common::client().await;

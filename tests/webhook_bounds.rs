@@ -12,9 +12,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube_fence::admission::bounds::Bounds;
+use kube_fence::admission::http::bounds::Bounds;
+use kube_fence::admission::http::server::{BODY_BUDGET_BYTES, BODY_READ_TIMEOUT, HEADER_READ_TIMEOUT, MAX_BODY_BYTES, Metrics};
 use kube_fence::admission::local::{LocalOptions, LocalWebhook};
-use kube_fence::admission::server::{BODY_BUDGET_BYTES, BODY_READ_TIMEOUT, HEADER_READ_TIMEOUT, MAX_BODY_BYTES, Metrics};
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -311,12 +311,12 @@ async fn connections_open_at_once_are_bounded_in_all_and_per_source() {
     let (addr, ca) = (hook.addr, hook.ca_pem.clone());
     // The registration is in effect, and a lease to judge a guarded create by.
     common::wait_fenced(&client, &ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(30)).await;
-    let leases: kube::Api<kube_fence::api::Lease> = kube::Api::namespaced(client.clone(), &ns);
-    leases.create(&Default::default(), &kube_fence::api::Lease::new("work", Default::default())).await.expect("create the lease");
+    let leases: kube::Api<kube_fence_api::Lease> = kube::Api::namespaced(client.clone(), &ns);
+    leases.create(&Default::default(), &kube_fence_api::Lease::new("work", Default::default())).await.expect("create the lease");
     let status = serde_json::json!({"status": {"phase": "Held", "holder": "a", "token": 5}});
     leases.patch_status("work", &Default::default(), &kube::api::Patch::Merge(&status)).await.expect("grant");
     let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(serde_json::json!({"metadata": {"name": "guarded",
-        "labels": {kube_fence::token::LEASE_LABEL: "work"}, "annotations": {kube_fence::token::TOKEN_ANNOTATION: "5"}}}))
+        "labels": {kube_fence_api::names::LEASE_LABEL: "work"}, "annotations": {kube_fence_api::names::TOKEN_ANNOTATION: "5"}}}))
     .unwrap();
     let configmaps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client.clone(), &ns);
 
@@ -402,7 +402,7 @@ async fn a_source_whose_connections_fail_is_refused_before_its_handshake() {
     let (ns, hook, registry) = start(&client, "bounds-failing", Bounds::default()).await;
     let (addr, ca) = (hook.addr, hook.ca_pem.clone());
     const FAILED: &str = "kube_fence_webhook_failed_connections_total ";
-    let burst = kube_fence::admission::bounds::FAILURE_BURST_SECONDS as usize;
+    let burst = kube_fence::admission::http::bounds::FAILURE_BURST_SECONDS as usize;
 
     // HTTP/2 by prior knowledge from 127.0.0.2: handshaken, the preface sent, closed by the server.
     let handshakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));

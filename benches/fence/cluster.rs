@@ -15,12 +15,12 @@ use http_body_util::{BodyExt, Full};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube_fence::admission::http::tls::SelfSigned;
 use kube_fence::admission::registration::{Endpoint, Registration};
-use kube_fence::admission::tls::SelfSigned;
-use kube_fence::api::{Lease, LeaseSpec};
 use kube_fence::client::{AcquireOptions, Leases};
 use kube_fence::ready::Ready;
-use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION};
+use kube_fence_api::names::{LEASE_LABEL, TOKEN_ANNOTATION};
+use kube_fence_api::{Lease, LeaseSpec};
 use serde_json::json;
 
 use crate::decision::{ISSUED, LEASE, SIZES};
@@ -501,7 +501,7 @@ async fn leader_guarded(args: &Args, table: &mut Table, bench: &mut Bench) -> an
     use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
     use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-    use kube_fence::admission::leader::LEADER_LEASE_LABEL;
+    use kube_fence_api::names::LEADER_LEASE_LABEL;
     let (admin, ns) = (bench.client.clone(), bench.ns_hook.clone());
     let pp = PostParams::default();
     Api::<ServiceAccount>::namespaced(admin.clone(), &ns)
@@ -564,8 +564,9 @@ async fn leader_guarded(args: &Args, table: &mut Table, bench: &mut Bench) -> an
 async fn writer_fenced(args: &Args, table: &mut Table, bench: &mut Bench, holder: &Api<ConfigMap>) -> anyhow::Result<()> {
     use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
-    use kube_fence::admission::leader::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD};
-    use kube_fence::admission::writer::WRITERS_ANNOTATION;
+    use kube_fence_api::names::HOLDER_IDENTITY_LABEL;
+    use kube_fence_api::names::HOLDER_IS_POD;
+    use kube_fence_api::names::WRITERS_ANNOTATION;
     let (admin, ns) = (bench.client.clone(), bench.ns_hook.clone());
     let pp = PostParams::default();
     let others: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
@@ -577,7 +578,7 @@ async fn writer_fenced(args: &Args, table: &mut Table, bench: &mut Bench, holder
             "annotations": {WRITERS_ANNOTATION: format!("other-{i}")}}, "spec": {}});
         leases.create(&pp, &serde_json::from_value(lease)?).await?;
     }
-    let routed = kube_fence::admission::writer_routing::configuration_name(&format!("kf-bench-{ns}"));
+    let routed = kube_fence::admission::registration::routing::configuration_name(&format!("kf-bench-{ns}"));
     let configurations: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
     let set_opt_in = async |on: bool| -> anyhow::Result<()> {
         let value = on.then_some("leader");
@@ -586,7 +587,7 @@ async fn writer_fenced(args: &Args, table: &mut Table, bench: &mut Bench, holder
         let want = if on { 10 } else { 9 };
         let deadline = Instant::now() + Duration::from_secs(60);
         // This namespace's webhooks only: the cluster may have other opted-in Leases.
-        let ours = format!("{}/{ns}/", kube_fence::admission::writer::PATH_PREFIX);
+        let ours = format!("{}/{ns}/", kube_fence::admission::judge::writer::PATH_PREFIX);
         loop {
             let count = configurations
                 .get_opt(&routed)
@@ -735,7 +736,7 @@ async fn acquire(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::R
         raw_lease.metadata.managed_fields = None;
         raw_lease = raw_api.replace("raw", &PostParams::default(), &raw_lease).await?;
         raw_lease.status =
-            Some(kube_fence::api::LeaseStatus { holder: Some(format!("holder-{i}")), ..raw_lease.status.clone().unwrap_or_default() });
+            Some(kube_fence_api::LeaseStatus { holder: Some(format!("holder-{i}")), ..raw_lease.status.clone().unwrap_or_default() });
         raw_lease = raw_api.replace_status("raw", &PostParams::default(), &raw_lease).await?;
         raw.push(t.elapsed());
     }

@@ -25,7 +25,7 @@ use axum::body::Bytes;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use kube_fence::admission::registration::{Endpoint, Registration};
-use kube_fence::api::Lease;
+use kube_fence_api::Lease;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;

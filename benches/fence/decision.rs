@@ -10,11 +10,16 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
-use kube_fence::admission::decision::{LeaseFacts, Operation, Reason, Request, Verdict};
-use kube_fence::admission::pipeline::{self, Judging, Sent};
-use kube_fence::admission::reads::fake::FakeLeases;
-use kube_fence::admission::review::{self as server, Admission, Guardable};
-use kube_fence::token::{LEASE_LABEL, TOKEN_ANNOTATION, Token};
+use kube_fence::admission::http::review::{self as server, Admission, Guardable};
+use kube_fence::admission::judge::facts::LeaseFacts;
+use kube_fence::admission::judge::facts::Operation;
+use kube_fence::admission::judge::facts::Request;
+use kube_fence::admission::judge::fake::FakeLeases;
+use kube_fence::admission::judge::pipeline::{self, Judging, Sent};
+use kube_fence::admission::judge::verdict::Verdict;
+use kube_fence_api::denial::Reason;
+use kube_fence_api::names::{LEASE_LABEL, TOKEN_ANNOTATION};
+use kube_fence_api::token::Token;
 use serde_json::json;
 
 use crate::Args;
@@ -109,7 +114,7 @@ fn judge_owned(body: &[u8], judging: &Judging, leases: &FakeLeases) -> (Vec<u8>,
     let mut response = AdmissionResponse::from(&request);
     if let Verdict::Deny { code, reason, message, facts } = &verdict {
         response.allowed = false;
-        response.result = kube_fence::admission::denial::status(*code, *reason, message, facts);
+        response.result = kube_fence_api::denial::status(*code, *reason, message, facts);
     }
     (serde_json::to_vec(&response.into_review()).unwrap_or_default(), verdict.is_allowed())
 }

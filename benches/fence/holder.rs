@@ -9,8 +9,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube_fence::admission::registration::{self, Endpoint, Registration};
-use kube_fence::api::Lease;
-use kube_fence::token::{HOLDER_ONLY, LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
+use kube_fence_api::Lease;
+use kube_fence_api::names::{HOLDER_ONLY, LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
 use serde_json::json;
 
 use crate::report::{Met, Samples, Table, ms};

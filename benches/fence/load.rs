@@ -1,6 +1,6 @@
 //! The HTTPS load generator (hyper + rustls, loopback only, bounded by a request count and a
 //! time), and the no-op webhook it is compared with: axum over rustls served by the same
-//! `kube_fence::admission::server::serve` as kube-fence, answering "allowed" to every review
+//! `kube_fence::admission::http::server::serve` as kube-fence, answering "allowed" to every review
 //! after reading it just enough to learn its uid (an answer without the uid is rejected by the
 //! API server, so no real webhook can do less).
 
@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use kube_fence::admission::server::MAX_BODY_BYTES;
+use kube_fence::admission::http::server::MAX_BODY_BYTES;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
@@ -117,7 +117,7 @@ struct UidRequest {
 pub async fn serve_noop(args: &[String]) -> anyhow::Result<()> {
     let [addr, cert, key, ready_file] = args else { anyhow::bail!("--noop-server ADDR CERT KEY READY_FILE") };
     let addr: SocketAddr = addr.parse()?;
-    let config = kube_fence::admission::tls::server_config(&std::fs::read(cert)?, &std::fs::read(key)?)?;
+    let config = kube_fence::admission::http::tls::server_config(&std::fs::read(cert)?, &std::fs::read(key)?)?;
     let router = axum::Router::new()
         .route(
             "/validate",
@@ -136,8 +136,8 @@ pub async fn serve_noop(args: &[String]) -> anyhow::Result<()> {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     let listener = std::net::TcpListener::bind(addr)?;
     kube_fence::ready::Ready { webhook: Some(listener.local_addr()?), metrics: None }.write(std::path::Path::new(ready_file))?;
-    let gate = kube_fence::admission::bounds::ConnectionGate::new(Default::default(), Default::default());
-    kube_fence::admission::server::serve(listener, RustlsConfig::from_config(config), router, gate, std::future::pending()).await?;
+    let gate = kube_fence::admission::http::bounds::ConnectionGate::new(Default::default(), Default::default());
+    kube_fence::admission::http::server::serve(listener, RustlsConfig::from_config(config), router, gate, std::future::pending()).await?;
     Ok(())
 }
 

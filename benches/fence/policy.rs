@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams};
 use kube_fence::admission::registration::{Endpoint, Registration};
-use kube_fence::api::{Lease, LeaseSpec};
-use kube_fence::token::TOKEN_ANNOTATION;
+use kube_fence_api::names::TOKEN_ANNOTATION;
+use kube_fence_api::{Lease, LeaseSpec};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 

@@ -13,13 +13,14 @@ use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::bounds::Bounds;
-use super::decision::Exemptions;
-use super::leader::IdentityRule;
-use super::leases::LeaseDirectory;
-use super::registration::{Endpoint, PATH, Registration};
-use super::server::{self, Metrics};
-use super::tls::{SelfSigned, TlsError};
+use crate::admission::http::bounds::Bounds;
+use crate::admission::http::server::PATH;
+use crate::admission::http::server::{self, Metrics};
+use crate::admission::http::tls::{SelfSigned, TlsError};
+use crate::admission::judge::exemptions::Exemptions;
+use crate::admission::judge::identity::IdentityRule;
+use crate::admission::reads::directory::LeaseDirectory;
+use crate::admission::registration::{Endpoint, Registration};
 
 /// What to serve and register.
 #[derive(Clone, Debug)]
@@ -96,7 +97,7 @@ impl LocalWebhook {
 
         // Who runs local mode is its admin: it writes Lease status as the controller, is exempt
         // from the holder policies, and may opt objects into a leader Lease.
-        let me = super::registration::whoami(&client).await.map_err(LocalError::Register)?;
+        let me = crate::admission::registration::whoami(&client).await.map_err(LocalError::Register)?;
         let exempt = options.exempt.clone().with_label_admins([me.clone()]);
         let (leases, cache) = LeaseDirectory::new(client.clone());
         let cache = tokio::spawn(cache);
@@ -144,7 +145,7 @@ impl LocalWebhook {
             return Err(LocalError::Register(err));
         }
         // The writer webhooks (opted-in ServiceAccounts) call the same address at their own paths.
-        let routing = tokio::spawn(super::writer_routing::keep_in_step(
+        let routing = tokio::spawn(crate::admission::registration::routing::keep_in_step(
             client.clone(),
             registration.name.clone(),
             registration.only_namespaces.clone(),

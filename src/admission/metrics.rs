@@ -7,8 +7,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use super::bounds::ConnectionMetrics;
-use super::decision::Verdict;
+use prometheus_client::metrics::gauge::Gauge;
+
+use super::judge::verdict::Verdict;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
@@ -52,6 +53,17 @@ impl Refusal {
             Refusal::SlowBody => "slow_body",
         }
     }
+}
+
+/// The metrics of the connection bounds.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectionMetrics {
+    pub open: Gauge,
+    pub refused_total: Counter,
+    pub refused_source: Counter,
+    pub refused_failing: Counter,
+    /// Connections that failed (charged to their source's `super::http::bounds::FailureBudget`).
+    pub failed: Counter,
 }
 
 /// The webhook's metrics.

@@ -9,7 +9,7 @@ use super::error::Error;
 pub struct CrdArgs {}
 
 pub fn run(_: CrdArgs) -> Result<(), Error> {
-    let yaml = crate::api::crds_yaml().map_err(|e| Error::EncodeOutput { source: e.into() })?;
+    let yaml = kube_fence_api::crds_yaml().map_err(|e| Error::EncodeOutput { source: e.into() })?;
     std::io::stdout().lock().write_all(yaml.as_bytes())?;
     Ok(())
 }

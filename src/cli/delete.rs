@@ -21,7 +21,7 @@ use super::error::Error;
 use super::grant::GrantArgs;
 use super::patch::{Target, parse_object};
 use crate::client::{self, delete_read_version};
-use crate::token::LEASE_LABEL;
+use kube_fence_api::names::LEASE_LABEL;
 
 /// Arguments of `kube-fence delete`.
 #[derive(Debug, clap::Args)]

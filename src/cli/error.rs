@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use kube::config::{InferConfigError, KubeconfigError, LoadDataError};
 
+use crate::admission::http::tls::TlsError;
 use crate::admission::local::LocalError;
-use crate::admission::tls::TlsError;
 use crate::client::{self, Loss};
 
 /// The exit status of `kube-fence`, one per kind of cause a script may act on. The table
@@ -727,8 +727,8 @@ mod tests {
             &Object::namespaced("configmap", "work", "report"),
             "jobs",
             &client::Error::StaleToken {
-                presented: crate::token::Token::new(3).unwrap_or(crate::token::Token::MAX),
-                recorded: crate::token::Token::new(5).unwrap_or(crate::token::Token::MAX),
+                presented: kube_fence_api::token::Token::new(3).unwrap_or(kube_fence_api::token::Token::MAX),
+                recorded: kube_fence_api::token::Token::new(5).unwrap_or(kube_fence_api::token::Token::MAX),
             },
         );
         assert_eq!(exit, Exit::StaleToken);

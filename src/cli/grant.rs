@@ -4,7 +4,7 @@
 
 use super::error::Error;
 use crate::client::{Delegated, DelegationError};
-use crate::token::Token;
+use kube_fence_api::token::Token;
 
 /// `--lease` and `--token`, both or neither.
 #[derive(Debug, Clone, clap::Args)]

@@ -169,7 +169,7 @@ pub async fn run(args: LeaseArgs) -> Result<(), Error> {
             };
             let status = lease.status.clone().unwrap_or_default();
             if let Some(holder) = holder {
-                let held_by = crate::lease::state::held(lease.status.as_ref()).map(|(h, _)| h.to_string());
+                let held_by = kube_fence_api::state::held(lease.status.as_ref()).map(|(h, _)| h.to_string());
                 if held_by.as_deref() != Some(holder.as_str()) {
                     return Err(Error::CheckHolder { lease: object, holder, held_by });
                 }

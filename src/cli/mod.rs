@@ -137,7 +137,7 @@ mod tests {
 
     #[test]
     fn the_leader_identity_rule_defaults_to_client_gos_and_refuses_an_ambiguous_separator() {
-        use crate::admission::leader::IdentityRule;
+        use crate::admission::judge::identity::IdentityRule;
         let rule = |args: &[&str]| match parse(args).map(|cli| cli.command) {
             Ok(Command::Run(run)) => run.webhook.leader_identity,
             Ok(Command::Webhook(command)) => command.webhook.leader_identity,

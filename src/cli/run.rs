@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 use super::cluster::Cluster;
 use super::error::{Error, Object};
 use super::webhook::WebhookArgs;
-use crate::admission::decision::Exemptions;
+use crate::admission::http::server::Metrics;
+use crate::admission::judge::exemptions::Exemptions;
 use crate::admission::local::{LocalOptions, LocalWebhook};
-use crate::admission::server::Metrics;
 use crate::lease::controller::ControllerOptions;
 use crate::telemetry::init_logging;
 

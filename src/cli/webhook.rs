@@ -10,13 +10,14 @@ use axum_server::tls_rustls::RustlsConfig;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::bounds::{self, Bounds};
-use crate::admission::decision::{DEFAULT_EXEMPT, Exemptions};
-use crate::admission::leader::IdentityRule;
-use crate::admission::leases::LeaseDirectory;
+use crate::admission::http::bounds::{self, Bounds};
+use crate::admission::http::server::{self, Metrics};
+use crate::admission::http::tls::{CertFiles, ClientAuth, SelfManaged};
+use crate::admission::judge::exemptions::DEFAULT_EXEMPT;
+use crate::admission::judge::exemptions::Exemptions;
+use crate::admission::judge::identity::IdentityRule;
+use crate::admission::reads::directory::LeaseDirectory;
 use crate::admission::registration::CONFIGURATION_NAME;
-use crate::admission::server::{self, Metrics};
-use crate::admission::tls::{CertFiles, ClientAuth, SelfManaged};
 use crate::ready::Ready;
 use crate::telemetry::{LogFormat, init_logging};
 
@@ -225,7 +226,13 @@ pub async fn serve(
     // The writer webhooks (ServiceAccounts opted in on their leader-election Lease) call this
     // server too; every replica keeps their configuration in step, with the same content.
     spawn_until(
-        crate::admission::writer_routing::keep_in_step(client.clone(), args.webhook_configuration.clone(), None, 5, std::future::pending()),
+        crate::admission::registration::routing::keep_in_step(
+            client.clone(),
+            args.webhook_configuration.clone(),
+            None,
+            5,
+            std::future::pending(),
+        ),
         shutdown.clone(),
     );
     let (leases, cache) = LeaseDirectory::new(client);

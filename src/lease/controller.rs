@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use super::events::{LeaseEvents, Report};
 use super::leader::{self, ElectionConfig};
 use super::state::{self, Observed, Transition};
-use crate::api::{Lease, LeaseStatus};
+use kube_fence_api::{Lease, LeaseStatus};
 
 /// Name of the controller in Events (`reportingController`) and of the leader-election Lease.
 pub const CONTROLLER_NAME: &str = "kube-fence-controller";
@@ -206,7 +206,7 @@ struct HeldGauge {
 
 impl HeldGauge {
     fn held(lease: Option<&Lease>) -> i64 {
-        i64::from(lease.is_some_and(|l| state::held(l.status.as_ref()).is_some()))
+        i64::from(lease.is_some_and(|l| kube_fence_api::state::held(l.status.as_ref()).is_some()))
     }
 
     /// Before the cache applies `event` (it still has the version the event replaces).

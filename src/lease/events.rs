@@ -20,7 +20,7 @@ use kube::{Client, Resource};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::Semaphore;
 
-use crate::api::Lease;
+use kube_fence_api::Lease;
 
 /// Event publishes waiting for the API server at once.
 pub const MAX_IN_FLIGHT: usize = 16;

@@ -25,9 +25,9 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::policy_path::PARAMS_NAME;
-use crate::api::{Lease, LeaseTokens, LeaseTokensSpec};
-use crate::token::Token;
+use kube_fence_api::policy_path::PARAMS_NAME;
+use kube_fence_api::token::Token;
+use kube_fence_api::{Lease, LeaseTokens, LeaseTokensSpec};
 
 const FIELD_MANAGER: &str = "kube-fence-tokens";
 /// Back-off after a failed write of a namespace's parameters.
@@ -196,7 +196,7 @@ async fn reconcile(client: &Client, leases: &Store<Lease>, params: &Store<LeaseT
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{LeaseSpec, LeaseStatus};
+    use kube_fence_api::{LeaseSpec, LeaseStatus};
 
     fn lease(ns: &str, name: &str, token: Option<u64>) -> Lease {
         let mut l = Lease::new(name, LeaseSpec::default());

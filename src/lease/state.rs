@@ -38,10 +38,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
-use crate::api::{Lease, LeaseSpec, LeaseStatus, Phase};
-use crate::token::{Token, TokenError};
+use kube_fence_api::token::{Token, TokenError};
+use kube_fence_api::{Lease, LeaseSpec, LeaseStatus, Phase};
 
-pub use kube_fence_api::state::{HELD_CONDITION, REASON_EXPIRED, REASON_GRANTED, REASON_RELEASED, REASON_RENEWED, held, lease_duration};
+use kube_fence_api::state::{HELD_CONDITION, REASON_EXPIRED, REASON_GRANTED, REASON_RELEASED, REASON_RENEWED, held, lease_duration};
 
 /// A Lease as the controller observed it: the inputs of [`decide`].
 #[derive(Clone, Copy, Debug)]

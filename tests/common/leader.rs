@@ -15,8 +15,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use kube_fence::admission::decision::Reason;
-use kube_fence::admission::leader::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD};
+use kube_fence_api::denial::Reason;
+use kube_fence_api::names::HOLDER_IDENTITY_LABEL;
+use kube_fence_api::names::HOLDER_IS_POD;
 use serde_json::{Value, json};
 
 /// The leader-election Lease the replicas campaign on.
@@ -64,7 +65,7 @@ pub async fn opted_in_lease(client: &Client, ns: &str, name: &str) {
 /// The same, with `writers` (ServiceAccounts of `ns`) opted in on it (`kubefence.io/writers`),
 /// as whoever deploys the controller creates it.
 pub async fn opted_in_lease_with(client: &Client, ns: &str, name: &str, writers: Option<&str>) {
-    let annotations = writers.map(|w| json!({kube_fence::admission::writer::WRITERS_ANNOTATION: w}));
+    let annotations = writers.map(|w| json!({kube_fence_api::names::WRITERS_ANNOTATION: w}));
     let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": name,
         "labels": {HOLDER_IDENTITY_LABEL: HOLDER_IS_POD}, "annotations": annotations}, "spec": {}}))
     .unwrap();
@@ -299,7 +300,7 @@ pub async fn may_patch_namespace(admin: &Client, ns: &str, account: &str) {
 /// its writer had at that resourceVersion. Returns the observations and the writes whose writer
 /// held no grant the watch saw (none are expected).
 pub fn observations(seen: &Seen) -> (Vec<kube_fence_test_support::history::Observation>, usize) {
-    use kube_fence::token::Token;
+    use kube_fence_api::token::Token;
     use kube_fence_test_support::history::Observation;
     let token = |transitions: i32| Token::new(u64::try_from(transitions).unwrap_or(0) + 1).expect("a token");
     let mut out = Vec::new();

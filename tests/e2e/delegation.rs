@@ -28,9 +28,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::runtime::watcher;
-use kube_fence::api::{Lease, Phase};
 use kube_fence::client::{AcquireOptions, DELEGATED_GRANT_ANNOTATION, Delegated, GRANT_ENV, Grant, Leases};
-use kube_fence::token::{TOKEN_ANNOTATION, Token};
+use kube_fence_api::names::TOKEN_ANNOTATION;
+use kube_fence_api::token::Token;
+use kube_fence_api::{Lease, Phase};
 use kube_fence_test_support::history::{self, Observation, Violation};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -330,7 +331,7 @@ async fn a_paused_delegated_pod_cannot_write_after_a_newer_grant_wrote() {
         .patch("result", &PatchParams::default(), &Patch::Merge(json!({"data": {"writer": "plain"}})))
         .await;
     let refusal = common::rejected(plain);
-    assert!(kube_fence::admission::denial::Denial::from_status(&refusal).is_some(), "kube-fence refused the plain write: {refusal:?}");
+    assert!(kube_fence_api::denial::Denial::from_status(&refusal).is_some(), "kube-fence refused the plain write: {refusal:?}");
     leases.release(&setup).await.expect("release");
 
     let started = Instant::now();

@@ -17,7 +17,7 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
-use kube_fence::admission::leader::LEADER_LEASE_LABEL;
+use kube_fence_api::names::LEADER_LEASE_LABEL;
 use serde_json::{Value, json};
 
 use super::{KubeFence, common, installed};

@@ -140,14 +140,14 @@ async fn a_worker_cannot_relax_fencing_on_its_lease() {
     let f = Fixture::new("attack-relax").await;
     let client = worker(&f).await;
     f.grant("work", "b", 6).await;
-    let leases: Api<kube_fence::api::Lease> = Api::namespaced(client.clone(), &f.ns);
+    let leases: Api<kube_fence_api::Lease> = Api::namespaced(client.clone(), &f.ns);
     let relax = json!({"spec": {"fencing": {"enforcement": "Warn"}}});
     let err = leases.patch("work", &PatchParams::default(), &Patch::Merge(&relax)).await.expect_err("relaxing is rejected");
     let kube::Error::Api(status) = &err else { panic!("{err}") };
     assert_eq!(status.code, 422, "{err}");
     assert!(status.message.contains("never relaxed"), "{}", status.message);
     // A lease created in Warn mode (a rollout) can be tightened, and then not relaxed again.
-    let warn: kube_fence::api::Lease = serde_json::from_value(json!({
+    let warn: kube_fence_api::Lease = serde_json::from_value(json!({
         "apiVersion": "kubefence.io/v1alpha1", "kind": "Lease", "metadata": {"name": "rollout"},
         "spec": {"fencing": {"enforcement": "Warn"}}
     }))
@@ -167,7 +167,7 @@ async fn a_worker_cannot_relax_fencing_on_its_lease() {
 #[tokio::test]
 async fn an_equal_token_counts_only_when_the_write_restates_it() {
     let f = Fixture::new("attack-equal").await;
-    let equal: kube_fence::api::Lease = serde_json::from_value(json!({
+    let equal: kube_fence_api::Lease = serde_json::from_value(json!({
         "apiVersion": "kubefence.io/v1alpha1", "kind": "Lease", "metadata": {"name": "work"},
         "spec": {"fencing": {"comparison": "AllowEqual"}}
     }))
@@ -193,7 +193,7 @@ async fn an_equal_token_counts_only_when_the_write_restates_it() {
         namespace: f.ns.clone(),
         lease: "work".into(),
         holder: "b".into(),
-        token: kube_fence::token::Token::new(6).unwrap(),
+        token: kube_fence_api::token::Token::new(6).unwrap(),
         duration: Duration::from_secs(30),
         valid_until: tokio::time::Instant::now(),
         uid: None,
@@ -273,7 +273,7 @@ async fn lease_status_is_written_only_by_the_controller() {
     let f = Fixture::new("attack-lease-status").await;
     let client = worker(&f).await;
     f.grant("work", "a", 5).await;
-    let leases: Api<kube_fence::api::Lease> = Api::namespaced(client, &f.ns);
+    let leases: Api<kube_fence_api::Lease> = Api::namespaced(client, &f.ns);
     let forged = json!({"status": {"phase": "Held", "holder": WORKER, "token": i64::MAX}});
     // The policy takes effect a moment after it is created.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -499,7 +499,8 @@ impl SlowWebhook {
         use axum::routing::post;
         use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
         use std::net::{IpAddr, Ipv4Addr};
-        let made = kube_fence::admission::tls::SelfSigned::generate(&["localhost".into()], &[IpAddr::V4(Ipv4Addr::LOCALHOST)]).unwrap();
+        let made =
+            kube_fence::admission::http::tls::SelfSigned::generate(&["localhost".into()], &[IpAddr::V4(Ipv4Addr::LOCALHOST)]).unwrap();
         let tls = axum_server::tls_rustls::RustlsConfig::from_config(made.server_config().unwrap());
         let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         let addr = listener.local_addr().unwrap();
@@ -521,8 +522,8 @@ impl SlowWebhook {
             }),
         );
         let stop = tokio_util::sync::CancellationToken::new();
-        let gate = kube_fence::admission::bounds::ConnectionGate::new(Default::default(), Default::default());
-        tokio::spawn(kube_fence::admission::server::serve(listener, tls, router, gate, stop.clone().cancelled_owned()));
+        let gate = kube_fence::admission::http::bounds::ConnectionGate::new(Default::default(), Default::default());
+        tokio::spawn(kube_fence::admission::http::server::serve(listener, tls, router, gate, stop.clone().cancelled_owned()));
         let name = format!("kf-slow-{}", f.ns);
         let config: k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration = serde_json::from_value(json!({
             "metadata": {"name": name},
@@ -629,7 +630,7 @@ async fn create_after_delete_window_is_as_long_as_the_slowest_webhook() {
     f.stop().await;
 }
 
-fn bound_lease(name: &str, identity: &str) -> kube_fence::api::Lease {
+fn bound_lease(name: &str, identity: &str) -> kube_fence_api::Lease {
     serde_json::from_value(json!({
         "apiVersion": "kubefence.io/v1alpha1", "kind": "Lease", "metadata": {"name": name}, "spec": {"identity": identity}
     }))
@@ -638,7 +639,7 @@ fn bound_lease(name: &str, identity: &str) -> kube_fence::api::Lease {
 
 /// A claim, renewal or release of `lease`, as the spec patch the client library sends.
 async fn lease_write(client: &Client, ns: &str, lease: &str, holder: Option<&str>, beat: &str) -> Result<(), kube::Error> {
-    let leases: Api<kube_fence::api::Lease> = Api::namespaced(client.clone(), ns);
+    let leases: Api<kube_fence_api::Lease> = Api::namespaced(client.clone(), ns);
     let body = json!({"spec": {"holder": holder, "heartbeatTime": beat}});
     leases.patch(lease, &PatchParams::default(), &Patch::Merge(&body)).await.map(|_| ())
 }
@@ -681,7 +682,7 @@ async fn a_user_bound_lease_is_claimed_renewed_and_released_only_by_its_holder()
     lease_write(&b, &f.ns, "bound", Some("worker-b"), "2026-12-03T09:00:04.000000Z").await.expect("B claims as itself");
     // The binding cannot be dropped by a worker.
     let unbind = json!({"spec": {"identity": null}});
-    let leases: Api<kube_fence::api::Lease> = Api::namespaced(b.clone(), &f.ns);
+    let leases: Api<kube_fence_api::Lease> = Api::namespaced(b.clone(), &f.ns);
     assert!(leases.patch("bound", &PatchParams::default(), &Patch::Merge(&unbind)).await.is_err(), "spec.identity is immutable");
     f.stop().await;
 }

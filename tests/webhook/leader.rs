@@ -12,9 +12,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use kube_fence::admission::decision::Reason;
-use kube_fence::admission::denial::Denial;
-use kube_fence::admission::leader::{HOLDER_IDENTITY_LABEL, LEADER_LEASE_LABEL};
+use kube_fence_api::denial::Denial;
+use kube_fence_api::denial::Reason;
+use kube_fence_api::names::HOLDER_IDENTITY_LABEL;
+use kube_fence_api::names::LEADER_LEASE_LABEL;
 use serde_json::json;
 
 use super::{Fixture, common};
@@ -333,7 +334,8 @@ enum Writes {
 /// Runs two replicas of examples/leader-go as processes authenticated with their Pods' bound
 /// tokens through `cycles` pause cycles, and returns what the cycles and the watch found.
 async fn leader_go_cycles(test: &str, writes: Writes, cycles: usize) -> (leader::Run, leader::Seen, usize) {
-    use kube_fence::admission::decision::{DEFAULT_EXEMPT, Exemptions};
+    use kube_fence::admission::judge::exemptions::DEFAULT_EXEMPT;
+    use kube_fence::admission::judge::exemptions::Exemptions;
     use kube_fence::admission::local::LocalOptions;
     let built = tokio::task::spawn_blocking(|| {
         std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/build-leader-go.sh")).output().expect("build leader-go")
@@ -354,12 +356,12 @@ async fn leader_go_cycles(test: &str, writes: Writes, cycles: usize) -> (leader:
     leader::may_patch_namespace(&f.client, &f.ns, "ctl").await;
     leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
     if writes == Writes::EverythingFenced {
-        let opt_in = Patch::Merge(json!({"metadata": {"annotations": {kube_fence::admission::writer::WRITERS_ANNOTATION: "ctl"}}}));
+        let opt_in = Patch::Merge(json!({"metadata": {"annotations": {kube_fence_api::names::WRITERS_ANNOTATION: "ctl"}}}));
         Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns)
             .patch(leader::LEASE, &PatchParams::default(), &opt_in)
             .await
             .expect("opt in");
-        let routed = kube_fence::admission::writer_routing::configuration_name(&format!("kf-test-{}", f.ns));
+        let routed = kube_fence::admission::registration::routing::configuration_name(&format!("kf-test-{}", f.ns));
         let configurations = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(f.client.clone());
         leader::until("the writer webhook is registered", Duration::from_secs(30), async || {
             configurations.get_opt(&routed).await.ok().flatten().and_then(|c| c.webhooks).is_some_and(|w| w.len() == 1)

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use kube_fence::admission::writer::WRITERS_ANNOTATION;
+use kube_fence_api::names::WRITERS_ANNOTATION;
 use serde_json::json;
 
 use super::{Fixture, common};
@@ -130,7 +130,7 @@ async fn kube_scheduler_is_fenced_by_its_lease_alone() {
         "labels": {"kubefence.io/holder-identity": "Pod"}, "annotations": {WRITERS_ANNOTATION: "scheduler"}}, "spec": {}}))
     .unwrap();
     Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &lease).await.expect("the Lease");
-    let routed = kube_fence::admission::writer_routing::configuration_name(&format!("kf-test-{}", f.ns));
+    let routed = kube_fence::admission::registration::routing::configuration_name(&format!("kf-test-{}", f.ns));
     let configurations = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(f.client.clone());
     until("the writer webhook is registered", Duration::from_secs(30), async || {
         configurations.get_opt(&routed).await.ok().flatten().and_then(|c| c.webhooks).is_some_and(|w| w.len() == 1)

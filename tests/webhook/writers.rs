@@ -12,9 +12,10 @@ use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube_fence::admission::decision::Reason;
-use kube_fence::admission::writer::{WRITERS_ANNOTATION, WRITERS_EXEMPT_ANNOTATION};
-use kube_fence::admission::writer_routing;
+use kube_fence::admission::registration::routing;
+use kube_fence_api::denial::Reason;
+use kube_fence_api::names::WRITERS_ANNOTATION;
+use kube_fence_api::names::WRITERS_EXEMPT_ANNOTATION;
 use serde_json::json;
 
 use super::leader::{controller_pods, elect, forbidden, not_holder, wait_holder_policy};
@@ -210,7 +211,7 @@ async fn with_kube_fence_down_only_the_fenced_writers_writes_fail() {
         Api::<ConfigMap>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &fresh_configmap("by-admin")).await,
     );
     // What the crashed process left behind is removed as an admin would.
-    let name = writer_routing::configuration_name(&format!("kf-test-{}", f.ns));
+    let name = routing::configuration_name(&format!("kf-test-{}", f.ns));
     let _ = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(f.client.clone())
         .delete(&name, &DeleteParams::default())
         .await;

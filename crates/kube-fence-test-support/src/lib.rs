@@ -13,7 +13,7 @@
 //! - [`identity`]: clients that act as a worker or as a Pod, and the RBAC a worker has.
 //! - [`process`]: stopping and resuming a worker process (the pause tests).
 //! - [`history`]: the history checker, the oracle of the fault-injection tests.
-//! - The fake lease reader for pure tests of the webhook is `kube_fence::admission::reads::fake`:
+//! - The fake lease reader for pure tests of the webhook is `kube_fence::admission::judge::fake`:
 //!   its trait belongs to the operator crate, which this crate (contract and client only) does not
 //!   depend on.
 //!

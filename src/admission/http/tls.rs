@@ -1,0 +1,416 @@
+//! Serving certificates for the webhook: HTTPS only.
+//!
+//! Two sources:
+//! - files (`--tls-cert-file`, `--tls-key-file`), re-read on change and swapped in without a
+//!   restart — what cert-manager or a chart-made Secret mounted as a volume gives. A
+//!   half-written pair (new certificate, old key) fails to load and the old pair keeps serving
+//!   until the next poll finds the pair consistent, so a rotation never fails a handshake.
+//! - self-managed: a CA and a serving certificate made here ([`SelfSigned`]) and kept in a
+//!   Secret that every replica shares (created if absent, so concurrent replicas agree on one
+//!   CA), with the CA put into the webhook configuration's `caBundle`.
+//!
+//! Either way the webhook can also authenticate its callers ([`ClientAuth`], `--client-ca-file`):
+//! with the API server configured to present a client certificate to webhooks
+//! (`--admission-control-config-file`, a kubeconfig per webhook), nobody else can even complete
+//! a handshake with the webhook port.
+
+use prometheus_client::metrics::counter::Counter;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum_server::tls_rustls::RustlsConfig;
+use chrono::Datelike;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ObjectMeta, PostParams};
+use rustls::ServerConfig;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Why TLS material could not be loaded or made.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("no PEM certificate found in the certificate file")]
+    NoCertificate,
+    #[error("parsing the PEM private key: {0}")]
+    Key(rustls::pki_types::pem::Error),
+    #[error("building the TLS configuration (does the key match the certificate?): {0}")]
+    Config(#[from] rustls::Error),
+    #[error("making a certificate: {0}")]
+    Generate(#[from] rcgen::Error),
+    #[error("the Secret {0} lacks {1}")]
+    SecretIncomplete(String, &'static str),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Which clients may connect: anyone (the default: the port is protected by the network, see
+/// the chart's NetworkPolicy), or only those presenting a certificate signed by a given CA.
+#[derive(Clone, Debug, Default)]
+pub struct ClientAuth(Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>);
+
+impl ClientAuth {
+    /// Anyone may connect.
+    pub fn none() -> ClientAuth {
+        ClientAuth(None)
+    }
+
+    /// Only clients with a certificate signed by one of the CAs in `ca_pem`.
+    pub fn require(ca_pem: &[u8]) -> Result<ClientAuth, TlsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem).filter_map(Result::ok) {
+            roots.add(cert)?;
+        }
+        if roots.is_empty() {
+            return Err(TlsError::NoCertificate);
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| TlsError::Config(rustls::Error::General(format!("client CA: {e}"))))?;
+        Ok(ClientAuth(Some(verifier)))
+    }
+
+    /// Reads the client CA bundle from `path`.
+    pub fn require_file(path: &std::path::Path) -> Result<ClientAuth, TlsError> {
+        let pem = std::fs::read(path).map_err(|source| TlsError::Read { path: path.to_path_buf(), source })?;
+        ClientAuth::require(&pem)
+    }
+}
+
+/// A rustls server configuration from a PEM certificate chain and a PEM private key, for any
+/// client.
+pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<ServerConfig>, TlsError> {
+    server_config_for(cert_pem, key_pem, &ClientAuth::none())
+}
+
+/// A rustls server configuration from a PEM certificate chain and a PEM private key, for the
+/// clients `auth` admits.
+pub fn server_config_for(cert_pem: &[u8], key_pem: &[u8], auth: &ClientAuth) -> Result<Arc<ServerConfig>, TlsError> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem).filter_map(Result::ok).collect();
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate);
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(TlsError::Key)?;
+    let builder =
+        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider())).with_safe_default_protocol_versions()?;
+    let builder = match &auth.0 {
+        Some(verifier) => builder.with_client_cert_verifier(verifier.clone()),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(certs, key)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A certificate and key pair in PEM.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PemPair {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+}
+
+/// Certificate files, watched for change.
+#[derive(Clone, Debug)]
+pub struct CertFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_auth: ClientAuth,
+}
+
+impl CertFiles {
+    pub async fn read(&self) -> Result<PemPair, TlsError> {
+        let read = |path: PathBuf| async move { tokio::fs::read(&path).await.map_err(|source| TlsError::Read { path, source }) };
+        Ok(PemPair { cert: read(self.cert.clone()).await?, key: read(self.key.clone()).await? })
+    }
+
+    /// Loads the files once, for serving.
+    pub async fn load(&self) -> Result<(RustlsConfig, PemPair), TlsError> {
+        let pair = self.read().await?;
+        let config = server_config_for(&pair.cert, &pair.key, &self.client_auth)?;
+        Ok((RustlsConfig::from_config(config), pair))
+    }
+
+    /// Re-reads the files every `interval` and swaps a changed, consistent pair into `tls`.
+    /// Contents are compared rather than mtimes: Kubernetes updates a mounted Secret by
+    /// swapping a symlink, and mtime granularity can hide a quick second write.
+    pub async fn watch(self, tls: RustlsConfig, mut current: PemPair, interval: Duration, reloads: Counter) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let pair = match self.read().await {
+                Ok(pair) => pair,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot read the TLS files; serving the previous certificate");
+                    continue;
+                }
+            };
+            if pair == current {
+                continue;
+            }
+            match server_config_for(&pair.cert, &pair.key, &self.client_auth) {
+                Ok(config) => {
+                    tls.reload_from_config(config);
+                    current = pair;
+                    reloads.inc();
+                    tracing::info!(cert = %self.cert.display(), "TLS certificate reloaded");
+                }
+                // Likely mid-rotation (certificate written, key not yet): try again next tick.
+                Err(err) => tracing::warn!(error = %err, "new TLS files do not load yet; serving the previous certificate"),
+            }
+        }
+    }
+}
+
+/// A CA made by kube-fence and a serving certificate it signed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SelfSigned {
+    pub ca_cert: String,
+    /// Kept (in the Secret) so a serving certificate can be reissued under the same CA.
+    pub ca_key: String,
+    pub serving: PemPair,
+}
+
+/// Valid from yesterday (tolerates a little clock skew with the API server) for ten years.
+fn set_validity(params: &mut rcgen::CertificateParams) {
+    let start = chrono::Utc::now().date_naive() - chrono::Days::new(1);
+    params.not_before = rcgen::date_time_ymd(start.year(), start.month() as u8, start.day() as u8);
+    params.not_after = rcgen::date_time_ymd(start.year() + 10, start.month() as u8, start.day().min(28) as u8);
+}
+
+/// The CA's parameters. An issuer rebuilt from these and the CA key signs certificates that
+/// chain to the stored CA certificate (same subject, same key identifier).
+fn ca_params() -> Result<rcgen::CertificateParams, TlsError> {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name.push(rcgen::DnType::CommonName, "kube-fence webhook CA");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    ca.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign, rcgen::KeyUsagePurpose::DigitalSignature];
+    set_validity(&mut ca);
+    Ok(ca)
+}
+
+/// A serving certificate for `dns_names` and `ips`, signed by the kube-fence CA whose key is
+/// given in PEM.
+pub fn issue_serving(ca_key_pem: &str, dns_names: &[String], ips: &[IpAddr]) -> Result<PemPair, TlsError> {
+    let issuer = rcgen::Issuer::new(ca_params()?, rcgen::KeyPair::from_pem(ca_key_pem)?);
+    let key = rcgen::KeyPair::generate()?;
+    let mut leaf = rcgen::CertificateParams::new(dns_names.to_vec())?;
+    leaf.subject_alt_names.extend(ips.iter().map(|ip| rcgen::SanType::IpAddress(*ip)));
+    leaf.distinguished_name.push(rcgen::DnType::CommonName, dns_names.first().cloned().unwrap_or_else(|| "kube-fence".into()));
+    leaf.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature, rcgen::KeyUsagePurpose::KeyEncipherment];
+    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    set_validity(&mut leaf);
+    let cert = leaf.signed_by(&key, &issuer)?;
+    Ok(PemPair { cert: cert.pem().into_bytes(), key: key.serialize_pem().into_bytes() })
+}
+
+impl SelfSigned {
+    /// A fresh CA and a serving certificate for `dns_names` and `ips`, valid ten years (the
+    /// CA lives in a Secret and the caBundle, both of which kube-fence keeps; replace the
+    /// Secret to rotate).
+    pub fn generate(dns_names: &[String], ips: &[IpAddr]) -> Result<SelfSigned, TlsError> {
+        let ca_key = rcgen::KeyPair::generate()?;
+        let ca = ca_params()?;
+        let ca_cert = ca.self_signed(&ca_key)?.pem();
+        let ca_key = ca_key.serialize_pem();
+        let serving = issue_serving(&ca_key, dns_names, ips)?;
+        Ok(SelfSigned { ca_cert, ca_key, serving })
+    }
+
+    pub fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
+        server_config(&self.serving.cert, &self.serving.key)
+    }
+
+    /// The server configuration for the clients `auth` admits.
+    pub fn server_config_for(&self, auth: &ClientAuth) -> Result<Arc<ServerConfig>, TlsError> {
+        server_config_for(&self.serving.cert, &self.serving.key, auth)
+    }
+
+    fn to_secret(&self, name: &str, namespace: &str) -> Secret {
+        let data = [
+            ("ca.crt", self.ca_cert.as_bytes().to_vec()),
+            ("ca.key", self.ca_key.as_bytes().to_vec()),
+            ("tls.crt", self.serving.cert.clone()),
+            ("tls.key", self.serving.key.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), ByteString(v)))
+        .collect();
+        Secret {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(namespace.into()),
+                labels: Some([("app.kubernetes.io/managed-by".to_string(), "kube-fence".to_string())].into()),
+                ..Default::default()
+            },
+            type_: Some("kubernetes.io/tls".into()),
+            data: Some(data),
+            ..Default::default()
+        }
+    }
+
+    fn from_secret(secret: &Secret) -> Result<SelfSigned, TlsError> {
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        let get = |key: &'static str| {
+            secret.data.as_ref().and_then(|d| d.get(key)).map(|b| b.0.clone()).ok_or_else(|| TlsError::SecretIncomplete(name.clone(), key))
+        };
+        Ok(SelfSigned {
+            ca_cert: String::from_utf8_lossy(&get("ca.crt")?).into_owned(),
+            ca_key: String::from_utf8_lossy(&get("ca.key")?).into_owned(),
+            serving: PemPair { cert: get("tls.crt")?, key: get("tls.key")? },
+        })
+    }
+}
+
+/// Self-managed TLS: where the shared Secret lives and which webhook configuration trusts it.
+#[derive(Clone, Debug)]
+pub struct SelfManaged {
+    pub namespace: String,
+    pub secret: String,
+    /// DNS names of the webhook Service (`<svc>.<ns>.svc`, ...).
+    pub dns_names: Vec<String>,
+    pub webhook_configuration: String,
+    pub client_auth: ClientAuth,
+}
+
+impl SelfManaged {
+    /// The shared CA and serving certificate: read from the Secret, or made and stored in it
+    /// when absent. Create-if-absent means that replicas racing at first start all end up
+    /// with the one pair that won the create.
+    pub async fn ensure_secret(&self, client: &kube::Client) -> Result<SelfSigned, TlsError> {
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &self.namespace);
+        if let Some(secret) = secrets.get_opt(&self.secret).await? {
+            return SelfSigned::from_secret(&secret);
+        }
+        let made = SelfSigned::generate(&self.dns_names, &[])?;
+        match secrets.create(&PostParams::default(), &made.to_secret(&self.secret, &self.namespace)).await {
+            Ok(_) => Ok(made),
+            Err(kube::Error::Api(e)) if e.code == 409 => SelfSigned::from_secret(&secrets.get(&self.secret).await?),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Keeps TLS and the caBundle right: every `interval`, re-reads the Secret (re-creating it
+    /// if deleted — a new CA), swaps a changed pair into `tls`, and sets the caBundle of every
+    /// webhook in the configuration to the Secret's CA.
+    pub async fn maintain(self, client: kube::Client, tls: RustlsConfig, mut current: SelfSigned, interval: Duration, reloads: Counter) {
+        loop {
+            if let Err(err) = ensure_ca_bundle(&client, &self.webhook_configuration, &current.ca_cert).await {
+                tracing::warn!(error = %err, configuration = %self.webhook_configuration, "cannot set the webhook caBundle; retrying");
+            }
+            tokio::time::sleep(interval).await;
+            match self.ensure_secret(&client).await.and_then(|pair| Ok((pair.server_config_for(&self.client_auth)?, pair))) {
+                Ok((config, pair)) if pair != current => {
+                    tls.reload_from_config(config);
+                    current = pair;
+                    reloads.inc();
+                    tracing::info!(secret = %self.secret, "TLS certificate reloaded from the Secret");
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, secret = %self.secret, "cannot read the TLS Secret; serving the previous certificate")
+                }
+            }
+        }
+    }
+}
+
+/// Sets `caBundle` of every webhook of a configuration to `ca_pem`, when it differs.
+pub async fn ensure_ca_bundle(client: &kube::Client, configuration: &str, ca_pem: &str) -> Result<(), kube::Error> {
+    let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let Some(vwc) = api.get_opt(configuration).await? else { return Ok(()) };
+    let want = ByteString(ca_pem.as_bytes().to_vec());
+    let mut webhooks = vwc.webhooks.clone().unwrap_or_default();
+    if webhooks.iter().all(|w| w.client_config.ca_bundle.as_ref() == Some(&want)) {
+        return Ok(());
+    }
+    for w in &mut webhooks {
+        w.client_config.ca_bundle = Some(want.clone());
+    }
+    // Replace with the resourceVersion we read: a concurrent edit makes this fail and the next
+    // round retries on fresh data.
+    let mut updated = vwc;
+    updated.webhooks = Some(webhooks);
+    api.replace(configuration, &PostParams::default(), &updated).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CA and a client certificate (EKU clientAuth) it signed: (CA PEM, client cert PEM, key PEM).
+    fn client_identity() -> (String, String, String) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(rcgen::DnType::CommonName, "api server client CA");
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut leaf = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        leaf.distinguished_name.push(rcgen::DnType::CommonName, "kube-apiserver");
+        leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = leaf.signed_by(&key, &issuer).unwrap();
+        (ca_pem, cert.pem(), key.serialize_pem())
+    }
+
+    async fn handshake(
+        addr: std::net::SocketAddr,
+        server_ca: &str,
+        client: Option<(&str, &str)>,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(server_ca.as_bytes()) {
+            roots.add(cert?)?;
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots);
+        let config = match client {
+            Some((cert, key)) => builder.with_client_auth_cert(
+                CertificateDer::pem_slice_iter(cert.as_bytes()).collect::<Result<Vec<_>, _>>()?,
+                PrivateKeyDer::from_pem_slice(key.as_bytes())?,
+            )?,
+            None => builder.with_no_client_auth(),
+        };
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
+        tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await?;
+        let mut out = Vec::new();
+        tls.read_to_end(&mut out).await?;
+        if String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200") { Ok(()) } else { Err("no 200".into()) }
+    }
+
+    /// Finding 5's second half: with `--client-ca-file`, only a client presenting a certificate
+    /// of that CA (the API server, configured to) completes a request; anyone else is refused in
+    /// the handshake.
+    #[tokio::test]
+    async fn a_webhook_that_authenticates_its_callers_refuses_everyone_else() {
+        let serving = SelfSigned::generate(&["localhost".into()], &[IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)]).unwrap();
+        let (client_ca, client_cert, client_key) = client_identity();
+        let auth = ClientAuth::require(client_ca.as_bytes()).unwrap();
+        let tls = RustlsConfig::from_config(serving.server_config_for(&auth).unwrap());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let gate = crate::admission::http::bounds::ConnectionGate::new(Default::default(), Default::default());
+        tokio::spawn(crate::admission::http::server::serve(listener, tls, router, gate, stop.clone().cancelled_owned()));
+        assert!(handshake(addr, &serving.ca_cert, None).await.is_err(), "no client certificate: refused");
+        let (other_ca, other_cert, other_key) = client_identity();
+        drop(other_ca);
+        assert!(handshake(addr, &serving.ca_cert, Some((&other_cert, &other_key))).await.is_err(), "another CA's certificate: refused");
+        handshake(addr, &serving.ca_cert, Some((&client_cert, &client_key))).await.expect("the authenticated caller is served");
+        assert!(ClientAuth::require(b"not a certificate").is_err());
+        stop.cancel();
+    }
+}
