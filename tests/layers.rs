@@ -28,7 +28,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "what a guard is: the preamble, the guard trait, the fake reader",
         &["admission::judge::preamble", "admission::judge::guard", "admission::judge::fake"],
     ),
-    ("the guards", &["admission::judge::token", "admission::judge::leader", "admission::judge::writer"]),
+    ("the guards", &["admission::judge::token", "admission::judge::leader", "admission::judge::writer", "admission::judge::audit"]),
     ("the pipeline", &["admission::judge::pipeline", "admission::judge"]),
     ("the real reads and the metrics they count", &["admission::metrics", "admission::reads"]),
     ("wire and transport; the lease controller beside them", &["admission::http", "lease"]),

@@ -292,6 +292,6 @@ pub async fn run(
     let events = Some(RejectionEvents::new(leases.client(), crate::process::identity()));
     let gate = ConnectionGate::new(bounds, metrics.connections.clone());
     let reader = Reader::new(leases, metrics.clone(), bounds.quorum_reads_per_source);
-    let webhook = Arc::new(Webhook::new(Judging { exempt, identity }, reader, metrics, events));
+    let webhook = Arc::new(Webhook::new(Judging { exempt, identity, ..Judging::default() }, reader, metrics, events));
     serve(listener, tls, router(webhook, registry), gate, shutdown).await
 }

@@ -7,13 +7,15 @@
 //!    a guard is: how it judges outright, which read it needs, how it judges what came back).
 //! 3. The guards, one file each: [`token`] (objects labelled `kubefence.io/lease`), [`leader`]
 //!    (objects labelled `kubefence.io/leader-lease`), [`writer`] (every write of an opted-in
-//!    ServiceAccount).
+//!    ServiceAccount), and [`audit`] (any guard in audit mode: what it would deny is admitted
+//!    with a warning).
 //! 4. [`pipeline`]: which guards judge a review, and the one rule that combines them.
 //!
 //! A new guard kind is a file in layer 3 (its `impl Guard`, its tests) and its line in
 //! [`pipeline`]; the webhook (`crate::admission::http`) and the reader (`crate::admission::reads`)
 //! need no change unless it needs a new kind of read.
 
+pub mod audit;
 pub mod exemptions;
 pub mod facts;
 #[cfg(any(test, feature = "test-support"))]

@@ -9,12 +9,24 @@ use super::facts::{LeaseRef, ObjectFacts, Operation, Request, Requester};
 use super::identity::IdentityRule;
 use super::verdict::Verdict;
 
-/// How this webhook judges: who is exempt, and how a leader-election Lease names a Pod
-/// (`--leader-identity-separator`).
+/// How this webhook judges: who is exempt, how a leader-election Lease names a Pod
+/// (`--leader-identity-separator`), and whether the holder fences (objects labelled
+/// `kubefence.io/leader-lease`, opted-in writers) deny or only warn (`--holder-fences`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Judging {
     pub exempt: Exemptions,
     pub identity: IdentityRule,
+    pub holder_fences: Mode,
+}
+
+/// Whether a fence denies what it would refuse, or admits it with a warning.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Refused writes are denied.
+    #[default]
+    Enforce,
+    /// Refused writes are admitted with a warning that says what enforcing would have said.
+    Audit,
 }
 
 /// Which webhook a review was sent to: the guarded objects' (`/validate`), or the writer fence
