@@ -29,10 +29,11 @@ pub struct Ready {
     pub metrics: Option<SocketAddr>,
 }
 
-/// Why a ready file could not be read.
+/// Why a ready file could not be read. A message leaves its source out: the chain of causes tells
+/// it ([`crate::telemetry::Chain`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ReadyFileError {
-    #[error("cannot read the ready file {}: {source}", .path.display())]
+    #[error("cannot read the ready file {}", .path.display())]
     Read {
         path: PathBuf,
         #[source]
