@@ -333,6 +333,7 @@ mod tests {
                 let chain: Vec<String> =
                     std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source()).map(|e| e.to_string()).collect();
                 assert!(chain.iter().any(|said| said.contains(why)), "{value}: {chain:?}");
+                assert!(chain.windows(2).all(|pair| !pair[0].contains(&pair[1])), "a message leaves its source out: {chain:?}");
             }
             (got, want) => panic!("{value}: got {got:?}, want {want:?}"),
         }
