@@ -47,28 +47,22 @@ pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl Chain<'_> {
     /// Each error of the chain in its own words, outermost first, without the words of its
-    /// causes (which follow it). An error that says nothing but its cause is left out.
+    /// causes (which follow it). An error that says nothing but its cause is left out, and so is
+    /// a cause whose words the message above it already says (kube's `ApiError: {status} (..)`,
+    /// `kubeconfig: ({source})`).
     pub fn links(&self) -> Vec<String> {
-        let said: Vec<String> = std::iter::successors(Some(self.0), |err| err.source()).map(|err| err.to_string()).collect();
-        // Built innermost first, so that the causes below an error are known when it is reached.
-        let mut links: Vec<String> = Vec::with_capacity(said.len());
-        for (i, text) in said.iter().enumerate().rev() {
-            let own = match said.get(i + 1) {
-                None => Some(text.as_str()),
-                Some(next) => {
-                    // What the message may end with: its causes as this renders them (a message
-                    // that quotes a `Chain`, as the CLI's do), or its source's message (an error
-                    // of another crate).
-                    let below = links.iter().rev().map(String::as_str).collect::<Vec<_>>().join(": ");
-                    own_words(text, &[&below, next])
-                }
-            };
-            if let Some(own) = own.filter(|own| !own.is_empty()) {
-                links.push(own.to_string());
-            }
-        }
-        links.reverse();
-        links
+        let text = self.0.to_string();
+        let Some(source) = self.0.source() else { return vec![text] };
+        let mut causes = Chain(source).links();
+        // What the message may end with: its causes as this renders them (a message that quotes
+        // a `Chain`, as the CLI's do), or its source's message (an error of another crate).
+        let Some(own) = own_words(&text, &[&causes.join(": "), &source.to_string()]).filter(|own| !own.is_empty()) else {
+            return causes;
+        };
+        let said = causes.iter().take_while(|cause| own.contains(cause.as_str())).count();
+        causes.drain(..said);
+        causes.insert(0, own.to_string());
+        causes
     }
 }
 
@@ -167,5 +161,10 @@ mod tests {
         // Mixed: a message that ends with the causes as this renders them, or says only its cause.
         let mixed = chain("the grant is unusable: a bad token: a leading zero", &["a bad token", "a leading zero", "a leading zero"]);
         assert_eq!(Chain(&mixed).links(), ["the grant is unusable", "a bad token", "a leading zero"]);
+        // A message that quotes its cause elsewhere than at its end, as kube's `ApiError` does.
+        let quoted = chain("ApiError: forbidden: Forbidden (Status { .. })", &["forbidden: Forbidden"]);
+        assert_eq!(Chain(&quoted).to_string(), "ApiError: forbidden: Forbidden (Status { .. })");
+        let nested = chain("infer: kubeconfig: (reading cfg: no such file)", &["reading cfg: no such file", "no such file"]);
+        assert_eq!(Chain(&nested).links(), ["infer: kubeconfig: (reading cfg: no such file)"]);
     }
 }
