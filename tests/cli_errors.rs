@@ -750,6 +750,26 @@ fn verbose_names_each_cause_of_a_nested_failure_once() {
     }
 }
 
+/// The same for a chain of kube's errors, whose messages quote their causes: a KUBECONFIG that
+/// names no file (the config could not be inferred, because the kubeconfig could not be read,
+/// because the file does not exist). No `caused by:` line says again what a line above it said.
+#[test]
+fn verbose_names_each_cause_of_a_kubeconfig_failure_once() {
+    let home = tempfile::tempdir().expect("HOME");
+    let kubeconfig = home.path().join("no-such-kubeconfig");
+    let out = kube_fence(Cluster::Kubeconfig(&kubeconfig), home.path(), &["-v", "lease", "get", "l", "-n", "work"]);
+    let stderr = text(&out.stderr);
+    eprintln!("kube-fence -v lease get l -n work:\n{stderr}");
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    let causes: Vec<&str> = stderr.lines().filter_map(|l| l.strip_prefix("  caused by: ")).collect();
+    assert!(!causes.is_empty(), "-v shows the chain:\n{stderr}");
+    for (i, cause) in causes.iter().enumerate() {
+        assert!(causes[..i].iter().all(|above| !above.contains(cause)), "{cause:?} is said again:\n{stderr}");
+    }
+    let missing = std::io::Error::from_raw_os_error(2).to_string();
+    assert_eq!(stderr.matches(&missing).count(), 1, "-v names {missing:?} once:\n{stderr}");
+}
+
 /// `kube-fence delete` deletes exactly the version it read, which a guarded DELETE needs and
 /// `kubectl delete` cannot send: of a token-guarded object with the grant's token, and of a
 /// holder-only object as the lease's holder Pod, whose plain DELETE (what `kubectl delete`
