@@ -43,7 +43,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let grant = match Delegated::from_env() {
         Ok(grant) => grant,
         Err(err) => {
-            eprintln!("delegated_writer: {err}; start it with a delegated grant (kube-fence delegate)");
+            // The error names what failed, its source why (a bad token): print the chain.
+            let why: Vec<String> =
+                std::iter::successors(Some(&err as &dyn std::error::Error), |e| e.source()).map(|e| e.to_string()).collect();
+            eprintln!("delegated_writer: {}; start it with a delegated grant (kube-fence delegate)", why.join(": "));
             std::process::exit(2);
         }
     };

@@ -29,10 +29,11 @@ pub struct Ready {
     pub metrics: Option<SocketAddr>,
 }
 
-/// Why a ready file could not be read.
+/// Why a ready file could not be read. A message leaves its source out: the chain of causes tells
+/// it ([`crate::telemetry::Chain`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ReadyFileError {
-    #[error("cannot read the ready file {}: {source}", .path.display())]
+    #[error("cannot read the ready file {}", .path.display())]
     Read {
         path: PathBuf,
         #[source]
@@ -157,5 +158,14 @@ mod tests {
         let names: Vec<_> = std::fs::read_dir(dir.path()).into_iter().flatten().flatten().map(|e| e.file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("ready")]);
         assert!(ready.write(&dir.path().join("no-such-dir/ready")).is_err());
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_is_named_and_its_io_error_is_the_source() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let Err(err) = Ready::read(dir.path()) else { panic!("a directory is not a ready file") };
+        // The message names what failed; the I/O error is the source, said by the chain alone.
+        assert_eq!(err.to_string(), format!("cannot read the ready file {}", dir.path().display()));
+        assert!(std::error::Error::source(&err).is_some_and(|source| source.is::<std::io::Error>()), "{err:?}");
     }
 }

@@ -37,6 +37,54 @@ pub fn init_logging(format: LogFormat) {
     };
 }
 
+/// An error and its causes on one line, each cause said once: `writing the status of Lease
+/// team/jobs: ApiError: ...`. kube-fence's errors leave their source out of their own message, so
+/// that a chain printed whole (the CLI's `-v`) says each cause once; a log field or a one-line
+/// message therefore shows the chain (`err = %Chain(&err)`), since `%err` alone would drop the
+/// causes. Errors of other crates (kube's) often end their message with their source's: that
+/// repeat is cut here.
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl Chain<'_> {
+    /// Each error of the chain in its own words, outermost first, without the words of its
+    /// causes (which follow it). An error that says nothing but its cause is left out, and so is
+    /// a cause whose words the message above it already says (kube's `ApiError: {status} (..)`,
+    /// `kubeconfig: ({source})`).
+    pub fn links(&self) -> Vec<String> {
+        let text = self.0.to_string();
+        let Some(source) = self.0.source() else { return vec![text] };
+        let mut causes = Chain(source).links();
+        // What the message may end with: its causes as this renders them (a message that quotes
+        // a `Chain`, as the CLI's do), or its source's message (an error of another crate).
+        let Some(own) = own_words(&text, &[&causes.join(": "), &source.to_string()]).filter(|own| !own.is_empty()) else {
+            return causes;
+        };
+        let said = causes.iter().take_while(|cause| own.contains(cause.as_str())).count();
+        causes.drain(..said);
+        causes.insert(0, own.to_string());
+        causes
+    }
+}
+
+/// `text` without a trailing `: CAUSE` for one of `causes`; `None` when `text` is a cause alone.
+fn own_words<'t>(text: &'t str, causes: &[&str]) -> Option<&'t str> {
+    for cause in causes.iter().filter(|cause| !cause.is_empty()) {
+        if text == *cause {
+            return None;
+        }
+        if let Some(own) = text.strip_suffix(cause).and_then(|own| own.strip_suffix(": ")) {
+            return Some(own);
+        }
+    }
+    Some(text)
+}
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.links().join(": "))
+    }
+}
+
 /// Renders a registry in the Prometheus text exposition format.
 pub fn render(registry: &Registry) -> String {
     let mut out = String::new();
@@ -74,4 +122,49 @@ pub async fn serve_metrics(
             .route("/healthz", get(|| async { "ok" }))
             .route("/readyz", get(|| async { "ok" }));
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Chain;
+
+    /// An error with a message and an optional source, as thiserror would make it.
+    #[derive(Debug)]
+    struct Failed(&'static str, Option<Box<Failed>>);
+
+    impl std::fmt::Display for Failed {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Failed {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+        }
+    }
+
+    /// The first message, caused by the second, caused by the third...
+    fn chain(first: &'static str, causes: &[&'static str]) -> Failed {
+        let source = causes.iter().rev().fold(None, |source, message| Some(Box::new(Failed(message, source))));
+        Failed(first, source)
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        // kube-fence's errors: a message without its source.
+        let ours = chain("reading the grant", &["a bad token", "a leading zero"]);
+        assert_eq!(Chain(&ours).to_string(), "reading the grant: a bad token: a leading zero");
+        // Another crate's: each message ends with its source's, as kube's do.
+        let theirs = chain("loading the key: reading key.pem: no such file", &["reading key.pem: no such file", "no such file"]);
+        assert_eq!(Chain(&theirs).links(), ["loading the key", "reading key.pem", "no such file"]);
+        // Mixed: a message that ends with the causes as this renders them, or says only its cause.
+        let mixed = chain("the grant is unusable: a bad token: a leading zero", &["a bad token", "a leading zero", "a leading zero"]);
+        assert_eq!(Chain(&mixed).links(), ["the grant is unusable", "a bad token", "a leading zero"]);
+        // A message that quotes its cause elsewhere than at its end, as kube's `ApiError` does.
+        let quoted = chain("ApiError: forbidden: Forbidden (Status { .. })", &["forbidden: Forbidden"]);
+        assert_eq!(Chain(&quoted).to_string(), "ApiError: forbidden: Forbidden (Status { .. })");
+        let nested = chain("infer: kubeconfig: (reading cfg: no such file)", &["reading cfg: no such file", "no such file"]);
+        assert_eq!(Chain(&nested).links(), ["infer: kubeconfig: (reading cfg: no such file)"]);
+    }
 }

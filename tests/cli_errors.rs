@@ -717,6 +717,59 @@ fn the_readme_and_the_help_document_the_same_exit_statuses() {
     assert_eq!(in_readme, in_help, "README.md's exit table and --help agree");
 }
 
+/// A failure with a nested cause, without a cluster: a delegated grant whose token does not parse
+/// (the grant's error, caused by the token's). `-v` names each cause once, on its own `caused by:`
+/// line after the failed action; without `-v`, the one line names each cause once too.
+#[test]
+fn verbose_names_each_cause_of_a_nested_failure_once() {
+    let home = tempfile::tempdir().expect("HOME");
+    let manifest = home.path().join("configmap.yaml");
+    std::fs::write(&manifest, "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n").expect("write the manifest");
+    let manifest = manifest.display().to_string();
+    let args = ["delegate", "-f", &manifest];
+    let grant = [("KUBE_FENCE_GRANT", "work/jobs:012")];
+    let causes = ["the delegated grant \"work/jobs:012\" has a bad token", "the token \"012\" has a leading zero"];
+
+    let verbose = kube_fence_with(Cluster::None, home.path(), &["-v", "delegate", "-f", &manifest], &grant);
+    let stderr = text(&verbose.stderr);
+    eprintln!("kube-fence -v {}:\n{stderr}", args.join(" "));
+    assert_eq!(verbose.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().next(), Some("kube-fence: error: KUBE_FENCE_GRANT is not a usable grant"), "{stderr}");
+    for cause in causes {
+        assert_eq!(stderr.matches(cause).count(), 1, "-v names {cause:?} once:\n{stderr}");
+        assert!(stderr.lines().any(|l| l.starts_with("  caused by: ") && l.contains(cause)), "-v names {cause:?} as a cause:\n{stderr}");
+    }
+
+    let plain = kube_fence_with(Cluster::None, home.path(), &args, &grant);
+    let stderr = text(&plain.stderr);
+    assert_eq!(plain.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("kube-fence: error: KUBE_FENCE_GRANT is not a usable grant: "), "{stderr}");
+    for cause in causes {
+        assert_eq!(stderr.matches(cause).count(), 1, "the one line names {cause:?} once: {stderr}");
+    }
+}
+
+/// The same for a chain of kube's errors, whose messages quote their causes: a KUBECONFIG that
+/// names no file (the config could not be inferred, because the kubeconfig could not be read,
+/// because the file does not exist). No `caused by:` line says again what a line above it said.
+#[test]
+fn verbose_names_each_cause_of_a_kubeconfig_failure_once() {
+    let home = tempfile::tempdir().expect("HOME");
+    let kubeconfig = home.path().join("no-such-kubeconfig");
+    let out = kube_fence(Cluster::Kubeconfig(&kubeconfig), home.path(), &["-v", "lease", "get", "l", "-n", "work"]);
+    let stderr = text(&out.stderr);
+    eprintln!("kube-fence -v lease get l -n work:\n{stderr}");
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    let causes: Vec<&str> = stderr.lines().filter_map(|l| l.strip_prefix("  caused by: ")).collect();
+    assert!(!causes.is_empty(), "-v shows the chain:\n{stderr}");
+    for (i, cause) in causes.iter().enumerate() {
+        assert!(causes[..i].iter().all(|above| !above.contains(cause)), "{cause:?} is said again:\n{stderr}");
+    }
+    let missing = std::io::Error::from_raw_os_error(2).to_string();
+    assert_eq!(stderr.matches(&missing).count(), 1, "-v names {missing:?} once:\n{stderr}");
+}
+
 /// `kube-fence delete` deletes exactly the version it read, which a guarded DELETE needs and
 /// `kubectl delete` cannot send: of a token-guarded object with the grant's token, and of a
 /// holder-only object as the lease's holder Pod, whose plain DELETE (what `kubectl delete`

@@ -2,7 +2,8 @@
 //! each mapped here to an exit code ([`Error::exit`]) and a one-line message ([`Display`]) that
 //! states the cause once, names the object and namespace it concerns and, where there is one,
 //! the next step. Kubernetes types never reach the message through `Debug`; `-v` prints the whole
-//! chain of causes.
+//! chain of causes, each once. The library's errors leave their source out of their message (the
+//! chain tells it), so where a message quotes one it quotes the chain ([`causes`]).
 //!
 //! [`Display`]: std::fmt::Display
 
@@ -17,6 +18,7 @@ use kube::config::{InferConfigError, KubeconfigError, LoadDataError};
 use crate::admission::http::tls::TlsError;
 use crate::admission::local::LocalError;
 use crate::client::{self, Loss};
+use crate::telemetry::Chain;
 
 /// The exit status of `kube-fence`, one per kind of cause a script may act on. The table
 /// [`EXIT_STATUS_HELP`] (shown by `--help`) documents them.
@@ -176,7 +178,7 @@ pub enum Error {
     )]
     NoGrant,
     /// `$KUBE_FENCE_GRANT` is set but is not a grant.
-    #[error("{} is not a usable grant: {source}", client::GRANT_ENV)]
+    #[error("{} is not a usable grant: {}", client::GRANT_ENV, causes(.source))]
     ReadDelegatedGrant {
         #[source]
         source: client::DelegationError,
@@ -268,7 +270,7 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot encode the output: {source}")]
+    #[error("cannot encode the output: {}", causes(.source.as_ref()))]
     EncodeOutput {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
@@ -320,14 +322,18 @@ impl Error {
         }
     }
 
-    /// What `-v` prints: the message, then every cause down the chain (`Debug` included, since
-    /// a verbose reader may want the API's whole answer).
+    /// What `-v` prints: the message, then every cause down the chain on a line of its own,
+    /// each once (then `Debug`, since a verbose reader may want the API's whole answer).
     pub fn verbose(&self) -> String {
-        let mut out = format!("{self}\n  failed action: {}", self.action());
-        let mut source = self.source();
-        while let Some(cause) = source {
-            let _ = write!(out, "\n  caused by: {cause}");
-            source = cause.source();
+        let message = self.to_string();
+        let links = self.source().map(|source| Chain(source).links()).unwrap_or_default();
+        // A message that ends with the chain (`... is not a usable grant: CAUSE: CAUSE`) drops it
+        // here: the lines below say each cause.
+        let inline = format!(": {}", one_line(&links.join(": ")));
+        let headline = message.strip_suffix(&inline).filter(|_| !links.is_empty()).unwrap_or(&message);
+        let mut out = format!("{headline}\n  failed action: {}", self.action());
+        for link in &links {
+            let _ = write!(out, "\n  caused by: {}", one_line(link));
         }
         let _ = write!(out, "\n  in full: {self:?}");
         out
@@ -349,6 +355,12 @@ impl From<std::io::Error> for Error {
 /// One line: a message from elsewhere (the API server, a parser) may hold line breaks.
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// An error of the library and its causes, for a one-line message: `a: b: c`, each said once
+/// (the error's own message leaves its source out).
+fn causes(err: &(dyn std::error::Error + 'static)) -> String {
+    one_line(&Chain(err).to_string())
 }
 
 /// An I/O error in words, without the `(os error N)` suffix.
@@ -531,7 +543,7 @@ fn explain_lease(server: &str, lease: &Object, holder: Option<&String>, wait: Op
             (Exit::NotFound, "the API server does not serve kubefence.io Leases: install the CRDs (kubectl apply -f crds/)".to_string())
         }
         client::Error::Kube(kube) => explain_api_about(server, Some(lease), kube),
-        other => (Exit::Failed, format!("{lease}: {other}")),
+        other => (Exit::Failed, format!("{lease}: {}", causes(other))),
     }
 }
 
@@ -564,7 +576,7 @@ fn explain_write(server: &str, object: &Object, lease: &str, err: &client::Error
         client::Error::Conflict(_) => (Exit::Failed, format!("{object} changed while kube-fence wrote it; read it again and retry")),
         client::Error::UnsupportedPatch(why) => (Exit::Usage, format!("cannot stamp the token into this patch: {why}")),
         client::Error::Kube(kube) => explain_api_about(server, Some(object), kube),
-        other => (Exit::Failed, format!("{object}: {other}")),
+        other => (Exit::Failed, format!("{object}: {}", causes(other))),
     }
 }
 
@@ -573,7 +585,7 @@ fn tls(err: &TlsError) -> String {
         TlsError::Read { path, source } => format!("cannot read the TLS file {}: {}", path.display(), io(source)),
         // Only self-managed TLS talks to the API; `manage_tls` explains that with the server.
         TlsError::Kube(kube) => explain_api("the cluster's API server", kube).1,
-        other => one_line(&other.to_string()),
+        other => causes(other),
     }
 }
 
@@ -626,7 +638,7 @@ fn run_controller(server: &str, err: &crate::lease::controller::Error) -> (Exit,
             let (exit, why) = explain_api(server, source);
             (exit, format!("the lease controller cannot write the status of lease {lease}: {why}"))
         }
-        other => (Exit::Failed, format!("the lease controller failed: {other}")),
+        other => (Exit::Failed, format!("the lease controller failed: {}", causes(other))),
     }
 }
 
@@ -733,6 +745,20 @@ mod tests {
         );
         assert_eq!(exit, Exit::StaleToken);
         assert!(message.contains("records token 5") && message.contains("presented 3"), "{message}");
+    }
+
+    #[test]
+    fn a_nested_cause_is_said_once_in_the_line_and_once_under_v() {
+        let source = "work/jobs:012".parse::<client::Delegated>().expect_err("a leading zero is refused");
+        let err = Error::ReadDelegatedGrant { source };
+        let (grant, token) = ("the delegated grant \"work/jobs:012\" has a bad token", "the token \"012\" has a leading zero");
+        let line = err.to_string();
+        assert!(line.starts_with(&format!("KUBE_FENCE_GRANT is not a usable grant: {grant}: {token}")), "{line}");
+        let verbose = err.verbose();
+        assert!(verbose.starts_with("KUBE_FENCE_GRANT is not a usable grant\n  failed action: ReadDelegatedGrant\n"), "{verbose}");
+        for cause in [grant, token] {
+            assert_eq!(verbose.matches(cause).count(), 1, "{cause:?} once in:\n{verbose}");
+        }
     }
 
     #[test]

@@ -40,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use super::events::{LeaseEvents, Report};
 use super::leader::{self, ElectionConfig};
 use super::state::{self, Observed, Transition};
+use crate::telemetry::Chain;
 use kube_fence_api::{Lease, LeaseStatus};
 
 /// Name of the controller in Events (`reportingController`) and of the leader-election Lease.
@@ -108,10 +109,11 @@ impl ControllerOptions {
     }
 }
 
-/// What can go wrong while reconciling one Lease. The variants name the action that failed.
+/// What can go wrong while reconciling one Lease. The variants name the action that failed; the
+/// message leaves the source out, which the chain of causes tells ([`crate::telemetry::Chain`]).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("writing the status of Lease {lease}: {source}")]
+    #[error("writing the status of Lease {lease}")]
     WriteStatus {
         lease: String,
         #[source]
@@ -315,7 +317,7 @@ async fn reconcile_until(client: Client, options: &ControllerOptions, metrics: M
         match result {
             Ok(_) => {}
             Err(runtime::Error::ReconcilerFailed(err, obj)) => {
-                tracing::warn!(lease = %obj, reason = err.reason(), %err, "reconcile failed")
+                tracing::warn!(lease = %obj, reason = err.reason(), err = %Chain(&err), "reconcile failed")
             }
             Err(err) => tracing::warn!(%err, "lease controller"),
         }
@@ -441,6 +443,6 @@ impl Drop for Spawned {
 
 fn error_policy(lease: Arc<Lease>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_errors.inc();
-    tracing::warn!(lease = %state::display_name(&lease), reason = err.reason(), %err, "reconcile failed; retrying");
+    tracing::warn!(lease = %state::display_name(&lease), reason = err.reason(), err = %Chain(err), "reconcile failed; retrying");
     Action::requeue(ERROR_RETRY)
 }

@@ -32,7 +32,7 @@ pub async fn wait_ready_file(path: &Path, child: &mut std::process::Child, limit
         match kube_fence::ready::Ready::read(path) {
             Ok(Some(ready)) => return ready,
             Ok(None) => {}
-            Err(err) => panic!("{err}"),
+            Err(err) => panic!("{}", kube_fence::telemetry::Chain(&err)),
         }
         if let Ok(Some(status)) = child.try_wait() {
             panic!("kube-fence exited ({status}) before writing its ready file {}", path.display());
