@@ -27,25 +27,27 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 use rustls::ServerConfig;
+
+use crate::telemetry::Chain;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// Why TLS material could not be loaded or made.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("no PEM certificate found in the certificate file")]
     NoCertificate,
-    #[error("parsing the PEM private key: {0}")]
-    Key(rustls::pki_types::pem::Error),
-    #[error("building the TLS configuration (does the key match the certificate?): {0}")]
+    #[error("parsing the PEM private key")]
+    Key(#[source] rustls::pki_types::pem::Error),
+    #[error("building the TLS configuration (does the key match the certificate?)")]
     Config(#[from] rustls::Error),
-    #[error("making a certificate: {0}")]
+    #[error("making a certificate")]
     Generate(#[from] rcgen::Error),
     #[error("the Secret {0} lacks {1}")]
     SecretIncomplete(String, &'static str),
-    #[error("Kubernetes API: {0}")]
+    #[error("calling the Kubernetes API")]
     Kube(#[from] kube::Error),
 }
 
@@ -147,7 +149,7 @@ impl CertFiles {
             let pair = match self.read().await {
                 Ok(pair) => pair,
                 Err(err) => {
-                    tracing::warn!(error = %err, "cannot read the TLS files; serving the previous certificate");
+                    tracing::warn!(error = %Chain(&err), "cannot read the TLS files; serving the previous certificate");
                     continue;
                 }
             };
@@ -162,7 +164,7 @@ impl CertFiles {
                     tracing::info!(cert = %self.cert.display(), "TLS certificate reloaded");
                 }
                 // Likely mid-rotation (certificate written, key not yet): try again next tick.
-                Err(err) => tracing::warn!(error = %err, "new TLS files do not load yet; serving the previous certificate"),
+                Err(err) => tracing::warn!(error = %Chain(&err), "new TLS files do not load yet; serving the previous certificate"),
             }
         }
     }
@@ -302,7 +304,7 @@ impl SelfManaged {
     pub async fn maintain(self, client: kube::Client, tls: RustlsConfig, mut current: SelfSigned, interval: Duration, reloads: Counter) {
         loop {
             if let Err(err) = ensure_ca_bundle(&client, &self.webhook_configuration, &current.ca_cert).await {
-                tracing::warn!(error = %err, configuration = %self.webhook_configuration, "cannot set the webhook caBundle; retrying");
+                tracing::warn!(error = %Chain(&err), configuration = %self.webhook_configuration, "cannot set the webhook caBundle; retrying");
             }
             tokio::time::sleep(interval).await;
             match self.ensure_secret(&client).await.and_then(|pair| Ok((pair.server_config_for(&self.client_auth)?, pair))) {
@@ -314,7 +316,7 @@ impl SelfManaged {
                 }
                 Ok(_) => {}
                 Err(err) => {
-                    tracing::warn!(error = %err, secret = %self.secret, "cannot read the TLS Secret; serving the previous certificate")
+                    tracing::warn!(error = %Chain(&err), secret = %self.secret, "cannot read the TLS Secret; serving the previous certificate")
                 }
             }
         }

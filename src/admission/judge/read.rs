@@ -45,6 +45,7 @@ use kube_fence_api::names::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, WRITERS_ANNOTA
 
 use super::facts::{LeaseFacts, LeaseRef};
 use super::verdict::Verdict;
+use crate::telemetry::Chain;
 
 /// The reads the guards ask for: each guard's pending read (`super::guard::Pending`) makes the
 /// one it needs. The real reads are `crate::admission::reads::SourceReads`, the fake
@@ -83,7 +84,7 @@ impl ReadError {
             ),
             ReadError::Failed(err) => {
                 let kind = if leader { "leader-election Lease" } else { "lease" };
-                Verdict::deny(500, Reason::LeaseReadFailed, format!("cannot read {kind} {lease} (failing closed): {err}"))
+                Verdict::deny(500, Reason::LeaseReadFailed, format!("cannot read {kind} {lease} (failing closed): {}", Chain(err.as_ref())))
             }
         }
     }

@@ -23,6 +23,8 @@ use k8s_openapi::api::coordination::v1::Lease as LeaderElectionLease;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 
+use crate::telemetry::Chain;
+
 use kube_fence_api::names::HOLDER_IDENTITY_LABEL;
 
 use crate::admission::registration::opt_in::OptIn;
@@ -127,12 +129,12 @@ pub fn opt_ins<'l>(
 /// Why the writers configuration could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub enum RoutingError {
-    #[error("reading ValidatingWebhookConfiguration {0} (whose client configuration the writer webhooks use): {1}")]
-    ReadConfiguration(String, kube::Error),
+    #[error("reading ValidatingWebhookConfiguration {0} (whose client configuration the writer webhooks use)")]
+    ReadConfiguration(String, #[source] kube::Error),
     #[error("ValidatingWebhookConfiguration {0} has no webhook to take the client configuration from")]
     NoTemplate(String),
-    #[error("applying ValidatingWebhookConfiguration {0}: {1}")]
-    Apply(String, kube::Error),
+    #[error("applying ValidatingWebhookConfiguration {0}")]
+    Apply(String, #[source] kube::Error),
 }
 
 /// Applies the writers configuration for `opt_ins` once.
@@ -183,7 +185,7 @@ pub async fn keep_in_step(
                 Some(Ok(watcher::Event::InitDone)) => leases = Some(std::mem::take(&mut listing)),
                 Some(Ok(watcher::Event::Apply(lease))) => { if let Some(known) = leases.as_mut() { known.insert(key(&lease), lease); } }
                 Some(Ok(watcher::Event::Delete(lease))) => { if let Some(known) = leases.as_mut() { known.remove(&key(&lease)); } }
-                Some(Err(err)) => { tracing::warn!(error = %err, "watching opted-in leader-election Leases"); continue }
+                Some(Err(err)) => { tracing::warn!(error = %Chain(&err), "watching opted-in leader-election Leases"); continue }
                 None => return,
             },
             _ = resync.tick() => { last = None; }
@@ -205,7 +207,7 @@ pub async fn keep_in_step(
                 }
                 last = Some(found);
             }
-            Err(err) => tracing::warn!(error = %err, "keeping the writer webhooks in step"),
+            Err(err) => tracing::warn!(error = %Chain(&err), "keeping the writer webhooks in step"),
         }
     }
 }
