@@ -14,7 +14,7 @@ use crate::token::Token;
 // Workers get no RBAC on this kind, and a policy refuses every write to it from anyone but the
 // controller (and the namespace controller and garbage collector, which delete what a namespace
 // holds): kube-fence's `admission::registration::Registration::params_policy`. The policy reads it:
-// `kube_fence::admission::policy_path`; the controller keeps it: `kube_fence::lease::params`.
+// `kube_fence::admission::registration::policy_path`; the controller keeps it: `kube_fence::lease::params`.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "kubefence.io",
