@@ -121,12 +121,13 @@ impl Webhook {
             }
             Verdict::Deny { code, reason, message, .. } => {
                 tracing::info!(kind, ns, name, sub, user, ?op, code, %reason, message, %peer, "denied");
-                let published = self.events.as_ref().map(|events| match sent {
-                    Sent::Objects => events.publish(peer.ip(), request, *reason, message),
-                    Sent::Writer(lease) => events.publish_on_lease(peer.ip(), lease.namespace, lease.name, request, *reason, message),
-                });
-                if published == Some(false) {
-                    self.metrics.events_suppressed.inc();
+                // An Event over its source's budget is counted in `events_suppressed` by the
+                // publisher.
+                if let Some(events) = &self.events {
+                    match sent {
+                        Sent::Objects => events.publish(peer.ip(), request, *reason, message),
+                        Sent::Writer(lease) => events.publish_on_lease(peer.ip(), lease.namespace, lease.name, request, *reason, message),
+                    };
                 }
             }
         }
@@ -289,7 +290,7 @@ pub async fn run(
     registry: Arc<Registry>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let events = Some(RejectionEvents::new(leases.client(), crate::process::identity()));
+    let events = Some(RejectionEvents::new(leases.client(), crate::process::identity(), metrics.events_suppressed.clone()));
     let gate = ConnectionGate::new(bounds, metrics.connections.clone());
     let reader = Reader::new(leases, metrics.clone(), bounds.quorum_reads_per_source);
     let webhook = Arc::new(Webhook::new(Judging { exempt, identity }, reader, metrics, events));
