@@ -24,7 +24,7 @@ use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use prometheus_client::registry::Registry;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -200,39 +200,22 @@ fn json(body: Vec<u8>) -> Response {
     ([(http::header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// The routes.
+/// The routes: the reviews', and `/metrics`, `/healthz`, `/readyz` as every port serves them
+/// (`crate::telemetry::router`), ready once the lease cache has synced.
 pub fn router(webhook: Arc<Webhook>, registry: Arc<Registry>) -> Router {
     let ready = webhook.clone();
+    let probes =
+        crate::telemetry::router(
+            registry,
+            move || {
+                if ready.reader.leases().is_ready() { Ok(()) } else { Err("lease cache not synced yet") }
+            },
+        );
     Router::new()
         .route(PATH, post(validate))
         .route(&format!("{}/{{namespace}}/{{name}}", writer::PATH_PREFIX), post(validate_writer))
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let ready = ready.clone();
-                async move {
-                    if ready.reader.leases().is_ready() {
-                        (StatusCode::OK, "ok")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "lease cache not synced yet")
-                    }
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || {
-                let registry = registry.clone();
-                async move {
-                    (
-                        [(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-                        crate::telemetry::render(&registry),
-                    )
-                }
-            }),
-        )
         .with_state(webhook)
+        .merge(probes)
 }
 
 /// Serves `router` over TLS on `listener` until `shutdown` resolves (then drains for up to
