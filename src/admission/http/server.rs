@@ -203,19 +203,13 @@ fn json(body: Vec<u8>) -> Response {
 /// The routes: the reviews', and `/metrics`, `/healthz`, `/readyz` as every port serves them
 /// (`crate::telemetry::router`), ready once the lease cache has synced.
 pub fn router(webhook: Arc<Webhook>, registry: Arc<Registry>) -> Router {
-    let ready = webhook.clone();
-    let probes =
-        crate::telemetry::router(
-            registry,
-            move || {
-                if ready.reader.leases().is_ready() { Ok(()) } else { Err("lease cache not synced yet") }
-            },
-        );
+    let synced = webhook.clone();
+    let ready = move || if synced.reader.leases().is_ready() { Ok(()) } else { Err("lease cache not synced yet") };
     Router::new()
         .route(PATH, post(validate))
         .route(&format!("{}/{{namespace}}/{{name}}", writer::PATH_PREFIX), post(validate_writer))
         .with_state(webhook)
-        .merge(probes)
+        .merge(crate::telemetry::router(registry, ready))
 }
 
 /// Serves `router` over TLS on `listener` until `shutdown` resolves (then drains for up to
