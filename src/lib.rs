@@ -27,10 +27,12 @@
 //! - [`process`]: a running process's identity and shutdown signal.
 //! - [`ready`]: the ready file, where a process that bound its ports says which they are.
 //! - [`limit`]: the one rate limiter (a token bucket per key), pure.
+//! - [`events`]: the one Kubernetes Event publisher (budgeted, bounded in flight, never waited on).
 #![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod cli;
+pub mod events;
 pub use kube_fence_client as client;
 pub mod lease;
 pub mod limit;

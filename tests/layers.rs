@@ -13,7 +13,10 @@ use syn::visit::Visit;
 /// a circle) and of the layers below it. A module belongs to the first layer with a prefix of its
 /// path (`a::b` is a prefix of `a::b` and `a::b::c`; `""` is the crate root).
 const LAYERS: &[(&str, &[&str])] = &[
-    ("leaves: the rate limiter, process identity, the ready file, telemetry", &["limit", "process", "ready", "telemetry"]),
+    (
+        "leaves: the rate limiter, the Event publisher, process identity, the ready file, telemetry",
+        &["limit", "events", "process", "ready", "telemetry"],
+    ),
     (
         "judging vocabulary: facts, verdict, exemptions, identity rule, read values",
         &[

@@ -76,7 +76,8 @@ pub struct Metrics {
     linearizable_reads: Counter,
     refusals: Family<RefusalLabels, Counter>,
     latency: Histogram,
-    /// Rejection Events not published because the requester's source used up its budget.
+    /// Rejection Events not published: the requester's source used up its budget, or too many
+    /// Events were in flight (counted by `crate::events::Publisher`).
     pub events_suppressed: Counter,
     /// Certificate reloads (files changed, or the shared Secret changed).
     pub tls_reloads: Counter,
@@ -116,7 +117,7 @@ impl Metrics {
         r.register("decision_duration_seconds", "Time to judge one AdmissionReview, from body received to response", m.latency.clone());
         r.register(
             "events_suppressed",
-            "Rejection Events not published: the source's Event budget was used up",
+            "Rejection Events not published: the source's Event budget was used up, or too many were in flight",
             m.events_suppressed.clone(),
         );
         r.register("tls_reloads", "Serving certificate reloads", m.tls_reloads.clone());

@@ -3,84 +3,53 @@
 //! The webhook port accepts reviews from anyone who can reach it (unless the API server is
 //! authenticated by a client certificate, `--client-ca-file`), so a review's facts are not
 //! verified. Two bounds keep forged reviews from abusing the Events: each source address has a
-//! budget of its own ([`Budget`], [`Budget::PER_SECOND`] a second), so a flood from one Pod
-//! cannot use up the API server's budget, and the number of sources tracked is bounded. Events
-//! are published in the background and never delay or change a verdict.
+//! budget of its own ([`budget`], [`PER_SECOND`] a second), so a flood from one Pod cannot use
+//! up the API server's budget, and the number of sources tracked is bounded ([`MAX_SOURCES`]).
+//! Events go through the crate's one publisher ([`crate::events::Publisher`]), in the background:
+//! they never delay or change a verdict. What is specific here: which object a rejection's Event
+//! is about, and its note.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::api::core::v1::ObjectReference;
+use prometheus_client::metrics::counter::Counter;
 
 use crate::admission::http::review::Admission;
+use crate::events::{Event, EventType, Publisher, Reporter};
+use crate::limit::Buckets;
 use kube_fence_api::denial::Reason;
 
-/// Per-source rate limit for rejection Events. Pure: the clock is passed in.
-#[derive(Debug, Default)]
-pub struct Budget {
-    sources: HashMap<IpAddr, Window>,
+/// Events a second per source address (and at most this many at once after a quiet spell).
+pub const PER_SECOND: u32 = 20;
+/// Sources tracked at once; the one idle longest is forgotten beyond that.
+pub const MAX_SOURCES: usize = 256;
+
+/// The webhook's Event budget: a bucket per source address, [`MAX_SOURCES`] of them at most.
+pub fn budget() -> Buckets<IpAddr> {
+    Buckets::with_max_keys(PER_SECOND, PER_SECOND, MAX_SOURCES)
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Window {
-    started: Instant,
-    used: u32,
-}
-
-impl Budget {
-    /// Events a second per source address.
-    pub const PER_SECOND: u32 = 20;
-    /// Sources tracked at once; the least recently active one is forgotten beyond that.
-    pub const MAX_SOURCES: usize = 256;
-
-    /// Whether `source` may publish one more Event at `now`.
-    pub fn admit(&mut self, source: IpAddr, now: Instant) -> bool {
-        if !self.sources.contains_key(&source) && self.sources.len() >= Self::MAX_SOURCES {
-            let oldest = self.sources.iter().min_by_key(|(_, w)| w.started).map(|(ip, _)| *ip);
-            if let Some(oldest) = oldest {
-                self.sources.remove(&oldest);
-            }
-        }
-        let window = self.sources.entry(source).or_insert(Window { started: now, used: 0 });
-        if now.duration_since(window.started) >= Duration::from_secs(1) {
-            *window = Window { started: now, used: 0 };
-        }
-        window.used += 1;
-        window.used <= Self::PER_SECOND
-    }
-}
-
-/// Publishes a Warning Event on the guarded object for each rejected write, within budget.
-pub struct RejectionEvents {
-    recorder: Recorder,
-    budget: Mutex<Budget>,
-}
+/// Publishes a Warning Event on the guarded object (or on the Lease that fences its writer) for
+/// each rejected write, within its source's budget.
+pub struct RejectionEvents(Publisher<IpAddr>);
 
 impl RejectionEvents {
-    pub fn new(client: kube::Client, instance: String) -> RejectionEvents {
+    /// Publishes as `instance` of the webhook; Events over their source's budget are counted in
+    /// `suppressed`.
+    pub fn new(client: kube::Client, instance: String, suppressed: Counter) -> RejectionEvents {
         let reporter = Reporter { controller: "kube-fence-webhook".into(), instance: Some(instance) };
-        RejectionEvents { recorder: Recorder::new(client, reporter), budget: Mutex::new(Budget::default()) }
+        RejectionEvents(Publisher::new(client, reporter, budget(), suppressed))
     }
 
-    /// Publishes the rejection of `request`, sent from `source`; whether it was within budget.
+    /// Publishes the rejection of `request`, sent from `source`, on the written object (or
+    /// counts it as suppressed); whether it was sent.
     pub fn publish(&self, source: IpAddr, request: &Admission<'_>, reason: Reason, message: &str) -> bool {
-        let (group, version) = (request.kind.group.as_ref(), request.kind.version.as_ref());
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some(if group.is_empty() { version.to_string() } else { format!("{group}/{version}") }),
-            kind: Some(request.kind.kind.to_string()),
-            namespace: request.namespace.as_deref().map(str::to_string),
-            name: Some(request.name.to_string()),
-            uid: request.old_object.as_ref().and_then(|o| o.metadata.uid.clone()),
-            ..Default::default()
-        };
-        let user = request.user_info.username.as_deref().unwrap_or_default();
-        self.publish_about(source, reference, format!("{user}: {message}"), reason, format!("{:?}", request.operation))
+        self.0.publish(source, on_object(request, reason, message))
     }
 
-    /// A Warning Event about a fenced writer's refused write, on the leader-election Lease that
-    /// fences it (`namespace`/`name`): the written object may be cluster-scoped or not named yet.
+    /// Publishes a fenced writer's refused write, sent from `source`, on the leader-election
+    /// Lease that fences it (`namespace`/`name`), or counts it as suppressed; whether it was
+    /// sent.
     pub fn publish_on_lease(
         &self,
         source: IpAddr,
@@ -90,58 +59,52 @@ impl RejectionEvents {
         reason: Reason,
         message: &str,
     ) -> bool {
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("coordination.k8s.io/v1".into()),
-            kind: Some("Lease".into()),
-            namespace: Some(namespace.to_string()),
-            name: Some(name.to_string()),
-            ..Default::default()
-        };
-        let (kind, object_ns, object) = (request.kind.kind.as_ref(), request.namespace.as_deref().unwrap_or(""), request.name.as_ref());
-        let sub = request.sub_resource.as_deref().filter(|s| !s.is_empty()).map(|s| format!(" /{s}")).unwrap_or_default();
-        let user = request.user_info.username.as_deref().unwrap_or_default();
-        let written = if object_ns.is_empty() { format!("{kind} {object}{sub}") } else { format!("{kind} {object_ns}/{object}{sub}") };
-        self.publish_about(
-            source,
-            reference,
-            format!("{user} {:?} {written}: {message}", request.operation),
-            reason,
-            format!("{:?}", request.operation),
-        )
+        self.0.publish(source, on_lease(namespace, name, request, reason, message))
     }
+}
 
-    fn publish_about(
-        &self,
-        source: IpAddr,
-        reference: k8s_openapi::api::core::v1::ObjectReference,
-        note: String,
-        reason: Reason,
-        action: String,
-    ) -> bool {
-        let admitted = self.budget.lock().map(|mut b| b.admit(source, Instant::now())).unwrap_or(false);
-        if !admitted {
-            return false;
-        }
-        let event = Event {
-            type_: EventType::Warning,
-            reason: reason.as_str().to_string(),
-            note: Some(note.chars().take(1024).collect()),
-            action,
-            secondary: None,
-        };
-        let recorder = self.recorder.clone();
-        tokio::spawn(async move {
-            if let Err(err) = recorder.publish(&event, &reference).await {
-                tracing::debug!(%err, "publishing a rejection event");
-            }
-        });
-        true
-    }
+/// The Warning Event on the object `request` writes.
+fn on_object(request: &Admission<'_>, reason: Reason, message: &str) -> Event {
+    let (group, version) = (request.kind.group.as_ref(), request.kind.version.as_ref());
+    let regarding = ObjectReference {
+        api_version: Some(if group.is_empty() { version.to_string() } else { format!("{group}/{version}") }),
+        kind: Some(request.kind.kind.to_string()),
+        namespace: request.namespace.as_deref().map(str::to_string),
+        name: Some(request.name.to_string()),
+        uid: request.old_object.as_ref().and_then(|o| o.metadata.uid.clone()),
+        ..Default::default()
+    };
+    let user = request.user_info.username.as_deref().unwrap_or_default();
+    warning(regarding, request, reason, format!("{user}: {message}"))
+}
+
+/// The Warning Event on the Lease `namespace`/`name` that fences the writer of `request`: the
+/// written object may be cluster-scoped or not named yet, so the note names it.
+fn on_lease(namespace: &str, name: &str, request: &Admission<'_>, reason: Reason, message: &str) -> Event {
+    let regarding = ObjectReference {
+        api_version: Some("coordination.k8s.io/v1".into()),
+        kind: Some("Lease".into()),
+        namespace: Some(namespace.to_string()),
+        name: Some(name.to_string()),
+        ..Default::default()
+    };
+    let (kind, object_ns, object) = (request.kind.kind.as_ref(), request.namespace.as_deref().unwrap_or(""), request.name.as_ref());
+    let sub = request.sub_resource.as_deref().filter(|s| !s.is_empty()).map(|s| format!(" /{s}")).unwrap_or_default();
+    let user = request.user_info.username.as_deref().unwrap_or_default();
+    let written = if object_ns.is_empty() { format!("{kind} {object}{sub}") } else { format!("{kind} {object_ns}/{object}{sub}") };
+    warning(regarding, request, reason, format!("{user} {:?} {written}: {message}", request.operation))
+}
+
+fn warning(regarding: ObjectReference, request: &Admission<'_>, reason: Reason, note: String) -> Event {
+    Event { regarding, type_: EventType::Warning, reason: reason.as_str(), action: format!("{:?}", request.operation), note }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
     use super::*;
+    use crate::admission::http::review;
 
     fn ip(last: u8) -> IpAddr {
         IpAddr::from([10, 0, 0, last])
@@ -149,27 +112,61 @@ mod tests {
 
     #[test]
     fn a_flood_from_one_source_leaves_the_others_their_budget() {
-        let mut budget = Budget::default();
+        let mut budget = budget();
         let now = Instant::now();
-        let flood = (0..10_000).filter(|_| budget.admit(ip(66), now)).count();
-        assert_eq!(flood, Budget::PER_SECOND as usize);
-        let api_server = (0..Budget::PER_SECOND).filter(|_| budget.admit(ip(1), now)).count();
-        assert_eq!(api_server, Budget::PER_SECOND as usize);
-        assert!(!budget.admit(ip(1), now));
-        // A second later each source has its budget again.
-        assert!(budget.admit(ip(66), now + Duration::from_secs(1)));
+        let flood = (0..10_000).filter(|_| budget.take(ip(66), now)).count();
+        assert_eq!(flood, PER_SECOND as usize);
+        let api_server = (0..PER_SECOND).filter(|_| budget.take(ip(1), now)).count();
+        assert_eq!(api_server, PER_SECOND as usize);
+        assert!(!budget.take(ip(1), now));
+        // A second later each source has its budget again, and the flood no more than that.
+        let later = now + Duration::from_secs(1);
+        assert_eq!((0..10_000).filter(|_| budget.take(ip(66), later)).count(), PER_SECOND as usize);
+        assert!(budget.take(ip(1), later));
     }
 
     #[test]
     fn the_sources_tracked_are_bounded() {
-        let mut budget = Budget::default();
+        let mut budget = budget();
         let start = Instant::now();
-        budget.admit(ip(1), start + Duration::from_secs(5));
+        budget.take(ip(1), start + Duration::from_secs(5));
         for i in 0..1000u32 {
             let source = IpAddr::from([172, 16, (i >> 8) as u8, i as u8]);
-            budget.admit(source, start + Duration::from_millis(u64::from(i)));
+            budget.take(source, start + Duration::from_millis(u64::from(i)));
         }
-        assert!(budget.sources.len() <= Budget::MAX_SOURCES);
-        assert!(budget.sources.contains_key(&ip(1)), "the most recently active source is kept");
+        assert!(budget.tracked() <= MAX_SOURCES);
+        assert!(budget.knows(&ip(1)), "the most recently active source is kept");
+    }
+
+    const REVIEW: &str = r#"{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u", "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+                    "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+                    "name": "web", "namespace": "shop", "operation": "UPDATE", "userInfo": {"username": "mallory"},
+                    "object": {"metadata": {"name": "web"}},
+                    "oldObject": {"metadata": {"name": "web", "uid": "1234"}}}}"#;
+
+    #[test]
+    fn a_rejection_is_a_warning_on_the_written_object() {
+        let request = review::decode(REVIEW.as_bytes()).expect("a review");
+        let event = on_object(&request, Reason::StaleToken, "token 4 is older than 5");
+        let r = &event.regarding;
+        assert_eq!(
+            (r.api_version.as_deref(), r.kind.as_deref(), r.namespace.as_deref(), r.name.as_deref(), r.uid.as_deref()),
+            (Some("apps/v1"), Some("Deployment"), Some("shop"), Some("web"), Some("1234"))
+        );
+        assert_eq!((event.type_, event.reason, event.action.as_str()), (EventType::Warning, "StaleToken", "Update"));
+        assert_eq!(event.note, "mallory: token 4 is older than 5");
+    }
+
+    #[test]
+    fn a_fenced_writers_rejection_is_a_warning_on_its_lease_naming_the_object() {
+        let request = review::decode(REVIEW.as_bytes()).expect("a review");
+        let event = on_lease("shop", "web-leader", &request, Reason::NotHolder, "not the holder");
+        let r = &event.regarding;
+        assert_eq!(
+            (r.api_version.as_deref(), r.kind.as_deref(), r.namespace.as_deref(), r.name.as_deref()),
+            (Some("coordination.k8s.io/v1"), Some("Lease"), Some("shop"), Some("web-leader"))
+        );
+        assert_eq!(event.note, "mallory Update Deployment shop/web: not the holder");
     }
 }

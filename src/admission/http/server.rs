@@ -24,7 +24,7 @@ use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use prometheus_client::registry::Registry;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -121,12 +121,13 @@ impl Webhook {
             }
             Verdict::Deny { code, reason, message, .. } => {
                 tracing::info!(kind, ns, name, sub, user, ?op, code, %reason, message, %peer, "denied");
-                let published = self.events.as_ref().map(|events| match sent {
-                    Sent::Objects => events.publish(peer.ip(), request, *reason, message),
-                    Sent::Writer(lease) => events.publish_on_lease(peer.ip(), lease.namespace, lease.name, request, *reason, message),
-                });
-                if published == Some(false) {
-                    self.metrics.events_suppressed.inc();
+                // An Event over its source's budget is counted in `events_suppressed` by the
+                // publisher.
+                if let Some(events) = &self.events {
+                    match sent {
+                        Sent::Objects => events.publish(peer.ip(), request, *reason, message),
+                        Sent::Writer(lease) => events.publish_on_lease(peer.ip(), lease.namespace, lease.name, request, *reason, message),
+                    };
                 }
             }
         }
@@ -199,39 +200,16 @@ fn json(body: Vec<u8>) -> Response {
     ([(http::header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// The routes.
+/// The routes: the reviews', and `/metrics`, `/healthz`, `/readyz` as every port serves them
+/// (`crate::telemetry::router`), ready once the lease cache has synced.
 pub fn router(webhook: Arc<Webhook>, registry: Arc<Registry>) -> Router {
-    let ready = webhook.clone();
+    let synced = webhook.clone();
+    let ready = move || if synced.reader.leases().is_ready() { Ok(()) } else { Err("lease cache not synced yet") };
     Router::new()
         .route(PATH, post(validate))
         .route(&format!("{}/{{namespace}}/{{name}}", writer::PATH_PREFIX), post(validate_writer))
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let ready = ready.clone();
-                async move {
-                    if ready.reader.leases().is_ready() {
-                        (StatusCode::OK, "ok")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "lease cache not synced yet")
-                    }
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || {
-                let registry = registry.clone();
-                async move {
-                    (
-                        [(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-                        crate::telemetry::render(&registry),
-                    )
-                }
-            }),
-        )
         .with_state(webhook)
+        .merge(crate::telemetry::router(registry, ready))
 }
 
 /// Serves `router` over TLS on `listener` until `shutdown` resolves (then drains for up to
@@ -289,7 +267,7 @@ pub async fn run(
     registry: Arc<Registry>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let events = Some(RejectionEvents::new(leases.client(), crate::process::identity()));
+    let events = Some(RejectionEvents::new(leases.client(), crate::process::identity(), metrics.events_suppressed.clone()));
     let gate = ConnectionGate::new(bounds, metrics.connections.clone());
     let reader = Reader::new(leases, metrics.clone(), bounds.quorum_reads_per_source);
     let webhook = Arc::new(Webhook::new(Judging { exempt, identity, ..Judging::default() }, reader, metrics, events));
