@@ -190,7 +190,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod tests {
+mod chain_tests {
     use super::Chain;
 
     /// An error with a message and an optional source, as thiserror would make it.
