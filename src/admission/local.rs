@@ -145,13 +145,13 @@ impl LocalWebhook {
             return Err(LocalError::Register(err));
         }
         // The writer webhooks (opted-in ServiceAccounts) call the same address at their own paths.
-        let routing = tokio::spawn(crate::admission::registration::routing::keep_in_step(
-            client.clone(),
-            registration.name.clone(),
-            registration.only_namespaces.clone(),
-            registration.timeout_seconds,
-            stop.clone().cancelled_owned(),
-        ));
+        let scope = crate::admission::registration::scope::Scope {
+            configuration_name: registration.name.clone(),
+            timeout_seconds: registration.timeout_seconds,
+            only_namespaces: registration.only_namespaces.clone(),
+        };
+        let routing =
+            tokio::spawn(crate::admission::registration::routing::keep_in_step(client.clone(), scope, stop.clone().cancelled_owned()));
         tracing::info!(%addr, configuration = %registration.name, "webhook serving on loopback and registered by URL");
         Ok(LocalWebhook { addr, ca_pem: made.ca_cert, registration, metrics, stop, server: Some(server), cache, routing })
     }

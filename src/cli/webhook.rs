@@ -228,9 +228,7 @@ pub async fn serve(
     spawn_until(
         crate::admission::registration::routing::keep_in_step(
             client.clone(),
-            args.webhook_configuration.clone(),
-            None,
-            5,
+            crate::admission::registration::scope::Scope::new(args.webhook_configuration.clone()),
             std::future::pending(),
         ),
         shutdown.clone(),
