@@ -13,8 +13,8 @@ use super::cluster::Cluster;
 use super::error::{Error, Object};
 use super::webhook::WebhookArgs;
 use crate::admission::http::server::Metrics;
-use crate::admission::judge::exemptions::Exemptions;
 use crate::admission::local::{LocalOptions, LocalWebhook};
+use crate::admission::start::WebhookConfig;
 use crate::lease::controller::ControllerOptions;
 use crate::telemetry::init_logging;
 
@@ -68,6 +68,18 @@ pub struct RunArgs {
     pub webhook: WebhookArgs,
 }
 
+impl RunArgs {
+    /// The webhook's configuration in local mode: the in-cluster one (`WebhookArgs::config`)
+    /// registered as --local-configuration, fencing --watch-namespace (where the controller
+    /// runs).
+    pub fn local_config(&self) -> WebhookConfig {
+        let mut config = self.webhook.config();
+        config.scope.configuration_name = self.local_configuration.clone();
+        config.scope.only_namespaces = self.watch_namespace.clone().map(|ns| vec![ns]);
+        config
+    }
+}
+
 pub async fn run(args: RunArgs) -> Result<(), Error> {
     init_logging(args.webhook.log_format);
     if !args.local {
@@ -116,11 +128,8 @@ async fn local(
 ) -> Result<(), Error> {
     let mut options = LocalOptions::new(args.local_configuration.clone());
     options.port = args.local_port.unwrap_or(0);
-    options.exempt = Exemptions::new(args.webhook.exempt.clone()).with_label_admins(args.webhook.lease_admins.clone());
-    options.only_namespaces = args.watch_namespace.clone().map(|ns| vec![ns]);
+    options.webhook = args.local_config();
     options.policy_path = args.policy_path;
-    options.leader_identity = args.webhook.leader_identity.clone();
-    options.bounds = args.webhook.bounds();
     let local = LocalWebhook::start(cluster.client.clone(), options, metrics, registry)
         .await
         .map_err(|source| Error::StartLocalWebhook { server: cluster.server.clone(), source })?;

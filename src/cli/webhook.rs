@@ -11,13 +11,14 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::http::bounds::{self, Bounds};
-use crate::admission::http::server::{self, Metrics};
+use crate::admission::http::server::Metrics;
 use crate::admission::http::tls::{CertFiles, ClientAuth, SelfManaged};
 use crate::admission::judge::exemptions::DEFAULT_EXEMPT;
 use crate::admission::judge::exemptions::Exemptions;
 use crate::admission::judge::identity::IdentityRule;
-use crate::admission::reads::directory::LeaseDirectory;
 use crate::admission::registration::CONFIGURATION_NAME;
+use crate::admission::registration::scope::Scope;
+use crate::admission::start::{self, Port, WebhookConfig};
 use crate::ready::Ready;
 use crate::telemetry::{LogFormat, init_logging};
 
@@ -74,8 +75,10 @@ pub struct WebhookArgs {
     #[arg(long, default_value = "kube-fence-webhook-tls")]
     pub tls_secret: String,
 
-    /// ValidatingWebhookConfiguration whose caBundle self-managed TLS keeps correct.
-    #[arg(long, default_value = CONFIGURATION_NAME)]
+    /// kube-fence's ValidatingWebhookConfiguration (the chart's): self-managed TLS keeps its
+    /// caBundle correct, and the writer webhooks, kept in step in <NAME>-writers, call kube-fence
+    /// as its first webhook does.
+    #[arg(long, value_name = "NAME", default_value = CONFIGURATION_NAME)]
     pub webhook_configuration: String,
 
     /// Accept connections only from clients presenting a certificate signed by a CA in this PEM
@@ -144,6 +147,17 @@ impl WebhookArgs {
             failed_connections_per_source: Some(self.failed_connections_per_source).filter(|n| *n > 0),
             quorum_reads_per_source: Some(self.quorum_reads_per_source).filter(|n| *n > 0 && !authenticated),
             keep_alive_idle: bounds::KEEP_ALIVE_IDLE,
+        }
+    }
+
+    /// The webhook's configuration: what it judges, what one client may cost, and the scope of
+    /// what it registers (the writer webhooks of --webhook-configuration).
+    pub fn config(&self) -> WebhookConfig {
+        WebhookConfig {
+            exempt: Exemptions::new(self.exempt.clone()).with_label_admins(self.lease_admins.clone()),
+            leader_identity: self.leader_identity.clone(),
+            bounds: self.bounds(),
+            scope: Scope::new(self.webhook_configuration.clone()),
         }
     }
 
@@ -223,24 +237,22 @@ pub async fn serve(
         let ready = Ready { webhook: Some(bound), metrics: None };
         ready.write(path).map_err(|source| Error::WriteReadyFile { path: path.to_path_buf(), source })?;
     }
-    // The writer webhooks (ServiceAccounts opted in on their leader-election Lease) call this
-    // server too; every replica keeps their configuration in step, with the same content.
-    spawn_until(
-        crate::admission::registration::routing::keep_in_step(
-            client.clone(),
-            crate::admission::registration::scope::Scope::new(args.webhook_configuration.clone()),
-            std::future::pending(),
-        ),
-        shutdown.clone(),
+    let config = args.config();
+    tracing::info!(
+        addr = %bound,
+        exempt = ?args.exempt,
+        leader_identity_separator = %args.leader_identity,
+        configuration = %config.scope.configuration_name,
+        timeout_seconds = config.scope.timeout_seconds,
+        only_namespaces = ?config.scope.only_namespaces,
+        "fencing webhook serving"
     );
-    let (leases, cache) = LeaseDirectory::new(client);
-    spawn_until(cache, shutdown.clone());
-    tracing::info!(addr = %bound, exempt = ?args.exempt, leader_identity_separator = %args.leader_identity, "fencing webhook serving");
-    let bounds = args.bounds();
-    let exempt = Exemptions::new(args.exempt).with_label_admins(args.lease_admins);
-    let served = server::run(leases, listener, tls, exempt, args.leader_identity, bounds, metrics, registry, shutdown.cancelled_owned())
-        .await
-        .map_err(|source| Error::ServeWebhook { source });
+    let port = Port { listener, tls, metrics, registry };
+    // The chart registered kube-fence's own configuration: nothing to register before the writer
+    // routing starts.
+    let nothing = |_| std::future::ready(Ok::<(), std::convert::Infallible>(()));
+    let Ok((running, ())) = start::start(client, &config, port, shutdown, nothing).await;
+    let served = running.served().await.map_err(|source| Error::ServeWebhook { source });
     if let Some(path) = ready_file {
         let _ = std::fs::remove_file(path);
     }
