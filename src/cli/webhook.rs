@@ -17,7 +17,7 @@ use crate::admission::judge::exemptions::DEFAULT_EXEMPT;
 use crate::admission::judge::exemptions::Exemptions;
 use crate::admission::judge::identity::IdentityRule;
 use crate::admission::registration::CONFIGURATION_NAME;
-use crate::admission::registration::scope::Scope;
+use crate::admission::registration::scope::{DEFAULT_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS, Scope};
 use crate::admission::start::{self, Port, WebhookConfig};
 use crate::ready::Ready;
 use crate::telemetry::{LogFormat, init_logging};
@@ -80,6 +80,25 @@ pub struct WebhookArgs {
     /// as its first webhook does.
     #[arg(long, value_name = "NAME", default_value = CONFIGURATION_NAME)]
     pub webhook_configuration: String,
+
+    /// Seconds the API server waits for a verdict of the writer webhooks kube-fence keeps in step
+    /// (with `run --local`, of its own configuration too) before it fails the write closed; 1 to
+    /// 30, as Kubernetes allows. The chart passes webhook.timeoutSeconds, the timeout of the
+    /// configuration it renders.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = DEFAULT_TIMEOUT_SECONDS,
+        value_parser = clap::value_parser!(i32).range(1..=i64::from(MAX_TIMEOUT_SECONDS)),
+    )]
+    pub webhook_timeout_seconds: i32,
+
+    /// Fence only this namespace (repeat the flag; default: every namespace not excluded): the
+    /// writer webhooks are kept in step only for opted-in Leases of these namespaces (with `run
+    /// --local`, its own configuration fences only them too). The chart passes
+    /// webhook.onlyNamespaces, the namespaces of the configuration it renders.
+    #[arg(long = "only-namespace", value_name = "NS")]
+    pub only_namespaces: Vec<String>,
 
     /// Accept connections only from clients presenting a certificate signed by a CA in this PEM
     /// file: configure the API server to present one to webhooks (an AdmissionConfiguration
@@ -151,13 +170,18 @@ impl WebhookArgs {
     }
 
     /// The webhook's configuration: what it judges, what one client may cost, and the scope of
-    /// what it registers (the writer webhooks of --webhook-configuration).
+    /// what it registers (the writer webhooks of --webhook-configuration, with
+    /// --webhook-timeout-seconds and --only-namespace).
     pub fn config(&self) -> WebhookConfig {
         WebhookConfig {
             exempt: Exemptions::new(self.exempt.clone()).with_label_admins(self.lease_admins.clone()),
             leader_identity: self.leader_identity.clone(),
             bounds: self.bounds(),
-            scope: Scope::new(self.webhook_configuration.clone()),
+            scope: Scope {
+                configuration_name: self.webhook_configuration.clone(),
+                timeout_seconds: self.webhook_timeout_seconds,
+                only_namespaces: (!self.only_namespaces.is_empty()).then(|| self.only_namespaces.clone()),
+            },
         }
     }
 
@@ -267,4 +291,42 @@ pub(crate) fn spawn_until(task: impl std::future::Future<Output = ()> + Send + '
             _ = shutdown.cancelled() => {}
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::cli::{Cli, Command};
+
+    fn webhook(args: &[&str]) -> Result<super::WebhookArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["kube-fence", "webhook", "--self-managed-tls"].iter().chain(args))?;
+        match cli.command {
+            Command::Webhook(command) => Ok(command.webhook),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_scope_flags_reach_the_configuration() {
+        let args = webhook(&["--webhook-configuration=kf", "--webhook-timeout-seconds=9", "--only-namespace=a", "--only-namespace", "b"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let scope = args.config().scope;
+        assert_eq!(scope.configuration_name, "kf");
+        assert_eq!(scope.timeout_seconds, 9);
+        assert_eq!(scope.only_namespaces, Some(vec!["a".to_string(), "b".to_string()]));
+        // Without them: the default configuration and timeout, every namespace.
+        let scope = webhook(&[]).unwrap_or_else(|e| panic!("{e}")).config().scope;
+        assert_eq!(scope, crate::admission::registration::scope::Scope::new(crate::admission::registration::CONFIGURATION_NAME));
+    }
+
+    #[test]
+    fn the_timeout_is_one_kubernetes_accepts() {
+        for ok in ["1", "30"] {
+            assert!(webhook(&["--webhook-timeout-seconds", ok]).is_ok(), "{ok}");
+        }
+        for bad in ["0", "31", "-1", "5s"] {
+            assert!(webhook(&["--webhook-timeout-seconds", bad]).is_err(), "{bad}");
+        }
+    }
 }
