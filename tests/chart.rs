@@ -47,6 +47,19 @@ fn ok(name: &str, args: &[&str], stdin: Option<&[u8]>) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `helm template` of release `cmp` in `kf-system` with the values file `values`, rendered
+/// without a cluster (no control plane is started for it).
+fn template(values: &std::path::Path) -> String {
+    let out = Command::new(tool("helm"))
+        .args(["template", "cmp", CHART, "-n", "kf-system", "-f"])
+        .arg(values)
+        .env("HELM_CACHE_HOME", std::env::temp_dir().join("kube-fence-helm-cache"))
+        .output()
+        .unwrap_or_else(|e| panic!("running helm: {e}"));
+    assert!(out.status.success(), "helm template failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Values that keep a test release from fencing anything but a namespace no test uses: the
 /// chart's webhook fails closed and has no running Pods here (no node), so it must not judge
 /// other tests' guarded objects.
@@ -243,6 +256,109 @@ fn the_chart_renders_the_leader_identity_rule_as_local_mode_and_the_webhook_read
             Command::Run(run) => assert_eq!(run.webhook.leader_identity, rule, "separator {separator:?}: {args:?}"),
             _ => panic!("the chart runs `kube-fence run`: {args:?}"),
         }
+    }
+}
+
+/// Whether `selector` (a namespace selector on the namespace's name, as the chart renders it)
+/// selects namespace `ns`.
+fn selects(selector: &serde_json::Value, ns: &str) -> bool {
+    assert!(selector.get("matchLabels").is_none(), "{selector}");
+    selector["matchExpressions"].as_array().expect("match expressions").iter().all(|rule| {
+        assert_eq!(rule["key"], "kubernetes.io/metadata.name", "{selector}");
+        let values: Vec<&str> = rule["values"].as_array().expect("values").iter().map(|v| v.as_str().expect("a name")).collect();
+        match rule["operator"].as_str() {
+            Some("In") => values.contains(&ns),
+            Some("NotIn") => !values.contains(&ns),
+            other => panic!("operator {other:?} in {selector}"),
+        }
+    })
+}
+
+/// The writer webhooks kube-fence registers in a cluster (`<release>-writers`, kept in step by
+/// the Pods the chart runs) carry the chart's `webhook.timeoutSeconds` and fence the namespaces
+/// of its `webhook.onlyNamespaces`, as the chart's own configuration does: the chart is rendered
+/// with fenced controllers in three namespaces; the arguments its Deployment gives kube-fence
+/// are parsed by kube-fence's command line into the webhook's configuration, and the writers
+/// configuration the routing builds from it (`routing::opt_ins_in`, `routing::desired`: what
+/// `keep_in_step` applies) for the chart's opted-in Leases is compared with the chart's
+/// configuration: the same timeout, exactly the Leases of the namespaces its selector fences,
+/// its client configuration. Pure (`helm template`, no cluster).
+#[test]
+fn the_writer_webhooks_registered_in_cluster_carry_the_charts_timeout_and_namespaces() {
+    use clap::Parser;
+    use k8s_openapi::api::admissionregistration::v1::WebhookClientConfig;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_fence::admission::registration::routing;
+    use kube_fence::cli::{Cli, Command};
+    let controllers = [("team-a", "op-a"), ("team-b", "op-b"), ("team-c", "op-c")];
+    let table: [(Option<i32>, &[&str]); 4] =
+        [(None, &[]), (Some(9), &["team-a", "team-b"]), (Some(30), &["team-c"]), (Some(1), &["team-b", "elsewhere"])];
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (row, (timeout, only)) in table.into_iter().enumerate() {
+        // Every other row also tries the holder fences in audit mode.
+        let audit = row % 2 == 1;
+        let mut webhook = serde_json::json!({"onlyNamespaces": only});
+        if audit {
+            webhook["holderFences"] = serde_json::json!("Audit");
+        }
+        if let Some(timeout) = timeout {
+            webhook["timeoutSeconds"] = serde_json::json!(timeout);
+        }
+        let fenced: Vec<_> = controllers
+            .iter()
+            .map(|(namespace, lease)| serde_json::json!({"namespace": namespace, "lease": lease, "serviceAccounts": [lease]}))
+            .collect();
+        let values = serde_json::json!({"webhook": webhook, "fencedControllers": fenced});
+        let file = dir.path().join("values.yaml");
+        std::fs::write(&file, serde_yaml::to_string(&values).expect("values")).expect("write values");
+        let docs = documents(&template(&file));
+
+        // What the chart registers itself: its webhooks all share one timeout and one selector.
+        let main = named(&docs, "ValidatingWebhookConfiguration", "cmp-kube-fence");
+        let hooks = main["webhooks"].as_array().expect("webhooks");
+        for hook in hooks {
+            for same in ["timeoutSeconds", "namespaceSelector", "clientConfig"] {
+                assert_eq!(hook[same], hooks[0][same], "values {values}: {same}");
+            }
+        }
+        let (timeout_seconds, selector) = (&hooks[0]["timeoutSeconds"], &hooks[0]["namespaceSelector"]);
+        assert_eq!(timeout_seconds, &serde_json::json!(timeout.unwrap_or(5)), "values {values}");
+
+        // What kube-fence, started with the Deployment's arguments, registers for the writers.
+        let deployment = named(&docs, "Deployment", "kube-fence");
+        let args: Vec<String> =
+            serde_json::from_value(deployment["spec"]["template"]["spec"]["containers"][0]["args"].clone()).expect("args");
+        let cli = Cli::try_parse_from(std::iter::once("kube-fence".to_string()).chain(args.clone()))
+            .unwrap_or_else(|e| panic!("the chart's args {args:?} parse: {e}"));
+        let Command::Run(run) = cli.command else { panic!("the chart runs `kube-fence run`: {args:?}") };
+        let config = run.webhook.config();
+        assert_eq!(serde_json::json!(config.scope.configuration_name), main["metadata"]["name"], "{args:?}");
+        let mode =
+            if audit { kube_fence::admission::judge::preamble::Mode::Audit } else { kube_fence::admission::judge::preamble::Mode::Enforce };
+        assert_eq!(config.holder_fences, mode, "values {values}: webhook.holderFences reaches the webhook, args {args:?}");
+        let leases: Vec<Lease> = docs
+            .iter()
+            .filter(|d| d["kind"] == "Lease")
+            .map(|d| serde_json::from_value(d.clone()).expect("a coordination Lease"))
+            .collect();
+        assert_eq!(leases.len(), controllers.len(), "the chart renders the fenced controllers' Leases");
+        let (opt_ins, refused) = routing::opt_ins_in(&config.scope, &leases);
+        assert!(refused.is_empty(), "{refused:?}");
+        let template: WebhookClientConfig = serde_json::from_value(hooks[0]["clientConfig"].clone()).expect("client configuration");
+        let writers = routing::desired(&config.scope, &template, &opt_ins);
+        let chart_writers = named(&docs, "ValidatingWebhookConfiguration", "-writers");
+        assert_eq!(serde_json::json!(writers.metadata.name), chart_writers["metadata"]["name"], "the configuration the chart creates");
+
+        let writers = writers.webhooks.unwrap_or_default();
+        for hook in &writers {
+            assert_eq!(&serde_json::json!(hook.timeout_seconds), timeout_seconds, "values {values}, args {args:?}: {}", hook.name);
+        }
+        let routed: BTreeSet<String> =
+            writers.iter().map(|hook| hook.client_config.service.as_ref().and_then(|s| s.path.clone()).expect("a path")).collect();
+        let expected: BTreeSet<String> =
+            controllers.iter().filter(|(ns, _)| selects(selector, ns)).map(|(ns, lease)| format!("/writer/{ns}/{lease}")).collect();
+        assert!(!expected.is_empty(), "values {values}: some controller is fenced");
+        assert_eq!(routed, expected, "values {values}, args {args:?}: the Leases of the fenced namespaces");
     }
 }
 

@@ -60,7 +60,7 @@ impl KubeFence {
             });
             let metrics = Metrics::register(&mut registry);
             let mut options = LocalOptions::new(format!("kf-e2e-{ns}"));
-            options.only_namespaces = Some(vec![ns.clone()]);
+            options.webhook.scope.only_namespaces = Some(vec![ns.clone()]);
             let hook = LocalWebhook::start(client.clone(), options, metrics, Arc::new(registry)).await.expect("start the webhook");
             Some((hook, controller))
         };

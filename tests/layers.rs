@@ -36,7 +36,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the real reads and the metrics they count", &["admission::metrics", "admission::reads"]),
     ("wire and transport; the lease controller beside them", &["admission::http", "lease"]),
     ("registration", &["admission::registration"]),
-    ("startup", &["admission::local", "admission"]),
+    ("startup", &["admission::start", "admission::local", "admission"]),
     ("the command line and the crate root", &["cli", ""]),
 ];
 

@@ -50,7 +50,7 @@ impl Fixture {
     /// Turns the policy path on for `ns` (which may already hold objects).
     async fn start(client: Client, ns: String) -> Fixture {
         let mut options = LocalOptions::new(format!("kf-pp-{ns}"));
-        options.only_namespaces = Some(vec![ns.clone()]);
+        options.webhook.scope.only_namespaces = Some(vec![ns.clone()]);
         options.policy_path = true;
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
@@ -492,7 +492,7 @@ async fn a_local_run_without_the_policy_path_removes_a_crashed_ones_policy() {
     let ns = common::namespace(&client, "pp-leftover").await;
     let name = format!("kf-pp-{ns}");
     let mut options = LocalOptions::new(name.clone());
-    options.only_namespaces = Some(vec![ns.clone()]);
+    options.webhook.scope.only_namespaces = Some(vec![ns.clone()]);
     options.policy_path = true;
     let start = |options: LocalOptions| {
         let client = client.clone();

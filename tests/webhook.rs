@@ -52,7 +52,7 @@ impl Fixture {
         let client = common::client().await;
         let ns = common::namespace(&client, test).await;
         let mut options = LocalOptions::new(format!("kf-test-{ns}"));
-        options.only_namespaces = Some(vec![ns.clone()]);
+        options.webhook.scope.only_namespaces = Some(vec![ns.clone()]);
         options.policy_path = common::policy_path();
         Fixture::with_options(client, ns, options).await
     }
@@ -675,7 +675,6 @@ async fn malformed_input_is_refused_and_the_server_keeps_serving() {
 async fn rotated_certificate_is_picked_up_without_a_failed_admission() {
     use kube_fence::admission::http::server;
     use kube_fence::admission::http::tls::{CertFiles, SelfSigned, issue_serving};
-    use kube_fence::admission::judge::exemptions::Exemptions;
     use kube_fence::admission::reads::directory::LeaseDirectory;
     use kube_fence::admission::registration::{Endpoint, Registration};
     use rustls::pki_types::pem::PemObject;
@@ -701,17 +700,8 @@ async fn rotated_certificate_is_picked_up_without_a_failed_admission() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(server::run(
-        leases,
-        listener,
-        tls,
-        Exemptions::default(),
-        Default::default(),
-        Default::default(),
-        metrics,
-        registry.clone(),
-        stop.clone().cancelled_owned(),
-    ));
+    let serving = server::Serving { judging: Default::default(), bounds: Default::default(), listener, tls };
+    let server = tokio::spawn(server::run(leases, serving, metrics, registry.clone(), stop.clone().cancelled_owned()));
     let mut registration = Registration::new(format!("kf-test-{ns}"), Endpoint::Url(format!("https://{addr}/validate")));
     registration.ca_bundle = Some(made.ca_cert.clone());
     registration.only_namespaces = Some(vec![ns.clone()]);

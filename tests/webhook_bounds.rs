@@ -75,8 +75,8 @@ async fn healthz(tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream
 async fn start(client: &kube::Client, test: &str, bounds: Bounds) -> (String, LocalWebhook, Arc<Registry>) {
     let ns = common::namespace(client, test).await;
     let mut options = LocalOptions::new(format!("kf-test-{ns}"));
-    options.only_namespaces = Some(vec![ns.clone()]);
-    options.bounds = bounds;
+    options.webhook.scope.only_namespaces = Some(vec![ns.clone()]);
+    options.webhook.bounds = bounds;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let registry = Arc::new(registry);
@@ -110,7 +110,7 @@ async fn memory_and_time_per_connection_are_bounded() {
     let client = common::client().await;
     let ns = common::namespace(&client, "bounds").await;
     let mut options = LocalOptions::new(format!("kf-test-{ns}"));
-    options.only_namespaces = Some(vec![ns.clone()]);
+    options.webhook.scope.only_namespaces = Some(vec![ns.clone()]);
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let hook = LocalWebhook::start(client.clone(), options, metrics, Arc::new(registry)).await.expect("start the webhook");

@@ -9,7 +9,10 @@
 //!   bounds, TLS, Events for rejected writes.
 //! - [`registration`]: what is registered with the API server — the webhook configurations (and
 //!   the chart's templates of them), the writer fence's routing, the policy path.
-//! - [`local`]: startup — the webhook as one process runs it.
+//! - [`start`]: startup — the webhook as one process runs it, in a cluster or locally: one
+//!   configuration, one start function (lease cache, server, writer routing).
+//! - [`local`]: local mode — a loopback port, a CA made in-process, the configuration registered
+//!   by URL; started by [`start`].
 
 pub mod http;
 pub mod judge;
@@ -17,3 +20,4 @@ pub mod local;
 pub mod metrics;
 pub mod reads;
 pub mod registration;
+pub mod start;

@@ -13,8 +13,8 @@ use super::cluster::Cluster;
 use super::error::{Error, Object};
 use super::webhook::WebhookArgs;
 use crate::admission::http::server::Metrics;
-use crate::admission::judge::exemptions::Exemptions;
 use crate::admission::local::{LocalOptions, LocalWebhook};
+use crate::admission::start::WebhookConfig;
 use crate::lease::controller::ControllerOptions;
 use crate::telemetry::init_logging;
 
@@ -68,6 +68,20 @@ pub struct RunArgs {
     pub webhook: WebhookArgs,
 }
 
+impl RunArgs {
+    /// The webhook's configuration in local mode: the in-cluster one (`WebhookArgs::config`)
+    /// registered as --local-configuration, fencing --watch-namespace when no --only-namespace
+    /// is given (where the controller runs).
+    pub fn local_config(&self) -> WebhookConfig {
+        let mut config = self.webhook.config();
+        config.scope.configuration_name = self.local_configuration.clone();
+        if config.scope.only_namespaces.is_none() {
+            config.scope.only_namespaces = self.watch_namespace.clone().map(|ns| vec![ns]);
+        }
+        config
+    }
+}
+
 pub async fn run(args: RunArgs) -> Result<(), Error> {
     init_logging(args.webhook.log_format);
     if !args.local {
@@ -116,11 +130,8 @@ async fn local(
 ) -> Result<(), Error> {
     let mut options = LocalOptions::new(args.local_configuration.clone());
     options.port = args.local_port.unwrap_or(0);
-    options.exempt = Exemptions::new(args.webhook.exempt.clone()).with_label_admins(args.webhook.lease_admins.clone());
-    options.only_namespaces = args.watch_namespace.clone().map(|ns| vec![ns]);
+    options.webhook = args.local_config();
     options.policy_path = args.policy_path;
-    options.leader_identity = args.webhook.leader_identity.clone();
-    options.bounds = args.webhook.bounds();
     let local = LocalWebhook::start(cluster.client.clone(), options, metrics, registry)
         .await
         .map_err(|source| Error::StartLocalWebhook { server: cluster.server.clone(), source })?;
@@ -161,6 +172,26 @@ fn write_ready_file(path: &Path, contents: &str) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn local_config(args: &[&str]) -> WebhookConfig {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from(["kube-fence", "run", "--local"].iter().chain(args)).unwrap_or_else(|e| panic!("{e}"));
+        match cli.command {
+            crate::cli::Command::Run(run) => run.local_config(),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn local_mode_registers_its_own_configuration_with_the_webhook_flags() {
+        let config = local_config(&["--local-configuration=mine", "--webhook-timeout-seconds=7", "--only-namespace=a"]);
+        assert_eq!((config.scope.configuration_name.as_str(), config.scope.timeout_seconds), ("mine", 7));
+        assert_eq!(config.scope.only_namespaces, Some(vec!["a".to_string()]));
+        // --watch-namespace fences where the controller runs, unless --only-namespace says otherwise.
+        assert_eq!(local_config(&["--watch-namespace=w"]).scope.only_namespaces, Some(vec!["w".to_string()]));
+        assert_eq!(local_config(&["--watch-namespace=w", "--only-namespace=a"]).scope.only_namespaces, Some(vec!["a".to_string()]));
+        assert_eq!(local_config(&[]).scope.only_namespaces, None);
+    }
 
     #[test]
     fn the_ready_file_appears_whole_and_leaves_no_temporary_behind() {

@@ -11,13 +11,15 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::http::bounds::{self, Bounds};
-use crate::admission::http::server::{self, Metrics};
+use crate::admission::http::server::Metrics;
 use crate::admission::http::tls::{CertFiles, ClientAuth, SelfManaged};
 use crate::admission::judge::exemptions::DEFAULT_EXEMPT;
 use crate::admission::judge::exemptions::Exemptions;
 use crate::admission::judge::identity::IdentityRule;
-use crate::admission::reads::directory::LeaseDirectory;
+use crate::admission::judge::preamble::Mode;
 use crate::admission::registration::CONFIGURATION_NAME;
+use crate::admission::registration::scope::{DEFAULT_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS, Scope};
+use crate::admission::start::{self, Port, WebhookConfig};
 use crate::ready::Ready;
 use crate::telemetry::{LogFormat, init_logging};
 
@@ -36,6 +38,14 @@ pub struct WebhookCommand {
     /// is synced.
     #[arg(long, value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
+}
+
+/// `--holder-fences`: whether the holder fences deny or only warn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "PascalCase")]
+pub enum HolderFences {
+    Enforce,
+    Audit,
 }
 
 /// Arguments of `kube-fence webhook` (also used by `kube-fence run`).
@@ -74,9 +84,30 @@ pub struct WebhookArgs {
     #[arg(long, default_value = "kube-fence-webhook-tls")]
     pub tls_secret: String,
 
-    /// ValidatingWebhookConfiguration whose caBundle self-managed TLS keeps correct.
-    #[arg(long, default_value = CONFIGURATION_NAME)]
+    /// kube-fence's ValidatingWebhookConfiguration (the chart's): self-managed TLS keeps its
+    /// caBundle correct, and the writer webhooks, kept in step in <NAME>-writers, call kube-fence
+    /// as its first webhook does.
+    #[arg(long, value_name = "NAME", default_value = CONFIGURATION_NAME)]
     pub webhook_configuration: String,
+
+    /// Seconds the API server waits for a verdict of the writer webhooks kube-fence keeps in step
+    /// (with `run --local`, of its own configuration too) before it fails the write closed; 1 to
+    /// 30, as Kubernetes allows. The chart passes webhook.timeoutSeconds, the timeout of the
+    /// configuration it renders.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = DEFAULT_TIMEOUT_SECONDS,
+        value_parser = clap::value_parser!(i32).range(1..=i64::from(MAX_TIMEOUT_SECONDS)),
+    )]
+    pub webhook_timeout_seconds: i32,
+
+    /// Fence only this namespace (repeat the flag; default: every namespace not excluded): the
+    /// writer webhooks are kept in step only for opted-in Leases of these namespaces (with `run
+    /// --local`, its own configuration fences only them too). The chart passes
+    /// webhook.onlyNamespaces, the namespaces of the configuration it renders.
+    #[arg(long = "only-namespace", value_name = "NS")]
+    pub only_namespaces: Vec<String>,
 
     /// Accept connections only from clients presenting a certificate signed by a CA in this PEM
     /// file: configure the API server to present one to webhooks (an AdmissionConfiguration
@@ -130,6 +161,15 @@ pub struct WebhookArgs {
     #[arg(long, value_name = "N", default_value_t = bounds::QUORUM_READS_PER_SECOND)]
     pub quorum_reads_per_source: u32,
 
+    /// How the holder fences act on a write by a Pod that does not hold the Lease (objects
+    /// labelled kubefence.io/leader-lease, and every write of opted-in writers). Enforce: denied
+    /// (409 NotHolder). Audit: admitted, with a warning to the writer saying what Enforce would
+    /// have said, and counted in kube_fence_webhook_decisions{verdict="warned"} — to try a fence
+    /// on a running controller before enforcing it. Token-guarded objects follow their lease's
+    /// own spec.fencing.enforcement.
+    #[arg(long, value_enum, default_value_t = HolderFences::Enforce)]
+    pub holder_fences: HolderFences,
+
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }
@@ -144,6 +184,26 @@ impl WebhookArgs {
             failed_connections_per_source: Some(self.failed_connections_per_source).filter(|n| *n > 0),
             quorum_reads_per_source: Some(self.quorum_reads_per_source).filter(|n| *n > 0 && !authenticated),
             keep_alive_idle: bounds::KEEP_ALIVE_IDLE,
+        }
+    }
+
+    /// The webhook's configuration: what it judges, what one client may cost, and the scope of
+    /// what it registers (the writer webhooks of --webhook-configuration, with
+    /// --webhook-timeout-seconds and --only-namespace).
+    pub fn config(&self) -> WebhookConfig {
+        WebhookConfig {
+            exempt: Exemptions::new(self.exempt.clone()).with_label_admins(self.lease_admins.clone()),
+            leader_identity: self.leader_identity.clone(),
+            bounds: self.bounds(),
+            holder_fences: match self.holder_fences {
+                HolderFences::Enforce => Mode::Enforce,
+                HolderFences::Audit => Mode::Audit,
+            },
+            scope: Scope {
+                configuration_name: self.webhook_configuration.clone(),
+                timeout_seconds: self.webhook_timeout_seconds,
+                only_namespaces: (!self.only_namespaces.is_empty()).then(|| self.only_namespaces.clone()),
+            },
         }
     }
 
@@ -223,26 +283,22 @@ pub async fn serve(
         let ready = Ready { webhook: Some(bound), metrics: None };
         ready.write(path).map_err(|source| Error::WriteReadyFile { path: path.to_path_buf(), source })?;
     }
-    // The writer webhooks (ServiceAccounts opted in on their leader-election Lease) call this
-    // server too; every replica keeps their configuration in step, with the same content.
-    spawn_until(
-        crate::admission::registration::routing::keep_in_step(
-            client.clone(),
-            args.webhook_configuration.clone(),
-            None,
-            5,
-            std::future::pending(),
-        ),
-        shutdown.clone(),
+    let config = args.config();
+    tracing::info!(
+        addr = %bound,
+        exempt = ?args.exempt,
+        leader_identity_separator = %args.leader_identity,
+        configuration = %config.scope.configuration_name,
+        timeout_seconds = config.scope.timeout_seconds,
+        only_namespaces = ?config.scope.only_namespaces,
+        "fencing webhook serving"
     );
-    let (leases, cache) = LeaseDirectory::new(client);
-    spawn_until(cache, shutdown.clone());
-    tracing::info!(addr = %bound, exempt = ?args.exempt, leader_identity_separator = %args.leader_identity, "fencing webhook serving");
-    let bounds = args.bounds();
-    let exempt = Exemptions::new(args.exempt).with_label_admins(args.lease_admins);
-    let served = server::run(leases, listener, tls, exempt, args.leader_identity, bounds, metrics, registry, shutdown.cancelled_owned())
-        .await
-        .map_err(|source| Error::ServeWebhook { source });
+    let port = Port { listener, tls, metrics, registry };
+    // The chart registered kube-fence's own configuration: nothing to register before the writer
+    // routing starts.
+    let nothing = |_| std::future::ready(Ok::<(), std::convert::Infallible>(()));
+    let Ok((running, ())) = start::start(client, &config, port, shutdown, nothing).await;
+    let served = running.served().await.map_err(|source| Error::ServeWebhook { source });
     if let Some(path) = ready_file {
         let _ = std::fs::remove_file(path);
     }
@@ -257,4 +313,52 @@ pub(crate) fn spawn_until(task: impl std::future::Future<Output = ()> + Send + '
             _ = shutdown.cancelled() => {}
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::cli::{Cli, Command};
+
+    fn webhook(args: &[&str]) -> Result<super::WebhookArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["kube-fence", "webhook", "--self-managed-tls"].iter().chain(args))?;
+        match cli.command {
+            Command::Webhook(command) => Ok(command.webhook),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_scope_flags_reach_the_configuration() {
+        let args = webhook(&["--webhook-configuration=kf", "--webhook-timeout-seconds=9", "--only-namespace=a", "--only-namespace", "b"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let scope = args.config().scope;
+        assert_eq!(scope.configuration_name, "kf");
+        assert_eq!(scope.timeout_seconds, 9);
+        assert_eq!(scope.only_namespaces, Some(vec!["a".to_string(), "b".to_string()]));
+        // Without them: the default configuration and timeout, every namespace.
+        let scope = webhook(&[]).unwrap_or_else(|e| panic!("{e}")).config().scope;
+        assert_eq!(scope, crate::admission::registration::scope::Scope::new(crate::admission::registration::CONFIGURATION_NAME));
+    }
+
+    #[test]
+    fn the_holder_fences_enforce_unless_audit_is_asked_for() {
+        use crate::admission::judge::preamble::Mode;
+        assert_eq!(webhook(&[]).unwrap_or_else(|e| panic!("{e}")).config().judging().holder_fences, Mode::Enforce);
+        let audited = webhook(&["--holder-fences", "Audit"]).unwrap_or_else(|e| panic!("{e}")).config();
+        assert_eq!(audited.judging().holder_fences, Mode::Audit);
+        let refused = webhook(&["--holder-fences", "Warn"]).map(|_| ()).expect_err("not a mode");
+        assert!(refused.to_string().contains("possible values: Enforce, Audit"), "{refused}");
+    }
+
+    #[test]
+    fn the_timeout_is_one_kubernetes_accepts() {
+        for ok in ["1", "30"] {
+            assert!(webhook(&["--webhook-timeout-seconds", ok]).is_ok(), "{ok}");
+        }
+        for bad in ["0", "31", "-1", "5s"] {
+            assert!(webhook(&["--webhook-timeout-seconds", bad]).is_err(), "{bad}");
+        }
+    }
 }

@@ -417,7 +417,7 @@ struct Hook {
 impl Hook {
     async fn start(client: &Client, ns: &str) -> Hook {
         let mut options = LocalOptions::new(format!("kf-faults-{ns}"));
-        options.only_namespaces = Some(vec![ns.to_string()]);
+        options.webhook.scope.only_namespaces = Some(vec![ns.to_string()]);
         options.policy_path = common::policy_path();
         let mut hook = Hook { webhook: None, options };
         hook.serve(client).await;

@@ -126,8 +126,8 @@ async fn the_configured_identity_rule_is_what_the_webhook_and_the_holder_policy_
     let client = common::client().await;
     let ns = common::namespace(&client, "leader-rule").await;
     let mut options = LocalOptions::new(format!("kf-test-{ns}"));
-    options.only_namespaces = Some(vec![ns.clone()]);
-    options.leader_identity = ":".parse().expect("a separator");
+    options.webhook.scope.only_namespaces = Some(vec![ns.clone()]);
+    options.webhook.leader_identity = ":".parse().expect("a separator");
     let f = Fixture::with_options(client, ns, options).await;
     let (p1, p2) = opted_in_pods(&f).await;
     let at = |s: u32| format!("2026-12-03T09:00:{s:02}.000000Z");
@@ -348,8 +348,8 @@ async fn leader_go_cycles(test: &str, writes: Writes, cycles: usize) -> (leader:
     let client = common::client().await;
     let ns = common::namespace(&client, test).await;
     let mut options = LocalOptions::new(format!("kf-test-{ns}"));
-    options.only_namespaces = Some(vec![ns.clone()]);
-    options.exempt = Exemptions::new(DEFAULT_EXEMPT.iter().map(|u| u.to_string()).chain([SETUP.to_string()]));
+    options.webhook.scope.only_namespaces = Some(vec![ns.clone()]);
+    options.webhook.exempt = Exemptions::new(DEFAULT_EXEMPT.iter().map(|u| u.to_string()).chain([SETUP.to_string()]));
     let f = Fixture::with_options(client, ns, options).await;
     let widgets = leader::install_widget_crd(&f.client).await;
     let pods = controller_pods(&f, &["p1", "p2"]).await;

@@ -33,8 +33,6 @@ use crate::admission::http::bounds::{Bounds, ConnectionGate, GatedAddr, GatedLis
 use crate::admission::http::events::RejectionEvents;
 use crate::admission::http::failures::Watching;
 use crate::admission::http::review::{self, Unreadable};
-use crate::admission::judge::exemptions::Exemptions;
-use crate::admission::judge::identity::IdentityRule;
 use crate::admission::judge::pipeline::{self, Judging, Sent};
 use crate::admission::judge::verdict::Verdict;
 use crate::admission::judge::writer;
@@ -252,24 +250,34 @@ pub async fn serve(
     served
 }
 
-/// Everything one webhook process serves, given its lease directory (whose cache future the
-/// caller runs), judging leader-election holders by `identity`, within `bounds`. Returns when
-/// `shutdown` resolves.
-#[allow(clippy::too_many_arguments)]
+/// What one webhook process serves: how it judges, and on which port, with which certificate,
+/// within which bounds. The part of the startup configuration (`crate::admission::start`) the
+/// server needs.
+pub struct Serving {
+    /// Who is exempt, and how a leader-election Lease's holder names a Pod.
+    pub judging: Judging,
+    /// What one client of the port can cost.
+    pub bounds: Bounds,
+    pub listener: TcpListener,
+    /// The serving certificate (kept current by whoever made it: a file watcher, the
+    /// self-managed TLS loop).
+    pub tls: RustlsConfig,
+}
+
+/// Serves what `serving` says, given its lease directory (whose cache future the caller runs),
+/// counting into `metrics` (and `/metrics` rendering `registry`). Returns when `shutdown`
+/// resolves.
 pub async fn run(
     leases: LeaseDirectory,
-    listener: TcpListener,
-    tls: RustlsConfig,
-    exempt: Exemptions,
-    identity: IdentityRule,
-    bounds: Bounds,
+    serving: Serving,
     metrics: Metrics,
     registry: Arc<Registry>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let Serving { judging, bounds, listener, tls } = serving;
     let events = Some(RejectionEvents::new(leases.client(), crate::process::identity(), metrics.events_suppressed.clone()));
     let gate = ConnectionGate::new(bounds, metrics.connections.clone());
     let reader = Reader::new(leases, metrics.clone(), bounds.quorum_reads_per_source);
-    let webhook = Arc::new(Webhook::new(Judging { exempt, identity, ..Judging::default() }, reader, metrics, events));
+    let webhook = Arc::new(Webhook::new(judging, reader, metrics, events));
     serve(listener, tls, router(webhook, registry), gate, shutdown).await
 }

@@ -48,6 +48,7 @@ pub mod chart;
 pub mod opt_in;
 pub mod policy_path;
 pub mod routing;
+pub mod scope;
 
 /// Name of the webhook inside the configuration; the API server quotes it in every denial:
 /// `admission webhook "fence.kubefence.io" denied the request: ...`.
@@ -117,11 +118,20 @@ impl Registration {
             operator_namespace: None,
             only_namespaces: None,
             extra_object_labels: BTreeMap::new(),
-            timeout_seconds: 5,
+            timeout_seconds: scope::DEFAULT_TIMEOUT_SECONDS,
             policy_path: false,
             leader_leases: Vec::new(),
             leader_identity: IdentityRule::default(),
         }
+    }
+
+    /// A registration under `scope`'s configuration name, with its timeout and namespaces: the
+    /// same scope the writer routing (`routing::keep_in_step`) registers its webhooks with.
+    pub fn scoped(scope: &scope::Scope, endpoint: Endpoint) -> Registration {
+        let mut registration = Registration::new(scope.configuration_name.clone(), endpoint);
+        registration.timeout_seconds = scope.timeout_seconds;
+        registration.only_namespaces = scope.only_namespaces.clone();
+        registration
     }
 
     /// The configuration object (pure).
@@ -778,6 +788,18 @@ mod tests {
         assert_eq!(binding["spec"]["policyName"], STATUS_POLICY_NAME);
         assert_eq!(binding["spec"]["validationActions"], serde_json::json!(["Deny"]));
         assert_eq!(binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][1]["values"], serde_json::json!(["mine"]));
+    }
+
+    #[test]
+    fn a_scoped_registration_carries_the_scope() {
+        let scope = scope::Scope { configuration_name: "kf".into(), timeout_seconds: 9, only_namespaces: Some(vec!["mine".into()]) };
+        let reg = Registration::scoped(&scope, Endpoint::Url("https://127.0.0.1:9443/validate".into()));
+        let json = serde_json::to_value(reg.configuration()).unwrap();
+        assert_eq!(json["metadata"]["name"], "kf");
+        for hook in json["webhooks"].as_array().unwrap() {
+            assert_eq!(hook["timeoutSeconds"], 9);
+            assert_eq!(hook["namespaceSelector"]["matchExpressions"][1]["values"], serde_json::json!(["mine"]));
+        }
     }
 
     #[test]

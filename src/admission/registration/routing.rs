@@ -28,6 +28,7 @@ use crate::telemetry::Chain;
 use kube_fence_api::names::HOLDER_IDENTITY_LABEL;
 
 use crate::admission::registration::opt_in::OptIn;
+use crate::admission::registration::scope::Scope;
 use kube_fence_api::names::HOLDER_IS_POD;
 
 /// How often the configuration is applied again without a change of the Leases.
@@ -68,6 +69,13 @@ fn webhook_name(opt_in: &OptIn) -> String {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     (&opt_in.namespace, &opt_in.name).hash(&mut hasher);
     format!("{:016x}.writer.kubefence.io", hasher.finish())
+}
+
+/// The writers configuration that goes with `scope`'s configuration, for `opt_ins`, calling
+/// kube-fence as `template` (the client configuration of `scope`'s configuration) does, each
+/// webhook with `scope`'s timeout (pure): what [`apply`] applies.
+pub fn desired(scope: &Scope, template: &WebhookClientConfig, opt_ins: &BTreeSet<OptIn>) -> ValidatingWebhookConfiguration {
+    configuration(&configuration_name(&scope.configuration_name), template, opt_ins, scope.timeout_seconds)
 }
 
 /// The writers configuration for `opt_ins`, calling kube-fence as `template` does (pure). No
@@ -126,6 +134,15 @@ pub fn opt_ins<'l>(
     (found, refused)
 }
 
+/// The opt-ins of those `leases` that are in `scope`'s namespaces, and the Leases left out with
+/// why (pure): what [`keep_in_step`] registers writer webhooks for.
+pub fn opt_ins_in<'l>(
+    scope: &Scope,
+    leases: impl IntoIterator<Item = &'l LeaderElectionLease>,
+) -> (BTreeSet<OptIn>, Vec<(String, crate::admission::registration::opt_in::OptInError)>) {
+    opt_ins(leases.into_iter().filter(|lease| scope.includes(lease.metadata.namespace.as_deref().unwrap_or_default())))
+}
+
 /// Why the writers configuration could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub enum RoutingError {
@@ -137,34 +154,29 @@ pub enum RoutingError {
     Apply(String, #[source] kube::Error),
 }
 
-/// Applies the writers configuration for `opt_ins` once.
-pub async fn apply(client: &kube::Client, main: &str, opt_ins: &BTreeSet<OptIn>, timeout_seconds: i32) -> Result<(), RoutingError> {
+/// Applies the writers configuration of `scope` for `opt_ins` once.
+pub async fn apply(client: &kube::Client, scope: &Scope, opt_ins: &BTreeSet<OptIn>) -> Result<(), RoutingError> {
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let main = &scope.configuration_name;
     let found = api.get(main).await.map_err(|e| RoutingError::ReadConfiguration(main.to_string(), e))?;
     let template = found
         .webhooks
         .and_then(|w| w.into_iter().next())
         .map(|w| w.client_config)
         .ok_or_else(|| RoutingError::NoTemplate(main.to_string()))?;
+    let desired = desired(scope, &template, opt_ins);
     let name = configuration_name(main);
-    let desired = configuration(&name, &template, opt_ins, timeout_seconds);
     api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired))
         .await
         .map(|_| ())
         .map_err(|e| RoutingError::Apply(name, e))
 }
 
-/// Keeps `<configuration>-writers` in step with the opted-in Leases (of the `only` namespaces,
-/// when given) until `shutdown` resolves. Errors are logged and retried at the next change or
-/// resync: the configuration that was last applied keeps judging meanwhile (failing closed for
-/// the writers it names).
-pub async fn keep_in_step(
-    client: kube::Client,
-    configuration: String,
-    only: Option<Vec<String>>,
-    timeout_seconds: i32,
-    shutdown: impl std::future::Future<Output = ()>,
-) {
+/// Keeps `<configuration>-writers` of `scope` in step with the opted-in Leases of `scope`'s
+/// namespaces, its webhooks with `scope`'s timeout, until `shutdown` resolves. Errors are logged
+/// and retried at the next change or resync: the configuration that was last applied keeps
+/// judging meanwhile (failing closed for the writers it names).
+pub async fn keep_in_step(client: kube::Client, scope: Scope, shutdown: impl std::future::Future<Output = ()>) {
     let api: Api<LeaderElectionLease> = Api::all(client.clone());
     let selector = format!("{HOLDER_IDENTITY_LABEL}={HOLDER_IS_POD}");
     let stream = watcher(api, watcher::Config::default().labels(&selector)).default_backoff();
@@ -191,19 +203,21 @@ pub async fn keep_in_step(
             _ = resync.tick() => { last = None; }
         }
         let Some(leases) = leases.as_ref() else { continue };
-        let wanted =
-            |l: &&LeaderElectionLease| only.as_ref().is_none_or(|only| l.metadata.namespace.as_ref().is_some_and(|ns| only.contains(ns)));
-        let (found, refused) = opt_ins(leases.values().filter(wanted));
+        let (found, refused) = opt_ins_in(&scope, leases.values());
         if last.as_ref() == Some(&found) {
             continue;
         }
         for (lease, err) in &refused {
             tracing::warn!(lease, error = %err, "the Lease's writer opt-in is not registered");
         }
-        match apply(&client, &configuration, &found, timeout_seconds).await {
+        match apply(&client, &scope, &found).await {
             Ok(()) => {
                 if last.is_some() || !found.is_empty() {
-                    tracing::info!(configuration = configuration_name(&configuration), writers = found.len(), "writer webhooks in step");
+                    tracing::info!(
+                        configuration = configuration_name(&scope.configuration_name),
+                        writers = found.len(),
+                        "writer webhooks in step"
+                    );
                 }
                 last = Some(found);
             }
@@ -251,6 +265,37 @@ mod tests {
         assert_eq!((svc.name.as_str(), svc.path.as_deref()), ("kube-fence", Some("/writer/team/ctl")));
         assert_eq!(by_service[1].client_config.ca_bundle, service.ca_bundle);
         assert_eq!(configuration("kf-writers", &url, &BTreeSet::new(), 5).webhooks.map(|w| w.len()), Some(0));
+    }
+
+    /// An opted-in leader-election Lease `namespace/name` whose writer is ServiceAccount `ctl`.
+    fn lease(namespace: &str, name: &str) -> LeaderElectionLease {
+        LeaderElectionLease {
+            metadata: ObjectMeta {
+                namespace: Some(namespace.into()),
+                name: Some(name.into()),
+                labels: Some([(HOLDER_IDENTITY_LABEL.to_string(), HOLDER_IS_POD.to_string())].into()),
+                annotations: Some([(kube_fence_api::names::WRITERS_ANNOTATION.to_string(), "ctl".to_string())].into()),
+                ..Default::default()
+            },
+            spec: None,
+        }
+    }
+
+    #[test]
+    fn the_scope_names_the_configuration_sets_the_timeout_and_picks_the_leases() {
+        let template = WebhookClientConfig { url: Some("https://127.0.0.1:8443/validate".into()), ca_bundle: None, service: None };
+        let leases = [lease("team", "ctl"), lease("other", "ctl")];
+        let scope = Scope { configuration_name: "kf".into(), timeout_seconds: 9, only_namespaces: Some(vec!["team".into()]) };
+        let (found, refused) = opt_ins_in(&scope, &leases);
+        assert!(refused.is_empty(), "{refused:?}");
+        let routed = desired(&scope, &template, &found);
+        assert_eq!(routed.metadata.name.as_deref(), Some("kf-writers"));
+        let hooks = routed.webhooks.unwrap_or_default();
+        assert_eq!(hooks.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(), ["ctl.team.writer.kubefence.io"]);
+        assert_eq!(hooks[0].timeout_seconds, Some(9));
+        // Every namespace: both Leases.
+        let everywhere = Scope { only_namespaces: None, ..scope };
+        assert_eq!(opt_ins_in(&everywhere, &leases).0.len(), 2);
     }
 
     #[test]
