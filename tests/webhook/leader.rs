@@ -516,3 +516,59 @@ async fn a_pod_of_another_namespace_is_not_the_pod_of_the_same_name_here() {
     assert!(status.message.contains(&format!("Pod {other}/p1, which is not in the lease's namespace {}", f.ns)), "{}", status.message);
     f.stop().await;
 }
+
+/// Audit before enforce (`--holder-fences Audit`, chart value `webhook.holderFences`).
+/// Stale-but-honest writer: p1 lost the Lease to p2 and writes again. Audited, its write lands;
+/// the API server hands p1 the webhook's warning, which says what enforcing would have said; and
+/// the webhook counts it as warned `NotHolder`. The holder's own write carries no warning.
+/// (Enforced, the same write is refused: `only_the_pod_holding_the_leader_lease_writes`.)
+#[tokio::test]
+async fn in_audit_mode_a_stale_leaders_write_lands_with_a_warning_that_says_why() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "leader-audit").await;
+    let mut options = kube_fence::admission::local::LocalOptions::new(format!("kf-test-{ns}"));
+    options.webhook.scope.only_namespaces = Some(vec![ns.clone()]);
+    options.webhook.holder_fences = kube_fence::admission::judge::preamble::Mode::Audit;
+    let f = Fixture::with_options(client, ns, options).await;
+    let (p1, p2) = opted_in_pods(&f).await;
+    elect(&p2, &f.ns, "ctl", "p2_2222", "2026-12-03T09:00:10.000000Z", 2).await.expect("p2 holds the Lease");
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "state", "labels": {LEADER_LEASE_LABEL: "ctl"}}, "data": {"writer": "p2"}}))
+            .unwrap();
+    common::accepted(Api::<ConfigMap>::namespaced(p2.clone(), &f.ns).create(&PostParams::default(), &cm).await);
+
+    // The write as client-go sends it, read with its response headers (where warnings travel).
+    let patch = |client: &Client, writer: &str| {
+        let body = Patch::Merge(json!({"data": {"writer": writer}}));
+        let request = kube::core::Request::new(format!("/api/v1/namespaces/{}/configmaps", f.ns))
+            .patch("state", &PatchParams::default(), &body)
+            .expect("a patch request");
+        let client = client.clone();
+        async move {
+            let response = client.send(request.map(kube::client::Body::from)).await.expect("the API server answers");
+            let warnings: Vec<String> =
+                response.headers().get_all("warning").iter().map(|v| v.to_str().unwrap_or_default().to_string()).collect();
+            (response.status(), warnings)
+        }
+    };
+    let (status, warnings) = patch(&p1, "p1-stale").await;
+    assert!(status.is_success(), "audited, the stale write is admitted: {status}");
+    assert!(
+        warnings.iter().any(|w| w.contains("kube-fence (audit mode) would deny this write") && w.contains("p2_2222")),
+        "p1 is told what enforcing would have said: {warnings:?}"
+    );
+    let stored = Api::<ConfigMap>::namespaced(f.client.clone(), &f.ns).get("state").await.expect("the ConfigMap");
+    assert_eq!(stored.data.unwrap_or_default().get("writer").map(String::as_str), Some("p1-stale"), "audit mode lets it land");
+    let (status, warnings) = patch(&p2, "p2-again").await;
+    assert!(status.is_success() && warnings.is_empty(), "the holder writes without a warning: {status} {warnings:?}");
+
+    let metrics = kube_fence::telemetry::render(&f.registry);
+    assert!(
+        metrics.lines().any(|l| l.starts_with("kube_fence_webhook_decisions_total")
+            && l.contains("verdict=\"warned\"")
+            && l.contains("reason=\"NotHolder\"")
+            && !l.ends_with(" 0")),
+        "counted as warned NotHolder:\n{metrics}"
+    );
+    f.stop().await;
+}
