@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, PostParams};
-pub use kube::runtime::events::{EventType, Reporter};
+pub(crate) use kube::runtime::events::{EventType, Reporter};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -34,11 +34,11 @@ use crate::limit::Buckets;
 /// Event writes waiting for the API server at once, per publisher. Beyond that an Event is
 /// suppressed rather than queued: a slow API server must not make publishers hold ever more
 /// Events in memory.
-pub const MAX_IN_FLIGHT: usize = 16;
+pub(crate) const MAX_IN_FLIGHT: usize = 16;
 
 /// The longest note the API server accepts, in bytes; a longer one is cut (at a character
 /// boundary) rather than have the whole Event refused.
-pub const MAX_NOTE_BYTES: usize = 1024;
+pub(crate) const MAX_NOTE_BYTES: usize = 1024;
 
 /// Events about objects with no namespace (cluster-scoped ones) are written here, as
 /// Kubernetes' own components do.
@@ -46,7 +46,7 @@ const CLUSTER_EVENTS_NAMESPACE: &str = "default";
 
 /// One Event, as a caller describes it.
 #[derive(Clone, Debug)]
-pub struct Event {
+pub(crate) struct Event {
     /// The object the Event is about (`kubectl describe` of it shows the Event).
     pub regarding: ObjectReference,
     pub type_: EventType,
@@ -61,7 +61,7 @@ pub struct Event {
 /// Publishes Events within a budget per key `K` and [`MAX_IN_FLIGHT`] at once, counting the
 /// Events it drops in `suppressed`. Cloning shares the budget, the bound and the counter.
 #[derive(Clone)]
-pub struct Publisher<K> {
+pub(crate) struct Publisher<K> {
     client: Client,
     reporter: Reporter,
     gate: Arc<Gate<K>>,
@@ -70,14 +70,14 @@ pub struct Publisher<K> {
 impl<K: Hash + Eq + Copy> Publisher<K> {
     /// Publishes as `reporter` through `client`, each key at most what `budget` allows, and
     /// counts the Events not published in `suppressed`.
-    pub fn new(client: Client, reporter: Reporter, budget: Buckets<K>, suppressed: Counter) -> Publisher<K> {
+    pub(crate) fn new(client: Client, reporter: Reporter, budget: Buckets<K>, suppressed: Counter) -> Publisher<K> {
         Publisher { client, reporter, gate: Arc::new(Gate::new(budget, MAX_IN_FLIGHT, suppressed)) }
     }
 
     /// Publishes `event` in the background, charged to `key`'s budget; whether it was sent (if
     /// not, it was counted as suppressed). Never waits: the write runs as its own task, so this
     /// must be called within a Tokio runtime.
-    pub fn publish(&self, key: K, event: Event) -> bool {
+    pub(crate) fn publish(&self, key: K, event: Event) -> bool {
         let Some(permit) = self.gate.admit(key, Instant::now()) else {
             return false;
         };

@@ -29,13 +29,15 @@
 //! - [`limit`]: the one rate limiter (a token bucket per key), pure.
 //! - [`events`]: the one Kubernetes Event publisher (budgeted, bounded in flight, never waited on).
 #![forbid(unsafe_code)]
+// What is not part of the crate's API says so: `pub` only where another crate may name it.
+#![warn(unreachable_pub)]
 
 pub mod admission;
 pub mod cli;
-pub mod events;
+pub(crate) mod events;
 pub use kube_fence_client as client;
 pub mod lease;
-pub mod limit;
-pub mod process;
+pub(crate) mod limit;
+pub(crate) mod process;
 pub mod ready;
 pub mod telemetry;

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 /// A token bucket per key.
 #[derive(Debug)]
-pub struct Buckets<K> {
+pub(crate) struct Buckets<K> {
     per_second: f64,
     burst: f64,
     max_keys: usize,
@@ -33,42 +33,43 @@ impl<K: Hash + Eq + Copy> Buckets<K> {
     /// Keys tracked at once by default; beyond that the one idle longest is forgotten (a key
     /// forgotten starts again with a full bucket, so only a client with this many addresses gains
     /// by it).
-    pub const MAX_KEYS: usize = 1024;
+    pub(crate) const MAX_KEYS: usize = 1024;
 
     /// `per_second` tokens a second per key, at most `burst` saved up.
-    pub fn new(per_second: u32, burst: u32) -> Buckets<K> {
+    pub(crate) fn new(per_second: u32, burst: u32) -> Buckets<K> {
         Buckets::with_max_keys(per_second, burst, Self::MAX_KEYS)
     }
 
     /// The same, remembering at most `max_keys` keys.
-    pub fn with_max_keys(per_second: u32, burst: u32, max_keys: usize) -> Buckets<K> {
+    pub(crate) fn with_max_keys(per_second: u32, burst: u32, max_keys: usize) -> Buckets<K> {
         let per_second = f64::from(per_second.max(1));
         Buckets { per_second, burst: f64::from(burst).max(1.0), max_keys: max_keys.max(1), keys: HashMap::new() }
     }
 
     /// Tokens a key earns a second.
-    pub fn per_second(&self) -> u32 {
+    pub(crate) fn per_second(&self) -> u32 {
         self.per_second as u32
     }
 
     /// The most tokens a key saves up.
-    pub fn burst(&self) -> f64 {
+    pub(crate) fn burst(&self) -> f64 {
         self.burst
     }
 
     /// Whether `key` has a bucket (it was seen and not forgotten since).
-    pub fn knows(&self, key: &K) -> bool {
+    pub(crate) fn knows(&self, key: &K) -> bool {
         self.keys.contains_key(key)
     }
 
-    /// How many keys are remembered now.
-    pub fn tracked(&self) -> usize {
+    /// How many keys are remembered now (tests).
+    #[cfg(test)]
+    pub(crate) fn tracked(&self) -> usize {
         self.keys.len()
     }
 
     /// `key`'s tokens, refilled to `now` (a new key starts full). A clock that goes backwards
     /// refills nothing.
-    pub fn tokens(&mut self, key: K, now: Instant) -> &mut f64 {
+    pub(crate) fn tokens(&mut self, key: K, now: Instant) -> &mut f64 {
         if !self.keys.contains_key(&key) && self.keys.len() >= self.max_keys {
             let idlest = self.keys.iter().min_by_key(|(_, b)| b.at).map(|(k, _)| *k);
             if let Some(idlest) = idlest {
@@ -84,7 +85,7 @@ impl<K: Hash + Eq + Copy> Buckets<K> {
     }
 
     /// Takes a token of `key` at `now` if it has one.
-    pub fn take(&mut self, key: K, now: Instant) -> bool {
+    pub(crate) fn take(&mut self, key: K, now: Instant) -> bool {
         let tokens = self.tokens(key, now);
         if *tokens >= 1.0 {
             *tokens -= 1.0;
@@ -95,7 +96,7 @@ impl<K: Hash + Eq + Copy> Buckets<K> {
     }
 
     /// Gives `key` a token back at `now` (never beyond its burst).
-    pub fn give_back(&mut self, key: K, now: Instant) {
+    pub(crate) fn give_back(&mut self, key: K, now: Instant) {
         let burst = self.burst;
         let tokens = self.tokens(key, now);
         *tokens = (*tokens + 1.0).min(burst);

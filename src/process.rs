@@ -6,7 +6,7 @@ use tokio_util::sync::CancellationToken;
 /// This process's name in leader election and Events: `POD_NAME` (the chart sets it from the
 /// downward API), else `<host name>-<process id>`. The process id makes two kube-fence processes
 /// on one machine (`run --local` twice) distinct, so they never share a leader-election identity.
-pub fn identity() -> String {
+pub(crate) fn identity() -> String {
     if let Some(pod) = std::env::var("POD_NAME").ok().filter(|n| !n.trim().is_empty()) {
         return pod;
     }
@@ -20,7 +20,7 @@ pub fn identity() -> String {
 }
 
 /// A token cancelled when SIGINT (Ctrl-C) or SIGTERM arrives.
-pub fn shutdown_on_signal() -> CancellationToken {
+pub(crate) fn shutdown_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let cancel = token.clone();
     tokio::spawn(async move {

@@ -17,7 +17,7 @@
 pub mod http;
 pub mod judge;
 pub mod local;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod reads;
 pub mod registration;
 pub mod start;

@@ -14,7 +14,7 @@ pub struct ChartTemplatesArgs {
     pub dir: PathBuf,
 }
 
-pub fn run(args: ChartTemplatesArgs) -> Result<(), Error> {
+pub(super) fn run(args: ChartTemplatesArgs) -> Result<(), Error> {
     let templates = chart::templates().map_err(|e| Error::EncodeOutput { source: e.into() })?;
     for template in templates {
         let path = args.dir.join(template.file);

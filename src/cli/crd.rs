@@ -8,7 +8,7 @@ use super::error::Error;
 #[derive(Debug, clap::Args)]
 pub struct CrdArgs {}
 
-pub fn run(_: CrdArgs) -> Result<(), Error> {
+pub(super) fn run(_: CrdArgs) -> Result<(), Error> {
     let yaml = kube_fence_api::crds_yaml().map_err(|e| Error::EncodeOutput { source: e.into() })?;
     std::io::stdout().lock().write_all(yaml.as_bytes())?;
     Ok(())

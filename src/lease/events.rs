@@ -17,15 +17,15 @@ use crate::limit::Buckets;
 use kube_fence_api::Lease;
 
 /// Events a second, in all (and at most this many at once after a quiet spell).
-pub const PER_SECOND: u32 = 50;
+pub(crate) const PER_SECOND: u32 = 50;
 
 /// The controller's Event budget: one bucket (key `()`) for all its Events.
-pub fn budget() -> Buckets<()> {
+pub(crate) fn budget() -> Buckets<()> {
     Buckets::with_max_keys(PER_SECOND, PER_SECOND, 1)
 }
 
 /// What one transition reports.
-pub struct Report {
+pub(crate) struct Report {
     pub warning: bool,
     pub reason: &'static str,
     pub note: String,
@@ -33,16 +33,16 @@ pub struct Report {
 
 /// Publishes the controller's Events on Leases, within [`budget`].
 #[derive(Clone)]
-pub struct LeaseEvents(Publisher<()>);
+pub(crate) struct LeaseEvents(Publisher<()>);
 
 impl LeaseEvents {
-    pub fn new(client: Client, controller: &str, instance: &str, suppressed: Counter) -> LeaseEvents {
+    pub(crate) fn new(client: Client, controller: &str, instance: &str, suppressed: Counter) -> LeaseEvents {
         let reporter = Reporter { controller: controller.to_string(), instance: Some(instance.to_string()) };
         LeaseEvents(Publisher::new(client, reporter, budget(), suppressed))
     }
 
     /// Publishes `report` on `lease` in the background, or counts it as suppressed.
-    pub fn publish(&self, lease: &Lease, report: Report) {
+    pub(crate) fn publish(&self, lease: &Lease, report: Report) {
         self.0.publish((), event(lease, report));
     }
 }

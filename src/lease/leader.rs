@@ -19,7 +19,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 
 /// Timing of the election (client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry).
 #[derive(Clone, Debug)]
-pub struct ElectionConfig {
+pub(crate) struct ElectionConfig {
     /// Name of the coordination Lease.
     pub name: String,
     /// Identity of this replica (its pod name).
@@ -33,7 +33,7 @@ pub struct ElectionConfig {
 }
 
 impl ElectionConfig {
-    pub fn new(name: impl Into<String>, identity: impl Into<String>) -> Self {
+    pub(crate) fn new(name: impl Into<String>, identity: impl Into<String>) -> Self {
         ElectionConfig {
             name: name.into(),
             identity: identity.into(),
@@ -47,7 +47,7 @@ impl ElectionConfig {
 /// Runs `work` only while this replica leads; restarts it after leadership is regained.
 /// Returns when `work` returns (with its output) or `shutdown` resolves (`None`; the
 /// leadership is then released so another replica takes over at once).
-pub async fn run_while_leader<F, T>(
+pub(crate) async fn run_while_leader<F, T>(
     api: Api<CoordinationLease>,
     config: ElectionConfig,
     mut work: impl FnMut() -> F,

@@ -3,7 +3,7 @@
 //! Events are bounded by [`events`]).
 
 pub mod controller;
-pub mod events;
-pub mod leader;
+pub(crate) mod events;
+pub(crate) mod leader;
 pub mod params;
-pub mod state;
+pub(crate) mod state;

@@ -45,7 +45,7 @@ use kube_fence_api::state::{HELD_CONDITION, REASON_EXPIRED, REASON_GRANTED, REAS
 
 /// A Lease as the controller observed it: the inputs of [`decide`].
 #[derive(Clone, Copy, Debug)]
-pub struct Observed<'a> {
+pub(crate) struct Observed<'a> {
     /// `metadata.generation`: bumped by the API server on every spec change.
     pub generation: Option<i64>,
     /// `metadata.resourceVersion` of this version: the candidate token of a grant.
@@ -55,7 +55,7 @@ pub struct Observed<'a> {
 }
 
 impl<'a> Observed<'a> {
-    pub fn of(lease: &'a Lease) -> Observed<'a> {
+    pub(crate) fn of(lease: &'a Lease) -> Observed<'a> {
         Observed {
             generation: lease.metadata.generation,
             resource_version: lease.metadata.resource_version.as_deref(),
@@ -67,7 +67,7 @@ impl<'a> Observed<'a> {
 
 /// What happens to the lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Transition {
+pub(crate) enum Transition {
     /// `holder` gets the lease with a fresh `token`.
     Grant { holder: String, token: Token },
     /// The holder heartbeat; it keeps its `token`.
@@ -85,7 +85,7 @@ pub enum Transition {
 
 impl Transition {
     /// Stable short name, used as event reason and in logs.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Transition::Grant { .. } => REASON_GRANTED,
             Transition::Renew { .. } => REASON_RENEWED,
@@ -99,7 +99,7 @@ impl Transition {
 
 /// Why a claim was not granted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The Lease has no resourceVersion (never true of an object read from the API server).
     #[error("the observed Lease has no resourceVersion to derive a token from")]
     NoResourceVersion,
@@ -115,7 +115,7 @@ pub enum Refusal {
 
 /// The outcome of judging one observed version of a Lease.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Decision {
+pub(crate) struct Decision {
     pub transition: Transition,
     /// The status to write, as a compare-and-swap on the observed resourceVersion; `None` when
     /// the stored status is already right.
@@ -137,7 +137,7 @@ fn expiry(status: &LeaseStatus, spec: &LeaseSpec) -> Timestamp {
 }
 
 /// Judges one observed version of a Lease at the controller's `now`.
-pub fn decide(observed: &Observed<'_>, now: Timestamp) -> Decision {
+pub(crate) fn decide(observed: &Observed<'_>, now: Timestamp) -> Decision {
     let generation = observed.generation.unwrap_or(0);
     let old = observed.status.cloned().unwrap_or_default();
     let claim_is_new = generation > old.observed_generation.unwrap_or(0);
@@ -277,7 +277,7 @@ fn round_up(t: Timestamp) -> Timestamp {
 }
 
 /// The lease name as used in logs: `namespace/name`.
-pub fn display_name(lease: &Lease) -> String {
+pub(crate) fn display_name(lease: &Lease) -> String {
     format!("{}/{}", lease.namespace().unwrap_or_default(), lease.name_any())
 }
 

@@ -20,12 +20,12 @@ use crate::limit::Buckets;
 use kube_fence_api::denial::Reason;
 
 /// Events a second per source address (and at most this many at once after a quiet spell).
-pub const PER_SECOND: u32 = 20;
+pub(crate) const PER_SECOND: u32 = 20;
 /// Sources tracked at once; the one idle longest is forgotten beyond that.
-pub const MAX_SOURCES: usize = 256;
+pub(crate) const MAX_SOURCES: usize = 256;
 
 /// The webhook's Event budget: a bucket per source address, [`MAX_SOURCES`] of them at most.
-pub fn budget() -> Buckets<IpAddr> {
+pub(crate) fn budget() -> Buckets<IpAddr> {
     Buckets::with_max_keys(PER_SECOND, PER_SECOND, MAX_SOURCES)
 }
 

@@ -56,12 +56,12 @@ impl Drop for Outcome {
 
 /// An acceptor (the TLS one) whose failed connections are reported to their gate.
 #[derive(Clone, Debug)]
-pub struct Watching<A> {
+pub(crate) struct Watching<A> {
     inner: A,
 }
 
 impl<A> Watching<A> {
-    pub fn new(inner: A) -> Watching<A> {
+    pub(crate) fn new(inner: A) -> Watching<A> {
         Watching { inner }
     }
 }
@@ -95,7 +95,7 @@ where
 
 /// A connection's stream after its handshake: notes whether any bytes arrived.
 #[derive(Debug)]
-pub struct Watched<S> {
+pub(crate) struct Watched<S> {
     inner: S,
     outcome: Arc<Outcome>,
 }
@@ -135,7 +135,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 
 /// A connection's service: notes that a request arrived.
 #[derive(Clone, Debug)]
-pub struct Served<S> {
+pub(crate) struct Served<S> {
     inner: S,
     outcome: Arc<Outcome>,
 }

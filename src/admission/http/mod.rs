@@ -9,8 +9,8 @@
 //! - [`tls`]: serving certificates — files hot-reloaded, or self-managed in a Secret.
 
 pub mod bounds;
-pub mod events;
-pub mod failures;
+pub(crate) mod events;
+pub(crate) mod failures;
 pub mod review;
 pub mod server;
 pub mod tls;

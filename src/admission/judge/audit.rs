@@ -11,14 +11,14 @@
 
 use super::facts::Request;
 use super::guard::{Guard, Pending, Plan};
-pub use super::preamble::Mode;
+pub(crate) use super::preamble::Mode;
 use super::preamble::Preamble;
 use super::read::LeaseReads;
 use super::verdict::Verdict;
 
 /// The guard `G`, in audit mode.
 #[derive(Clone, Copy, Debug)]
-pub struct Audited<G>(pub G);
+pub(crate) struct Audited<G>(pub G);
 
 impl<G: Guard> Guard for Audited<G> {
     type Pending<'r>

@@ -17,14 +17,14 @@ use super::verdict::Verdict;
 
 /// Where one guard stands on a request: judged, or waiting for a read.
 #[derive(Debug)]
-pub enum Plan<P> {
+pub(crate) enum Plan<P> {
     Done(Verdict),
     Read(P),
 }
 
 /// A guard: judges a request (whose preamble the pipeline worked out) outright, or names the
 /// read it needs.
-pub trait Guard {
+pub(crate) trait Guard {
     /// The guard waiting for a read.
     type Pending<'r>: Pending
     where
@@ -36,12 +36,12 @@ pub trait Guard {
 
 /// A guard waiting for a read: makes it through `reads` and judges what came back (a verdict, or
 /// one more read).
-pub trait Pending: Sized + Send {
+pub(crate) trait Pending: Sized + Send {
     fn read<R: LeaseReads + Sync>(self, reads: &R) -> impl Future<Output = Plan<Self>> + Send;
 }
 
 /// Runs `guard` on `req` to its verdict, making the reads it asks for through `reads`, in order.
-pub async fn run<'r, G: Guard, R: LeaseReads + Sync>(guard: &'r G, req: &'r Request, preamble: &Preamble<'r>, reads: &R) -> Verdict {
+pub(crate) async fn run<'r, G: Guard, R: LeaseReads + Sync>(guard: &'r G, req: &'r Request, preamble: &Preamble<'r>, reads: &R) -> Verdict {
     let mut plan = guard.plan(req, preamble);
     loop {
         plan = match plan {

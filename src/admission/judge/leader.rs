@@ -35,7 +35,7 @@ use super::verdict::Verdict;
 /// The leader-election guard: objects labelled `kubefence.io/leader-lease` are written only by
 /// the Pod that holds that Lease, its holder named as the preamble's identity rule says.
 #[derive(Clone, Copy, Debug)]
-pub struct ByLeader;
+pub(crate) struct ByLeader;
 
 impl Guard for ByLeader {
     type Pending<'r>
@@ -57,7 +57,7 @@ impl Pending for HolderRead<'_> {
 
 /// A request only the Lease's current holder may make.
 #[derive(Debug)]
-pub struct HolderRead<'r> {
+pub(crate) struct HolderRead<'r> {
     lease: LeaseRef<'r>,
     pod: &'r str,
     identity: &'r IdentityRule,
@@ -137,14 +137,9 @@ fn plan<'r>(req: &'r Request, preamble: &Preamble<'r>, identity: &'r IdentityRul
 }
 
 impl<'r> HolderRead<'r> {
-    /// The Lease to read with a quorum read.
-    pub fn lease(&self) -> LeaseRef<'r> {
-        self.lease
-    }
-
     /// Judges with the Lease's holder as a quorum read returned it (a failed read is denied:
     /// fail closed).
-    pub fn judge(self, fresh: Result<HolderQuorum, ReadError>) -> Verdict {
+    pub(crate) fn judge(self, fresh: Result<HolderQuorum, ReadError>) -> Verdict {
         let HolderRead { lease, pod, identity } = self;
         let fresh = match fresh {
             Ok(fresh) => fresh,

@@ -15,17 +15,17 @@
 //! [`pipeline`]; the webhook (`crate::admission::http`) and the reader (`crate::admission::reads`)
 //! need no change unless it needs a new kind of read.
 
-pub mod audit;
+pub(crate) mod audit;
 pub mod exemptions;
 pub mod facts;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fake;
-pub mod guard;
+pub(crate) mod guard;
 pub mod identity;
-pub mod leader;
+pub(crate) mod leader;
 pub mod pipeline;
 pub mod preamble;
 pub mod read;
-pub mod token;
+pub(crate) mod token;
 pub mod verdict;
 pub mod writer;

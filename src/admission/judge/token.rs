@@ -29,7 +29,7 @@ use super::verdict::Verdict;
 /// The token guard: objects labelled `kubefence.io/lease` are written only with a token of that
 /// lease newer than the one they record.
 #[derive(Clone, Copy, Debug)]
-pub struct ByToken;
+pub(crate) struct ByToken;
 
 impl Guard for ByToken {
     type Pending<'r>
@@ -44,7 +44,7 @@ impl Guard for ByToken {
 
 /// The token guard waiting for its lease.
 #[derive(Debug)]
-pub enum TokenRead<'r> {
+pub(crate) enum TokenRead<'r> {
     Cache(CacheRead<'r>),
     Quorum(QuorumRead<'r>),
 }
@@ -66,11 +66,11 @@ impl PendingRead for TokenRead<'_> {
 
 /// A request that the watch cache may be enough to judge.
 #[derive(Debug)]
-pub struct CacheRead<'r>(Pending<'r>);
+pub(crate) struct CacheRead<'r>(Pending<'r>);
 
 /// A request that only a quorum read of its lease can judge.
 #[derive(Debug)]
-pub struct QuorumRead<'r>(Pending<'r>);
+pub(crate) struct QuorumRead<'r>(Pending<'r>);
 
 /// A request waiting for its lease.
 #[derive(Debug)]
@@ -216,7 +216,7 @@ fn plan<'r>(req: &'r Request, preamble: &Preamble<'r>) -> Plan<TokenRead<'r>> {
 
 impl<'r> CacheRead<'r> {
     /// The lease to look up in the watch cache.
-    pub fn lease(&self) -> LeaseRef<'r> {
+    pub(crate) fn lease(&self) -> LeaseRef<'r> {
         self.0.lease
     }
 
@@ -224,7 +224,7 @@ impl<'r> CacheRead<'r> {
     /// unsafe direction: the lease is absent from it, the presented token is newer than the
     /// newest token it has seen, or the lease relaxes fencing — Warn mode, or `AllowEqual`
     /// deciding the write (a lease tightened a moment ago must not be missed).
-    pub fn judge(self, cached: Cached) -> Plan<TokenRead<'r>> {
+    pub(crate) fn judge(self, cached: Cached) -> Plan<TokenRead<'r>> {
         // Holder-only objects are planned for a quorum read: no writer reaches the cache.
         let pending = self.0;
         let Some(facts) = cached.lease() else {
@@ -249,12 +249,12 @@ impl<'r> CacheRead<'r> {
 
 impl<'r> QuorumRead<'r> {
     /// The lease to read with a quorum read.
-    pub fn lease(&self) -> LeaseRef<'r> {
+    pub(crate) fn lease(&self) -> LeaseRef<'r> {
         self.0.lease
     }
 
     /// Judges with the lease as a quorum read returned it (a failed read is denied: fail closed).
-    pub fn judge(self, fresh: Result<Quorum, ReadError>) -> Verdict {
+    pub(crate) fn judge(self, fresh: Result<Quorum, ReadError>) -> Verdict {
         match fresh {
             Ok(fresh) => self.0.judge(fresh.lease()),
             Err(err) => err.verdict(self.0.lease, false),

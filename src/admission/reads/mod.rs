@@ -4,7 +4,7 @@
 //! and make its read values; the core never sees a client.
 
 pub mod directory;
-pub mod shared;
+pub(crate) mod shared;
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};

@@ -31,7 +31,7 @@ impl<V: Clone> Default for Slot<V> {
 }
 
 /// Reads of type `V` shared per key `K`.
-pub struct SharedReads<K, V: Clone> {
+pub(crate) struct SharedReads<K, V: Clone> {
     slots: Mutex<HashMap<K, Slot<V>>>,
 }
 
@@ -47,7 +47,7 @@ where
     V: Clone + Send + Sync + 'static,
 {
     /// The result of a read of `key` that started after this call: joined, or made by `start`.
-    pub async fn read<F, Fut>(self: &Arc<Self>, key: K, start: F) -> V
+    pub(crate) async fn read<F, Fut>(self: &Arc<Self>, key: K, start: F) -> V
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = V> + Send + 'static,
@@ -109,7 +109,8 @@ where
     }
 
     /// Keys with a read running or queued (tests).
-    pub fn in_flight(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
         self.slots.lock().map(|s| s.len()).unwrap_or(0)
     }
 }
