@@ -12,7 +12,7 @@
 //! each have a deadline, a body is at most [`MAX_BODY_BYTES`], and all
 //! bodies in flight together at most [`BODY_BUDGET_BYTES`] (beyond that a request is refused at
 //! once with 503, before any of its body is read). The reviews of one source that need a quorum
-//! read are budgeted (`super::bounds::ReadBudget`).
+//! read are budgeted (`crate::admission::reads::ReadBudget`).
 
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};

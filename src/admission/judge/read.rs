@@ -66,7 +66,7 @@ pub trait LeaseReads {
 #[derive(Clone, Debug)]
 pub enum ReadError {
     /// The request's source used up its quorum-read budget
-    /// (`crate::admission::http::bounds::ReadBudget`).
+    /// (`crate::admission::reads::ReadBudget`).
     Throttled { source: IpAddr, per_second: u32 },
     /// The API server did not answer the read (shared by every review that waited for it).
     Failed(Arc<kube::Error>),
