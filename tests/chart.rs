@@ -504,7 +504,7 @@ async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
         can_i(&sa, namespace).difference(&baseline).cloned().collect()
     };
     let expected_everywhere = [
-        "events.events.k8s.io [] [] [create patch]",
+        "events.events.k8s.io [] [] [create]",
         "leases.kubefence.io [] [] [get list watch]",
         "leases.coordination.k8s.io [] [] [get list watch]",
         "leases.kubefence.io/status [] [] [get update patch]",
