@@ -371,6 +371,9 @@ fn chart_lints_and_the_schema_rejects_bad_values() {
         let out = run("helm", &["template", "t", CHART, "--set", bad], None);
         assert!(!out.status.success(), "values {bad} must be rejected by values.schema.json");
     }
+    // As a subchart it is handed the parent's `global` values, which the schema must let through.
+    let out = run("helm", &["template", "t", CHART, "--set", "global.imageRegistry=registry.example"], None);
+    assert!(out.status.success(), "global values are accepted: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[tokio::test]
