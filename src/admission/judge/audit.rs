@@ -57,13 +57,12 @@ fn warn_instead(verdict: Verdict) -> Verdict {
 #[cfg(test)]
 mod tests {
     use futures::FutureExt;
-    use k8s_openapi::api::coordination::v1::{Lease as LeaderElectionLease, LeaseSpec};
     use kube_fence_api::denial::Reason;
     use rstest::rstest;
 
     use super::*;
     use crate::admission::judge::facts::{LeaseRef, ObjectFacts, Operation, PodIdentity};
-    use crate::admission::judge::fake::FakeLeases;
+    use crate::admission::judge::fake::{self, FakeLeases};
     use crate::admission::judge::leader::ByLeader;
     use crate::admission::judge::pipeline::{Judging, Sent, judge};
     use crate::admission::judge::preamble::Preamble;
@@ -80,13 +79,7 @@ mod tests {
 
     /// Lease `ctl` held by Pod `ctl-0`, opted in for ServiceAccount `ctl`.
     fn leases() -> FakeLeases {
-        let mut lease = LeaderElectionLease {
-            spec: Some(LeaseSpec { holder_identity: Some("ctl-0_1a2b".into()), ..LeaseSpec::default() }),
-            ..Default::default()
-        };
-        lease.metadata.labels = Some([("kubefence.io/holder-identity".to_string(), "Pod".to_string())].into());
-        lease.metadata.annotations = Some([("kubefence.io/writers".to_string(), "ctl".to_string())].into());
-        FakeLeases::default().with_leader_lease(NS, "ctl", lease)
+        FakeLeases::default().with_leader_lease(NS, "ctl", fake::opted_in_lease(NS, "ctl", "ctl", Some("ctl-0_1a2b")))
     }
 
     fn run<G: Guard>(guard: G, req: &Request, sent: Sent<'_>) -> Verdict {

@@ -4,9 +4,12 @@
 //! (`futures::FutureExt::now_or_never`). It counts the reads it answered. Built for this crate's
 //! tests and, with the `test-support` feature, for its integration tests and benchmark.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use k8s_openapi::api::coordination::v1::Lease as LeaderElectionLease;
+use k8s_openapi::api::coordination::v1::{Lease as LeaderElectionLease, LeaseSpec};
+use kube::api::ObjectMeta;
+use kube_fence_api::names::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, WRITERS_ANNOTATION};
 
 use super::facts::{LeaseFacts, LeaseRef};
 use super::read::{Cached, HolderQuorum, LeaseReads, Quorum, ReadError, WriterQuorum};
@@ -105,4 +108,33 @@ impl LeaseReads for FakeLeases {
         self.count(WRITER)?;
         Ok(WriterQuorum::of(find(&self.leader, lease)))
     }
+}
+
+/// A leader-election Lease `namespace/name` with these labels and annotations, held by `holder`
+/// (`None`: never held): what the fake's holder and writer reads answer with.
+pub fn leader_lease(
+    namespace: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+    holder: Option<&str>,
+) -> LeaderElectionLease {
+    let map = |pairs: &[(&str, &str)]| {
+        (!pairs.is_empty()).then(|| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>())
+    };
+    LeaderElectionLease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: map(labels),
+            annotations: map(annotations),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec { holder_identity: holder.map(str::to_string), ..LeaseSpec::default() }),
+    }
+}
+
+/// The same, opted in: bound to its holder Pod, its `writers` annotation naming `writers`.
+pub fn opted_in_lease(namespace: &str, name: &str, writers: &str, holder: Option<&str>) -> LeaderElectionLease {
+    leader_lease(namespace, name, &[(HOLDER_IDENTITY_LABEL, HOLDER_IS_POD)], &[(WRITERS_ANNOTATION, writers)], holder)
 }

@@ -1,10 +1,6 @@
 //! The writer fence, row by row: who may write.
 
-use std::collections::BTreeMap;
-
 use futures::FutureExt;
-use k8s_openapi::api::coordination::v1::LeaseSpec;
-use kube::api::ObjectMeta;
 use rstest::rstest;
 
 use k8s_openapi::api::coordination::v1::Lease as LeaderElectionLease;
@@ -12,29 +8,17 @@ use kube_fence_api::names::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD};
 
 use super::*;
 use crate::admission::judge::facts::{Operation, PodIdentity};
-use crate::admission::judge::fake::FakeLeases;
+use crate::admission::judge::fake::{self, FakeLeases};
 use crate::admission::judge::pipeline::{self, Judging, Sent};
 
 const NS: &str = "team";
 
 fn lease(labels: &[(&str, &str)], annotations: &[(&str, &str)], holder: Option<&str>) -> LeaderElectionLease {
-    let map = |pairs: &[(&str, &str)]| {
-        (!pairs.is_empty()).then(|| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>())
-    };
-    LeaderElectionLease {
-        metadata: ObjectMeta {
-            name: Some("ctl".into()),
-            namespace: Some(NS.into()),
-            labels: map(labels),
-            annotations: map(annotations),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec { holder_identity: holder.map(str::to_string), ..LeaseSpec::default() }),
-    }
+    fake::leader_lease(NS, "ctl", labels, annotations, holder)
 }
 
 fn opted_in(writers: &str, holder: Option<&str>) -> LeaderElectionLease {
-    lease(&[(HOLDER_IDENTITY_LABEL, HOLDER_IS_POD)], &[(WRITERS_ANNOTATION, writers)], holder)
+    fake::opted_in_lease(NS, "ctl", writers, holder)
 }
 
 fn by(user: &str, pod: Option<&str>) -> Request {

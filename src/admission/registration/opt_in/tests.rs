@@ -1,33 +1,18 @@
 //! What a Lease opts in, and what its webhook is sent.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::coordination::v1::LeaseSpec;
-use kube::api::ObjectMeta;
 use rstest::rstest;
 
 use super::*;
+use crate::admission::judge::fake;
 
 const NS: &str = "team";
 
 fn lease(labels: &[(&str, &str)], annotations: &[(&str, &str)], holder: Option<&str>) -> LeaderElectionLease {
-    let map = |pairs: &[(&str, &str)]| {
-        (!pairs.is_empty()).then(|| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>())
-    };
-    LeaderElectionLease {
-        metadata: ObjectMeta {
-            name: Some("ctl".into()),
-            namespace: Some(NS.into()),
-            labels: map(labels),
-            annotations: map(annotations),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec { holder_identity: holder.map(str::to_string), ..LeaseSpec::default() }),
-    }
+    fake::leader_lease(NS, "ctl", labels, annotations, holder)
 }
 
 fn opted_in(writers: &str, holder: Option<&str>) -> LeaderElectionLease {
-    lease(&[(HOLDER_IDENTITY_LABEL, HOLDER_IS_POD)], &[(WRITERS_ANNOTATION, writers)], holder)
+    fake::opted_in_lease(NS, "ctl", writers, holder)
 }
 
 #[rstest]
