@@ -780,8 +780,7 @@ fn verbose_names_each_cause_of_a_kubeconfig_failure_once() {
 async fn delete_removes_exactly_the_version_read_as_holder_or_with_a_token() {
     use kube::api::DeleteParams;
     use kube_fence_api::Lease;
-    use kube_fence_api::denial::Denial;
-    use kube_fence_api::denial::Reason;
+    use kube_fence_api::denial::{Denial, Reason};
     use kube_fence_api::names::{HOLDER_ONLY, LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
 
     let client = common::client().await;

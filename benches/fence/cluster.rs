@@ -564,9 +564,7 @@ async fn leader_guarded(args: &Args, table: &mut Table, bench: &mut Bench) -> an
 async fn writer_fenced(args: &Args, table: &mut Table, bench: &mut Bench, holder: &Api<ConfigMap>) -> anyhow::Result<()> {
     use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
-    use kube_fence_api::names::HOLDER_IDENTITY_LABEL;
-    use kube_fence_api::names::HOLDER_IS_POD;
-    use kube_fence_api::names::WRITERS_ANNOTATION;
+    use kube_fence_api::names::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, WRITERS_ANNOTATION};
     let (admin, ns) = (bench.client.clone(), bench.ns_hook.clone());
     let pp = PostParams::default();
     let others: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);

@@ -12,8 +12,7 @@ use axum_server::tls_rustls::RustlsConfig;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::http::server::Metrics;
-use crate::admission::http::server::PATH;
+use crate::admission::http::server::{Metrics, PATH};
 use crate::admission::http::tls::{SelfSigned, TlsError};
 use crate::admission::reads::directory::LeaseDirectory;
 use crate::admission::registration::{Endpoint, Registration};

@@ -16,8 +16,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_fence_api::denial::Reason;
-use kube_fence_api::names::HOLDER_IDENTITY_LABEL;
-use kube_fence_api::names::HOLDER_IS_POD;
+use kube_fence_api::names::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD};
 use serde_json::{Value, json};
 
 /// The leader-election Lease the replicas campaign on.

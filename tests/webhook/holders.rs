@@ -7,8 +7,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
-use kube_fence_api::denial::Denial;
-use kube_fence_api::denial::Reason;
+use kube_fence_api::denial::{Denial, Reason};
 use kube_fence_api::names::{HOLDER_ONLY, WRITER_LABEL};
 use serde_json::json;
 

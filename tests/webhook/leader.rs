@@ -12,10 +12,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use kube_fence_api::denial::Denial;
-use kube_fence_api::denial::Reason;
-use kube_fence_api::names::HOLDER_IDENTITY_LABEL;
-use kube_fence_api::names::LEADER_LEASE_LABEL;
+use kube_fence_api::denial::{Denial, Reason};
+use kube_fence_api::names::{HOLDER_IDENTITY_LABEL, LEADER_LEASE_LABEL};
 use serde_json::json;
 
 use super::{Fixture, common};
@@ -334,8 +332,7 @@ enum Writes {
 /// Runs two replicas of examples/leader-go as processes authenticated with their Pods' bound
 /// tokens through `cycles` pause cycles, and returns what the cycles and the watch found.
 async fn leader_go_cycles(test: &str, writes: Writes, cycles: usize) -> (leader::Run, leader::Seen, usize) {
-    use kube_fence::admission::judge::exemptions::DEFAULT_EXEMPT;
-    use kube_fence::admission::judge::exemptions::Exemptions;
+    use kube_fence::admission::judge::exemptions::{DEFAULT_EXEMPT, Exemptions};
     use kube_fence::admission::local::LocalOptions;
     let built = tokio::task::spawn_blocking(|| {
         std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/build-leader-go.sh")).output().expect("build leader-go")

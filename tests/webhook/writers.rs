@@ -14,8 +14,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_fence::admission::registration::routing;
 use kube_fence_api::denial::Reason;
-use kube_fence_api::names::WRITERS_ANNOTATION;
-use kube_fence_api::names::WRITERS_EXEMPT_ANNOTATION;
+use kube_fence_api::names::{WRITERS_ANNOTATION, WRITERS_EXEMPT_ANNOTATION};
 use serde_json::json;
 
 use super::leader::{controller_pods, elect, forbidden, not_holder, wait_holder_policy};

@@ -40,9 +40,7 @@ use kube_fence_api::names::HOLDER_IS_POD;
 
 use crate::admission::judge::identity::IdentityRule;
 
-use kube_fence_api::names::LEADER_LEASE_LABEL;
-use kube_fence_api::names::WRITERS_ANNOTATION;
-use kube_fence_api::names::{LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
+use kube_fence_api::names::{LEADER_LEASE_LABEL, LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL, WRITERS_ANNOTATION};
 
 pub mod chart;
 pub mod opt_in;

@@ -9,9 +9,7 @@ use k8s_openapi::api::coordination::v1::{Lease as LeaderElectionLease, LeaseSpec
 use rstest::rstest;
 
 use super::*;
-use crate::admission::judge::facts::LeaseFacts;
-use crate::admission::judge::facts::PodIdentity;
-use crate::admission::judge::facts::{LeaseRef, ObjectFacts, Operation};
+use crate::admission::judge::facts::{LeaseFacts, LeaseRef, ObjectFacts, Operation, PodIdentity};
 use crate::admission::judge::fake::{FakeLeases, ReadCounts};
 use crate::admission::judge::read::ReadError;
 use kube_fence_api::token::Token;
