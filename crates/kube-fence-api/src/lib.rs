@@ -1,8 +1,8 @@
 //! The contract between kube-fence and its workers: what the operator, the webhook and the
 //! client library (`kube-fence-client`) all speak, and nothing of any of them.
 //!
-//! - the `Lease` custom resource (`kubefence.io/v1alpha1`, [`Lease`]) and the policy path's
-//!   parameters ([`LeaseTokens`]), with the CRDs generated from them ([`crds`], [`crds_yaml`]);
+//! - the `Lease` custom resource (`kubefence.io/v1alpha1`, [`Lease`]), the writer fence's opt-in
+//!   ([`FencedController`]) and the policy path's parameters ([`LeaseTokens`]), with the CRDs generated from them ([`crds`], [`crds_yaml`]);
 //! - [`token`]: what a fencing token is, how it is written and parsed;
 //! - [`names`]: the labels and annotations that guard an object and carry a token;
 //! - [`state`]: a Lease's state as the controller writes it (who holds it, for how long);
@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod denial;
+mod fenced;
 mod lease;
 pub mod names;
 pub mod policy_path;
@@ -22,6 +23,7 @@ pub mod state;
 pub mod token;
 mod tokens;
 
+pub use fenced::*;
 pub use lease::*;
 pub use tokens::*;
 
@@ -31,9 +33,10 @@ use kube::CustomResourceExt;
 /// The API group of kube-fence's custom resources.
 pub const GROUP: &str = "kubefence.io";
 
-/// All CRDs kube-fence owns: the Lease, and the policy path's parameters (`LeaseTokens`).
-pub fn crds() -> [CustomResourceDefinition; 2] {
-    [Lease::crd(), LeaseTokens::crd()]
+/// All CRDs kube-fence owns: the Lease, the policy path's parameters (`LeaseTokens`), and the
+/// writer fence's opt-in (`FencedController`).
+pub fn crds() -> [CustomResourceDefinition; 3] {
+    [Lease::crd(), LeaseTokens::crd(), FencedController::crd()]
 }
 
 /// All CRDs kube-fence owns, as one multi-document YAML stream (what `kube-fence crd` prints and
