@@ -106,3 +106,13 @@ pub mod ready {
     /// Not ready: the writer webhook does not route the ServiceAccounts' writes yet.
     pub const NOT_ROUTED: &str = "NotRouted";
 }
+
+/// The Events the webhook publishes on a FencedController (`regarding` it: `kubefence.io/v1alpha1`
+/// `FencedController`), type Warning, one per judged write (within the webhook's Event budget, so
+/// counts read from them are lower bounds): what `kube-fence status` counts.
+pub mod fence_events {
+    /// A write the fence refused (Enforce): the denial reason `NotHolder`.
+    pub const REFUSED: &str = "NotHolder";
+    /// A write an Audit fence admitted that Enforce would refuse.
+    pub const WOULD_REFUSE: &str = "WouldRefuse";
+}
