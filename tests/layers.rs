@@ -18,12 +18,13 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["limit", "events", "process", "ready", "telemetry"],
     ),
     (
-        "judging vocabulary: facts, verdict, exemptions, identity rule, read values",
+        "judging vocabulary: facts, verdict, exemptions, identity rule, fences, read values",
         &[
             "admission::judge::facts",
             "admission::judge::verdict",
             "admission::judge::exemptions",
             "admission::judge::identity",
+            "admission::judge::fence",
             "admission::judge::read",
         ],
     ),

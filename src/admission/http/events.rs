@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use prometheus_client::metrics::counter::Counter;
 
 use crate::admission::http::review::Admission;
+use crate::admission::judge::fence::Fence;
 use crate::events::{Event, EventType, Publisher, Reporter};
 use crate::limit::Buckets;
 use kube_fence_api::denial::Reason;
@@ -47,19 +48,11 @@ impl RejectionEvents {
         self.0.publish(source, on_object(request, reason, message))
     }
 
-    /// Publishes a fenced writer's refused write, sent from `source`, on the leader-election
-    /// Lease that fences it (`namespace`/`name`), or counts it as suppressed; whether it was
-    /// sent.
-    pub fn publish_on_lease(
-        &self,
-        source: IpAddr,
-        namespace: &str,
-        name: &str,
-        request: &Admission<'_>,
-        reason: Reason,
-        message: &str,
-    ) -> bool {
-        self.0.publish(source, on_lease(namespace, name, request, reason, message))
+    /// Publishes a fenced writer's write that `fence` refused (or, in Audit mode, would refuse),
+    /// sent from `source`, on its FencedController, with `reason`
+    /// (`kube_fence_api::fence_events`), or counts it as suppressed; whether it was sent.
+    pub fn publish_on_fence(&self, source: IpAddr, fence: &Fence, request: &Admission<'_>, reason: &'static str, message: &str) -> bool {
+        self.0.publish(source, on_fence(fence, request, reason, message))
     }
 }
 
@@ -75,17 +68,17 @@ fn on_object(request: &Admission<'_>, reason: Reason, message: &str) -> Event {
         ..Default::default()
     };
     let user = request.user_info.username.as_deref().unwrap_or_default();
-    warning(regarding, request, reason, format!("{user}: {message}"))
+    warning(regarding, request, reason.as_str(), format!("{user}: {message}"))
 }
 
-/// The Warning Event on the Lease `namespace`/`name` that fences the writer of `request`: the
+/// The Warning Event on the FencedController `fence` that judged the writer of `request`: the
 /// written object may be cluster-scoped or not named yet, so the note names it.
-fn on_lease(namespace: &str, name: &str, request: &Admission<'_>, reason: Reason, message: &str) -> Event {
+fn on_fence(fence: &Fence, request: &Admission<'_>, reason: &'static str, message: &str) -> Event {
     let regarding = ObjectReference {
-        api_version: Some("coordination.k8s.io/v1".into()),
-        kind: Some("Lease".into()),
-        namespace: Some(namespace.to_string()),
-        name: Some(name.to_string()),
+        api_version: Some(format!("{}/v1alpha1", kube_fence_api::GROUP)),
+        kind: Some("FencedController".into()),
+        namespace: Some(fence.namespace.clone()),
+        name: Some(fence.name.clone()),
         ..Default::default()
     };
     let (kind, object_ns, object) = (request.kind.kind.as_ref(), request.namespace.as_deref().unwrap_or(""), request.name.as_ref());
@@ -95,8 +88,8 @@ fn on_lease(namespace: &str, name: &str, request: &Admission<'_>, reason: Reason
     warning(regarding, request, reason, format!("{user} {:?} {written}: {message}", request.operation))
 }
 
-fn warning(regarding: ObjectReference, request: &Admission<'_>, reason: Reason, note: String) -> Event {
-    Event { regarding, type_: EventType::Warning, reason: reason.as_str(), action: format!("{:?}", request.operation), note }
+fn warning(regarding: ObjectReference, request: &Admission<'_>, reason: &'static str, note: String) -> Event {
+    Event { regarding, type_: EventType::Warning, reason, action: format!("{:?}", request.operation), note }
 }
 
 #[cfg(test)]
@@ -159,13 +152,14 @@ mod tests {
     }
 
     #[test]
-    fn a_fenced_writers_rejection_is_a_warning_on_its_lease_naming_the_object() {
+    fn a_fenced_writers_rejection_is_a_warning_on_its_fenced_controller_naming_the_object() {
         let request = review::decode(REVIEW.as_bytes()).expect("a review");
-        let event = on_lease("shop", "web-leader", &request, Reason::NotHolder, "not the holder");
+        let fence = crate::admission::judge::fake::fence("shop", "web-leader", &["web"], &[], crate::admission::judge::fence::Mode::Enforce);
+        let event = on_fence(&fence, &request, Reason::NotHolder.as_str(), "not the holder");
         let r = &event.regarding;
         assert_eq!(
             (r.api_version.as_deref(), r.kind.as_deref(), r.namespace.as_deref(), r.name.as_deref()),
-            (Some("coordination.k8s.io/v1"), Some("Lease"), Some("shop"), Some("web-leader"))
+            (Some("kubefence.io/v1alpha1"), Some("FencedController"), Some("shop"), Some("web-leader"))
         );
         assert_eq!(event.note, "mallory Update Deployment shop/web: not the holder");
     }

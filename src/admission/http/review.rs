@@ -11,7 +11,7 @@ use kube::core::admission::Operation as KubeOperation;
 use kube::core::{DynamicResourceScope, ObjectMeta, Resource, Status};
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 
-use crate::admission::judge::facts::ObjectFacts;
+use crate::admission::judge::facts::{GroupResource, ObjectFacts};
 
 use crate::admission::judge::facts::Operation;
 
@@ -44,6 +44,9 @@ pub struct Admission<'a> {
     pub uid: Cow<'a, str>,
     #[serde(borrow)]
     pub kind: Kind<'a>,
+    /// The resource written (absent in a malformed review: then nothing is exempt by resource).
+    #[serde(default, borrow)]
+    pub resource: ResourceName<'a>,
     #[serde(default, borrow)]
     pub sub_resource: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
@@ -70,6 +73,15 @@ pub struct Kind<'a> {
     pub version: Cow<'a, str>,
     #[serde(default, borrow)]
     pub kind: Cow<'a, str>,
+}
+
+/// The resource under admission (`request.resource`; its version is not needed).
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct ResourceName<'a> {
+    #[serde(default, borrow)]
+    pub group: Cow<'a, str>,
+    #[serde(default, borrow)]
+    pub resource: Cow<'a, str>,
 }
 
 /// Who asked: the username, and the Pod a ServiceAccount token was bound to.
@@ -370,6 +382,8 @@ pub fn request_facts(request: &Admission<'_>) -> Request {
         user: request.user_info.username.as_deref().unwrap_or_default().to_string(),
         pod: PodIdentity::of(request.user_info.username.as_deref().unwrap_or_default(), request.user_info.extra.pod.as_deref()),
         delete_precondition,
+        resource: GroupResource { group: request.resource.group.to_string(), resource: request.resource.resource.to_string() },
+        name: request.name.to_string(),
     }
 }
 

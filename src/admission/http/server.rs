@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -33,6 +33,8 @@ use crate::admission::http::bounds::{Bounds, ConnectionGate, GatedAddr, GatedLis
 use crate::admission::http::events::RejectionEvents;
 use crate::admission::http::failures::Watching;
 use crate::admission::http::review::{self, Unreadable};
+use crate::admission::judge::facts::Request as JudgedRequest;
+use crate::admission::judge::fence::{Fence, Mode};
 use crate::admission::judge::pipeline::{self, Judging, Sent};
 use crate::admission::judge::verdict::Verdict;
 use crate::admission::judge::writer;
@@ -41,9 +43,10 @@ use crate::admission::metrics::Refusal;
 use crate::admission::reads::Reader;
 use crate::admission::reads::directory::LeaseDirectory;
 use kube_fence_api::denial::Reason;
+use kube_fence_api::fence_events;
 
-/// The path of the guarded objects' webhook (the writer fence's are under
-/// `crate::admission::judge::writer::PATH_PREFIX`).
+/// The path of the guarded objects' webhook (the writer fence's is
+/// `crate::admission::judge::writer::PATH`).
 pub const PATH: &str = "/validate";
 /// How long a client may take to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -80,7 +83,7 @@ impl Webhook {
 
     /// A review in, its answer out: decode → facts → the pipeline (plan, reads, verdict) →
     /// response. `started` is when the request arrived; `peer` sent it to the webhook `sent`.
-    async fn answer(&self, peer: SocketAddr, body: &[u8], sent: Sent<'_>, started: Instant) -> Response {
+    async fn answer(&self, peer: SocketAddr, body: &[u8], sent: Sent, started: Instant) -> Response {
         let request = match review::decode(body) {
             Ok(request) => request,
             Err(unreadable) => return self.unreadable(unreadable, started),
@@ -89,7 +92,7 @@ impl Webhook {
         let verdict = pipeline::judge(&facts, &self.judging, sent, &self.reader.from(peer.ip())).await;
         let answer = review::response(&request, &verdict).to_vec();
         self.metrics.decided(&verdict, started.elapsed().as_secs_f64());
-        self.report(peer, &request, sent, &verdict);
+        self.report(peer, &request, &facts, sent, &verdict);
         json(answer)
     }
 
@@ -107,15 +110,22 @@ impl Webhook {
         }
     }
 
-    /// Logs the verdict, and publishes an Event for a denial.
-    fn report(&self, peer: SocketAddr, request: &review::Admission<'_>, sent: Sent<'_>, verdict: &Verdict) {
+    /// Logs the verdict, and publishes an Event for a denial (on the written object, or on the
+    /// FencedControllers that refused a fenced writer's write) and for a write an Audit fence
+    /// admitted with a warning (on that FencedController).
+    fn report(&self, peer: SocketAddr, request: &review::Admission<'_>, facts: &JudgedRequest, sent: Sent, verdict: &Verdict) {
         let (kind, ns, name) = (request.kind.kind.as_ref(), request.namespace.as_deref().unwrap_or(""), request.name.as_ref());
         let (user, op, sub) =
             (request.user_info.username.as_deref().unwrap_or(""), &request.operation, request.sub_resource.as_deref().unwrap_or(""));
         match verdict {
             Verdict::Allow { reason } => tracing::debug!(kind, ns, name, sub, user, ?op, %reason, "admitted"),
             Verdict::AllowWithWarning { reason, message } => {
-                tracing::warn!(kind, ns, name, sub, user, ?op, %reason, message, "admitted with a warning (enforcement Warn)")
+                tracing::warn!(kind, ns, name, sub, user, ?op, %reason, message, "admitted with a warning (enforcement Warn or audit mode)");
+                if let (Some(events), Sent::Writer) = (&self.events, sent) {
+                    for fence in self.fences_judging(facts, Mode::Audit) {
+                        events.publish_on_fence(peer.ip(), &fence, request, fence_events::WOULD_REFUSE, message);
+                    }
+                }
             }
             Verdict::Deny { code, reason, message, .. } => {
                 tracing::info!(kind, ns, name, sub, user, ?op, code, %reason, message, %peer, "denied");
@@ -123,12 +133,26 @@ impl Webhook {
                 // publisher.
                 if let Some(events) = &self.events {
                     match sent {
-                        Sent::Objects => events.publish(peer.ip(), request, *reason, message),
-                        Sent::Writer(lease) => events.publish_on_lease(peer.ip(), lease.namespace, lease.name, request, *reason, message),
-                    };
+                        Sent::Objects => {
+                            events.publish(peer.ip(), request, *reason, message);
+                        }
+                        Sent::Writer => {
+                            for fence in self.fences_judging(facts, Mode::Enforce) {
+                                events.publish_on_fence(peer.ip(), &fence, request, reason.as_str(), message);
+                            }
+                        }
+                    }
                 }
             }
         }
+    }
+
+    /// The fences in `mode` that judged the fenced writer's request `facts` (not letting it pass):
+    /// whose FencedController an Event about the verdict goes on.
+    fn fences_judging(&self, facts: &JudgedRequest, mode: Mode) -> Vec<Arc<Fence>> {
+        let audit_all = self.judging.holder_fences == Mode::Audit;
+        let fences = self.reader.leases().fences(&facts.user).unwrap_or_default();
+        fences.into_iter().filter(|f| !f.passes(facts) && (if audit_all { Mode::Audit } else { f.mode }) == mode).collect()
     }
 
     /// The request's body, read within the body bounds and holding its share of the body budget
@@ -176,19 +200,11 @@ async fn validate(State(webhook): State<Arc<Webhook>>, ConnectInfo(peer): Connec
     }
 }
 
-/// `/writer/<namespace>/<name>`: a review of a write by a writer opted in on that Lease.
-async fn validate_writer(
-    State(webhook): State<Arc<Webhook>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path((namespace, name)): Path<(String, String)>,
-    request: Request,
-) -> Response {
-    let Some(lease) = writer::lease_of_path(&namespace, &name) else {
-        return (StatusCode::NOT_FOUND, format!("{}/{namespace}/{name} names no Lease\n", writer::PATH_PREFIX)).into_response();
-    };
+/// `/writer`: a review of a write by a ServiceAccount a FencedController names.
+async fn validate_writer(State(webhook): State<Arc<Webhook>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, request: Request) -> Response {
     let started = Instant::now();
     match webhook.body(peer, request).await {
-        Ok((body, _reservation)) => webhook.answer(peer, &body, Sent::Writer(lease), started).await,
+        Ok((body, _reservation)) => webhook.answer(peer, &body, Sent::Writer, started).await,
         Err(refused) => refused,
     }
 }
@@ -205,7 +221,7 @@ pub fn router(webhook: Arc<Webhook>, registry: Arc<Registry>) -> Router {
     let ready = move || if synced.reader.leases().is_ready() { Ok(()) } else { Err("lease cache not synced yet") };
     Router::new()
         .route(PATH, post(validate))
-        .route(&format!("{}/{{namespace}}/{{name}}", writer::PATH_PREFIX), post(validate_writer))
+        .route(writer::PATH, post(validate_writer))
         .with_state(webhook)
         .merge(crate::telemetry::router(registry, ready))
 }

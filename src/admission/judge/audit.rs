@@ -61,7 +61,7 @@ mod tests {
     use rstest::rstest;
 
     use super::*;
-    use crate::admission::judge::facts::{LeaseRef, ObjectFacts, Operation, PodIdentity};
+    use crate::admission::judge::facts::{ObjectFacts, Operation, PodIdentity};
     use crate::admission::judge::fake::{self, FakeLeases};
     use crate::admission::judge::leader::ByLeader;
     use crate::admission::judge::pipeline::{Judging, Sent, judge};
@@ -79,10 +79,17 @@ mod tests {
 
     /// Lease `ctl` held by Pod `ctl-0`, opted in for ServiceAccount `ctl`.
     fn leases() -> FakeLeases {
-        FakeLeases::default().with_leader_lease(NS, "ctl", fake::opted_in_lease(NS, "ctl", "ctl", Some("ctl-0_1a2b")))
+        FakeLeases::default()
+            .with_leader_lease(NS, "ctl", fake::leader_lease(NS, "ctl", &[], &[], Some("ctl-0_1a2b")))
+            .with_fence(fake::fence(NS, "ctl", &["ctl"], &[], Mode::Enforce))
     }
 
-    fn run<G: Guard>(guard: G, req: &Request, sent: Sent<'_>) -> Verdict {
+    /// The writer fence of FencedController `team/ctl`.
+    fn by_writer() -> ByWriter {
+        ByWriter(std::sync::Arc::new(fake::fence(NS, "ctl", &["ctl"], &[], Mode::Enforce)))
+    }
+
+    fn run<G: Guard>(guard: G, req: &Request, sent: Sent) -> Verdict {
         let judging = Judging::default();
         let preamble = Preamble::of(req, &judging, sent);
         super::super::guard::run(&guard, req, &preamble, &leases()).now_or_never().expect("the fake answers at once")
@@ -93,11 +100,11 @@ mod tests {
     /// would have said; the holder's write is admitted either way, without a warning.
     #[rstest]
     #[case::leader_lease(Sent::Objects, true)]
-    #[case::writer_fence(Sent::Writer(LeaseRef { namespace: NS, name: "ctl" }), false)]
-    fn audit_admits_what_enforcing_denies_and_says_so(#[case] sent: Sent<'static>, #[case] leader: bool) {
+    #[case::writer_fence(Sent::Writer, false)]
+    fn audit_admits_what_enforcing_denies_and_says_so(#[case] sent: Sent, #[case] leader: bool) {
         let (stale, holder) = (update_by("ctl-1"), update_by("ctl-0"));
-        let enforced = |req: &Request| if leader { run(ByLeader, req, sent) } else { run(ByWriter, req, sent) };
-        let audited = |req: &Request| if leader { run(Audited(ByLeader), req, sent) } else { run(Audited(ByWriter), req, sent) };
+        let enforced = |req: &Request| if leader { run(ByLeader, req, sent) } else { run(by_writer(), req, sent) };
+        let audited = |req: &Request| if leader { run(Audited(ByLeader), req, sent) } else { run(Audited(by_writer()), req, sent) };
         let Verdict::Deny { code: 409, reason: Reason::NotHolder, message: denied, .. } = enforced(&stale) else {
             panic!("enforced: {:?}", enforced(&stale))
         };

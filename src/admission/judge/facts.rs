@@ -84,6 +84,18 @@ pub struct Request {
     pub pod: Option<PodIdentity>,
     /// Whether the DELETE carries a non-empty `preconditions.resourceVersion`.
     pub delete_precondition: bool,
+    /// The resource written (`request.resource`, without its version).
+    pub resource: GroupResource,
+    /// The object's name (`""` for a CREATE whose name the API server generates).
+    pub name: String,
+}
+
+/// A resource, as an admission request names it (`request.resource`): its API group (`""` for
+/// the core group) and its plural name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupResource {
+    pub group: String,
+    pub resource: String,
 }
 
 impl Request {
@@ -98,6 +110,8 @@ impl Request {
             user: user.into(),
             pod: None,
             delete_precondition: false,
+            resource: GroupResource::default(),
+            name: String::new(),
         }
     }
 }

@@ -5,13 +5,14 @@
 //! tests and, with the `test-support` feature, for its integration tests and benchmark.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use k8s_openapi::api::coordination::v1::{Lease as LeaderElectionLease, LeaseSpec};
 use kube::api::ObjectMeta;
-use kube_fence_api::names::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, WRITERS_ANNOTATION};
 
 use super::facts::{LeaseFacts, LeaseRef};
+use super::fence::{Fence, Mode, ResourceName};
 use super::read::{Cached, HolderQuorum, LeaseReads, Quorum, ReadError, WriterQuorum};
 
 /// Leases in memory, by `namespace/name`.
@@ -22,6 +23,9 @@ pub struct FakeLeases {
     leader: Vec<(String, String, LeaderElectionLease)>,
     failure: Option<ReadError>,
     counts: [AtomicUsize; 4],
+    fences: Vec<Arc<Fence>>,
+    /// The fence cache has not been filled yet.
+    fences_unknown: bool,
 }
 
 /// How many reads of each kind a [`FakeLeases`] answered.
@@ -67,6 +71,18 @@ impl FakeLeases {
         self
     }
 
+    /// The FencedController `fence`, in the fence cache.
+    pub fn with_fence(mut self, fence: Fence) -> FakeLeases {
+        self.fences.push(Arc::new(fence));
+        self
+    }
+
+    /// The fence cache has not been filled yet.
+    pub fn fences_unknown(mut self) -> FakeLeases {
+        self.fences_unknown = true;
+        self
+    }
+
     /// Every quorum read (kube-fence lease, holder, writer) fails with `error`.
     pub fn failing(mut self, error: ReadError) -> FakeLeases {
         self.failure = Some(error);
@@ -108,6 +124,10 @@ impl LeaseReads for FakeLeases {
         self.count(WRITER)?;
         Ok(WriterQuorum::of(find(&self.leader, lease)))
     }
+
+    fn fences(&self, user: &str) -> Option<Vec<Arc<Fence>>> {
+        (!self.fences_unknown).then(|| self.fences.iter().filter(|f| f.account_of(user).is_some()).cloned().collect())
+    }
 }
 
 /// A leader-election Lease `namespace/name` with these labels and annotations, held by `holder`
@@ -134,7 +154,15 @@ pub fn leader_lease(
     }
 }
 
-/// The same, opted in: bound to its holder Pod, its `writers` annotation naming `writers`.
-pub fn opted_in_lease(namespace: &str, name: &str, writers: &str, holder: Option<&str>) -> LeaderElectionLease {
-    leader_lease(namespace, name, &[(HOLDER_IDENTITY_LABEL, HOLDER_IS_POD)], &[(WRITERS_ANNOTATION, writers)], holder)
+/// The fence of FencedController `namespace/name` on Lease `name`, for ServiceAccounts
+/// `accounts`, exempting `exempt` (`resource[.group]`), in `mode`.
+pub fn fence(namespace: &str, name: &str, accounts: &[&str], exempt: &[&str], mode: Mode) -> Fence {
+    Fence {
+        namespace: namespace.into(),
+        name: name.into(),
+        lease: name.into(),
+        accounts: accounts.iter().map(|a| a.to_string()).collect(),
+        exempt: exempt.iter().map(|e| ResourceName::parse(e).expect("an exempt resource")).collect(),
+        mode,
+    }
 }

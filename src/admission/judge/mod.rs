@@ -2,7 +2,7 @@
 //!
 //! 1. The vocabulary: [`facts`] (a request reduced to what fencing depends on, who asks, the
 //!    lease a request is judged by), [`verdict`], [`exemptions`], [`identity`] (how a Lease's
-//!    holder names a Pod), and the read values with the one read interface ([`read`]).
+//!    holder names a Pod), [`fence`] (what a FencedController declares), and the read values with the one read interface ([`read`]).
 //! 2. [`preamble`] (what every guard knows of a request before its own rules) and [`guard`] (what
 //!    a guard is: how it judges outright, which read it needs, how it judges what came back).
 //! 3. The guards, one file each: [`token`] (objects labelled `kubefence.io/lease`), [`leader`]
@@ -18,6 +18,7 @@
 pub(crate) mod audit;
 pub mod exemptions;
 pub mod facts;
+pub mod fence;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fake;
 pub(crate) mod guard;

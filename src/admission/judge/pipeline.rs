@@ -8,11 +8,13 @@
 //! - `/validate` (objects labelled by kube-fence): a malformed request is denied first; then the
 //!   leader-election guard (`super::leader`), then the token guard (`super::token`, holder-only
 //!   objects included).
-//! - `/writer/<namespace>/<name>` (an opted-in writer's every write): the writer fence
-//!   (`super::writer`).
+//! - `/writer` (every write of a fenced ServiceAccount): the writer fence (`super::writer`) of
+//!   each FencedController that names the requester, each in its own mode; a requester the fence
+//!   cache does not know yet is denied (fail closed, retried by the writer).
 //!
-//! The holder fences (leader-election guard, writer fence) run in audit mode (`super::audit`)
-//! when `Judging::holder_fences` says so; the token guard has its own per-lease `Warn`.
+//! The leader-election guard runs in audit mode (`super::audit`) when `Judging::holder_fences`
+//! says so, and so does every writer fence (whatever its own mode); the token guard has its own
+//! per-lease `Warn`.
 
 use kube_fence_api::denial::Reason;
 
@@ -56,13 +58,28 @@ async fn then<'r, G: Guard, R: LeaseReads + Sync>(
 }
 
 /// Judges `req`, sent to the webhook `sent`, reading leases through `reads`.
-pub async fn judge<R: LeaseReads + Sync>(req: &Request, judging: &Judging, sent: Sent<'_>, reads: &R) -> Verdict {
+pub async fn judge<R: LeaseReads + Sync>(req: &Request, judging: &Judging, sent: Sent, reads: &R) -> Verdict {
     let preamble = Preamble::of(req, judging, sent);
     match sent {
-        Sent::Writer(_) => match judging.holder_fences {
-            Mode::Enforce => then(UNGUARDED, &ByWriter, req, &preamble, reads).await,
-            Mode::Audit => then(UNGUARDED, &Audited(ByWriter), req, &preamble, reads).await,
-        },
+        Sent::Writer => {
+            let Some(fences) = reads.fences(&req.user) else {
+                return Verdict::deny(
+                    503,
+                    Reason::LeaseReadFailed,
+                    "kube-fence has not read the FencedControllers yet (failing closed); retry in a second".to_string(),
+                );
+            };
+            let mut verdict = UNGUARDED;
+            for fence in fences {
+                let mode = if judging.holder_fences == Mode::Audit { Mode::Audit } else { fence.mode };
+                let guard = ByWriter(fence);
+                verdict = match mode {
+                    Mode::Enforce => then(verdict, &guard, req, &preamble, reads).await,
+                    Mode::Audit => then(verdict, &Audited(guard), req, &preamble, reads).await,
+                };
+            }
+            verdict
+        }
         Sent::Objects => {
             if let Some(malformed) = preamble.malformed() {
                 return malformed;

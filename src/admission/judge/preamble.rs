@@ -5,7 +5,7 @@
 use kube_fence_api::denial::Reason;
 
 use super::exemptions::Exemptions;
-use super::facts::{LeaseRef, ObjectFacts, Operation, Request, Requester};
+use super::facts::{ObjectFacts, Operation, Request, Requester};
 use super::identity::IdentityRule;
 use super::verdict::Verdict;
 
@@ -19,22 +19,14 @@ pub struct Judging {
     pub holder_fences: Mode,
 }
 
-/// Whether a fence denies what it would refuse, or admits it with a warning.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Mode {
-    /// Refused writes are denied.
-    #[default]
-    Enforce,
-    /// Refused writes are admitted with a warning that says what enforcing would have said.
-    Audit,
-}
+pub use super::fence::Mode;
 
-/// Which webhook a review was sent to: the guarded objects' (`/validate`), or the writer fence
-/// of an opted-in Lease (`/writer/<namespace>/<name>`).
+/// Which webhook a review was sent to: the guarded objects' (`/validate`), or the writer fence's
+/// (`/writer`: a write of a ServiceAccount a FencedController names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sent<'r> {
+pub enum Sent {
     Objects,
-    Writer(LeaseRef<'r>),
+    Writer,
 }
 
 /// What every guard kind knows of a request before its own rules, worked out once.
@@ -57,14 +49,14 @@ pub struct Preamble<'r> {
     /// Who asks.
     pub requester: Requester<'r>,
     /// Which webhook the review was sent to.
-    pub sent: Sent<'r>,
+    pub sent: Sent,
     /// How a leader-election Lease's holder names a Pod.
     pub identity: &'r IdentityRule,
 }
 
 impl<'r> Preamble<'r> {
     /// The preamble of `req`, sent to the webhook `sent`, judged as `judging` says.
-    pub fn of(req: &'r Request, judging: &'r Judging, sent: Sent<'r>) -> Preamble<'r> {
+    pub fn of(req: &'r Request, judging: &'r Judging, sent: Sent) -> Preamble<'r> {
         let exempt: &Exemptions = &judging.exempt;
         let needs_old = matches!(req.operation, Operation::Update | Operation::Delete);
         let needs_new = matches!(req.operation, Operation::Create | Operation::Update);

@@ -34,16 +34,15 @@
 //! assert!(matches!(read, Some(Ok(quorum)) if quorum.lease().is_some()));
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease as LeaderElectionLease;
 use kube_fence_api::denial::Reason;
-use kube_fence_api::names::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, WRITERS_ANNOTATION};
 
 use super::facts::{LeaseFacts, LeaseRef};
+use super::fence::Fence;
 use super::verdict::Verdict;
 use crate::telemetry::Chain;
 
@@ -58,8 +57,11 @@ pub trait LeaseReads {
     /// The holder of a leader-election Lease, by a quorum read (objects labelled
     /// `kubefence.io/leader-lease`).
     fn holder(&self, lease: LeaseRef<'_>) -> impl Future<Output = Result<HolderQuorum, ReadError>> + Send;
-    /// An opted-in leader-election Lease, by a quorum read (the writer fence).
+    /// A fenced controller's leader-election Lease, by a quorum read (the writer fence).
     fn writer(&self, lease: LeaseRef<'_>) -> impl Future<Output = Result<WriterQuorum, ReadError>> + Send;
+    /// The fences (FencedControllers) that name `user`, as the webhook's cache of them holds them
+    /// now; `None` before the cache was filled once.
+    fn fences(&self, user: &str) -> Option<Vec<Arc<Fence>>>;
 }
 
 /// Why a quorum read was not made or did not answer. Judged as a denial (fail closed).
@@ -140,45 +142,19 @@ impl HolderQuorum {
     }
 }
 
-/// An opted-in leader-election Lease as a quorum read returned it: `None` when there is no
-/// such Lease.
+/// A fenced controller's leader-election Lease as a quorum read returned it: `None` when there is
+/// no such Lease, else its `holderIdentity` (`""` when released or never held).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WriterQuorum(Option<FreshLease>);
-
-/// What judging a writer needs of the Lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FreshLease {
-    /// `spec.holderIdentity` (`""` when released or never held).
-    pub holder: String,
-    /// Whether it still carries `kubefence.io/holder-identity: Pod`.
-    pub holder_bound: bool,
-    /// The ServiceAccounts its writers annotation names now.
-    pub accounts: BTreeSet<String>,
-}
+pub struct WriterQuorum(Option<String>);
 
 impl WriterQuorum {
     /// What a quorum read of the Lease returned (readers only).
     pub(crate) fn of(lease: Option<&LeaderElectionLease>) -> WriterQuorum {
-        WriterQuorum(lease.map(|l| FreshLease {
-            holder: l.spec.as_ref().and_then(|s| s.holder_identity.clone()).unwrap_or_default(),
-            holder_bound: l.metadata.labels.as_ref().and_then(|m| m.get(HOLDER_IDENTITY_LABEL)).is_some_and(|v| v == HOLDER_IS_POD),
-            accounts: accounts_named(l.metadata.annotations.as_ref()),
-        }))
+        WriterQuorum(lease.map(|l| l.spec.as_ref().and_then(|s| s.holder_identity.clone()).unwrap_or_default()))
     }
 
-    /// The Lease, if it exists.
-    pub fn lease(&self) -> Option<&FreshLease> {
-        self.0.as_ref()
+    /// The Lease's `holderIdentity` (`""`: nobody), `None` when there is no such Lease.
+    pub fn holder(&self) -> Option<&str> {
+        self.0.as_deref()
     }
-}
-
-/// Splits a comma-separated annotation into its non-empty, trimmed items.
-pub(crate) fn items(value: &str) -> impl Iterator<Item = &str> {
-    value.split(',').map(str::trim).filter(|item| !item.is_empty())
-}
-
-/// The ServiceAccounts a Lease's writers annotation names, as written (no validation): what the
-/// webhook re-reads at judging time.
-pub fn accounts_named(annotations: Option<&BTreeMap<String, String>>) -> BTreeSet<String> {
-    annotations.and_then(|a| a.get(WRITERS_ANNOTATION)).map(|v| items(v).map(str::to_string).collect()).unwrap_or_default()
 }

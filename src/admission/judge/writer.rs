@@ -1,24 +1,22 @@
-//! Fencing a writer, not an object: a `coordination.k8s.io/v1` Lease that carries the label
-//! `kubefence.io/holder-identity: Pod` and the annotation `kubefence.io/writers: <sa>[,<sa>...]`
-//! (ServiceAccounts of the Lease's own namespace) opts those ServiceAccounts in. From then on
-//! every write they make — any kind, any namespace, cluster-scoped included, every subresource,
-//! create, update, patch, apply, delete, deletecollection — is admitted only from the Pod, in the
-//! Lease's namespace, that holds the Lease now (a quorum read), by the same identity rule and with
-//! the same 409 `NotHolder` as objects labelled `kubefence.io/leader-lease` (`super::leader`).
-//! No object is labelled and the controller's code is not changed.
+//! Fencing a writer, not an object: a `FencedController` (`kubefence.io/v1alpha1`, created by an
+//! admin in the controller's namespace) names a running controller's leader-election Lease and
+//! its ServiceAccounts. From then on every write they make — any kind, any namespace,
+//! cluster-scoped included, every subresource, create, update, patch, apply, delete,
+//! deletecollection — is admitted only from the Pod, in the fence's namespace, that holds the
+//! Lease now (a quorum read), by the same identity rule and with the same 409 `NotHolder` as
+//! objects labelled `kubefence.io/leader-lease` (`super::leader`); in `Audit` mode it is
+//! admitted with a warning instead (`super::audit`). No object is labelled, the Lease is not
+//! touched, and the controller's code is not changed.
 //!
-//! Only the opted-in identities' writes reach kube-fence: each opted-in Lease gets a webhook of
-//! its own whose match condition names exactly its ServiceAccounts
-//! (`crate::admission::registration::opt_in::OptIn::match_condition`),
-//! at a path that names the Lease (`/writer/<namespace>/<name>`), so a review says which Lease
-//! judges it and the webhook needs no cache of opt-ins (`crate::admission::registration::routing`
-//! keeps the registration in step). Writes a controller makes whether it leads or not are never sent: its
-//! own Lease (campaigning; the holder policy judges those), Events, and the reviews that store
-//! nothing (TokenReview, SubjectAccessReview); `kubefence.io/writers-exempt` names more.
-//!
-//! Pure like [`super::token`], and run by `super::pipeline` (of its preamble it takes who asks):
-//! [`ByWriter`] judges outright or asks for one quorum read of the Lease ([`WriterRead`]), judged
-//! only with a [`WriterQuorum`], which only a reader (`super::read`) makes.
+//! Only the fenced identities' writes reach kube-fence: the routing
+//! (`crate::admission::registration::routing`) registers one webhook, at `/writer`, whose match
+//! condition tests the requester's username against the set of every fenced ServiceAccount, and
+//! leaves out what a fence lets pass (its exemptions and its own Lease) and what a controller
+//! writes whether it leads or not (Events, reviews that store nothing). The webhook looks the
+//! requester's fences up in its cache of FencedControllers (`super::read::LeaseReads::fences`)
+//! and judges each: [`ByWriter`] judges outright or asks for one quorum read of the Lease
+//! ([`WriterRead`]), judged only with a [`WriterQuorum`], which only a reader (`super::read`)
+//! makes.
 //!
 //! Why this fences a stale leader, on every object it writes: for UPDATE and DELETE the API server
 //! runs validating admission inside its compare-and-swap on the object, so a write by Pod A
@@ -28,24 +26,26 @@
 //! swap then fails and the write is judged again). CREATE has no stored object to swap against: a
 //! CREATE judged before the takeover may commit after it (docs/design.md §6b).
 
-use kube_fence_api::denial::{Facts, Reason};
-use kube_fence_api::names::WRITERS_ANNOTATION;
+use std::sync::Arc;
 
-use super::facts::{LeaseRef, Request, SERVICE_ACCOUNT_PREFIX, is_dns_subdomain};
+use kube_fence_api::denial::{Facts, Reason};
+
+use super::facts::{LeaseRef, Request, SERVICE_ACCOUNT_PREFIX};
+use super::fence::Fence;
 use super::guard::{Guard, Pending, Plan};
 use super::identity::IdentityRule;
-use super::preamble::{Preamble, Sent};
+use super::preamble::Preamble;
 use super::read::{LeaseReads, ReadError, WriterQuorum};
 use super::verdict::Verdict;
 
-/// The path prefix of the writer webhooks: `/writer/<namespace>/<name>`.
-pub const PATH_PREFIX: &str = "/writer";
+/// The path of the writer webhook.
+pub const PATH: &str = "/writer";
 
-/// The writer fence of the opted-in Lease a review was sent for (`Sent::Writer`): every write of
-/// its ServiceAccounts is admitted only from the Pod that holds it, named as the preamble's
-/// identity rule says. It judges nothing sent to another webhook.
-#[derive(Clone, Copy, Debug)]
-pub struct ByWriter;
+/// The writer fence of one FencedController: every write of its ServiceAccounts is admitted only
+/// from the Pod that holds its Lease, named as the preamble's identity rule says. It judges the
+/// writes of nobody else, and lets pass what the fence exempts and the fence's own Lease.
+#[derive(Clone, Debug)]
+pub struct ByWriter(pub Arc<Fence>);
 
 impl Guard for ByWriter {
     type Pending<'r>
@@ -53,64 +53,56 @@ impl Guard for ByWriter {
     where
         Self: 'r;
 
-    fn plan<'r>(&'r self, _req: &'r Request, preamble: &Preamble<'r>) -> Plan<WriterRead<'r>> {
-        match preamble.sent {
-            Sent::Writer(lease) => plan(preamble, lease, preamble.identity),
-            Sent::Objects => Plan::Done(Verdict::Allow { reason: Reason::Unguarded }),
+    fn plan<'r>(&'r self, req: &'r Request, preamble: &Preamble<'r>) -> Plan<WriterRead<'r>> {
+        let fence = &*self.0;
+        // The routing names the fence's own ServiceAccounts only; anything else was sent by a
+        // stale registration or for another fence: it is not this fence's to judge.
+        let Some(account) = fence.account_of(preamble.requester.user) else {
+            return Plan::Done(Verdict::Allow { reason: Reason::Unguarded });
+        };
+        if fence.passes(req) {
+            return Plan::Done(Verdict::Allow { reason: Reason::Exempt });
         }
+        let pod = preamble.requester.pod_in(&fence.namespace);
+        Plan::Read(WriterRead { fence, account, pod, identity: preamble.identity })
     }
 }
 
 impl Pending for WriterRead<'_> {
     async fn read<R: LeaseReads + Sync>(self, reads: &R) -> Plan<Self> {
-        let fresh = reads.writer(self.lease).await;
+        let fresh = reads.writer(self.lease()).await;
         Plan::Done(self.judge(fresh))
     }
 }
 
-/// A write only the Lease's holder Pod may make.
+/// A write only the fence's Lease's holder Pod may make.
 #[derive(Debug)]
 pub struct WriterRead<'r> {
-    lease: LeaseRef<'r>,
-    /// The requester's ServiceAccount, in the Lease's namespace.
+    fence: &'r Fence,
+    /// The requester's ServiceAccount, in the fence's namespace.
     account: &'r str,
-    /// The requester's Pod name, in the Lease's namespace (`None`: not a Pod of it).
+    /// The requester's Pod name, in the fence's namespace (`None`: not a Pod of it).
     pod: Option<&'r str>,
     identity: &'r IdentityRule,
-}
-
-/// The first step of judging a request (whose `preamble` the pipeline worked out) sent by the
-/// webhook of opted-in Lease `lease`.
-fn plan<'r>(preamble: &Preamble<'r>, lease: LeaseRef<'r>, identity: &'r IdentityRule) -> Plan<WriterRead<'r>> {
-    // The routing names the Lease's own ServiceAccounts only; anything else was sent by a stale
-    // or forged registration: it is not this Lease's to judge.
-    let Some(account) = preamble.requester.account_in(lease.namespace) else {
-        return Plan::Done(Verdict::Allow { reason: Reason::Unguarded });
-    };
-    let pod = preamble.requester.pod_in(lease.namespace);
-    Plan::Read(WriterRead { lease, account, pod, identity })
 }
 
 impl<'r> WriterRead<'r> {
     /// The Lease to read with a quorum read.
     pub fn lease(&self) -> LeaseRef<'r> {
-        self.lease
+        self.fence.lease()
     }
 
     /// Judges with the Lease as a quorum read returned it (a failed read is denied: fail closed).
     pub fn judge(self, fresh: Result<WriterQuorum, ReadError>) -> Verdict {
-        let WriterRead { lease, account, pod, identity } = self;
+        let lease = self.lease();
+        let WriterRead { fence, account, pod, identity } = self;
         let fresh = match fresh {
             Ok(fresh) => fresh,
             Err(err) => return err.verdict(lease, true),
         };
-        let fenced = match fresh.lease() {
-            Some(l) => l.holder_bound && l.accounts.contains(account),
-            None => false,
-        };
-        // The opt-in is gone (the Lease deleted, or its annotation or label removed — by its
-        // holder or an admin, the holder policy sees to that): the writes flow again.
-        let Some(fresh) = fresh.lease().filter(|_| fenced) else { return Verdict::Allow { reason: Reason::Unguarded } };
+        // No Lease: nobody holds it, so nobody writes (fail closed; the FencedController's status
+        // says `LeaseNotFound`, and client-go creates the Lease when it campaigns).
+        let holder = fresh.holder().unwrap_or_default();
         let requester = pod.map_or_else(|| format!("{SERVICE_ACCOUNT_PREFIX}{}:{account}", lease.namespace), str::to_string);
         let facts = |holder: &str| Facts {
             lease: Some(lease.to_string()),
@@ -123,33 +115,32 @@ impl<'r> WriterRead<'r> {
                 code: 403,
                 reason: Reason::NotHolder,
                 message: format!(
-                    "ServiceAccount {account} writes only from the Pod that holds leader-election Lease {lease} ({WRITERS_ANNOTATION}): this request is not authenticated by the token of a Pod in namespace {ns}",
+                    "ServiceAccount {account} writes only from the Pod that holds leader-election Lease {lease} (FencedController {fenced}): this request is not authenticated by the token of a Pod in namespace {ns}",
+                    fenced = fence.name,
                     ns = lease.namespace
                 ),
-                facts: facts(&fresh.holder),
+                facts: facts(holder),
             };
         };
-        if identity.holds(&fresh.holder, pod) {
+        if identity.holds(holder, pod) {
             return Verdict::Allow { reason: Reason::Fenced };
         }
-        let held = if fresh.holder.is_empty() { "has no holder now".to_string() } else { format!("is held by {}", fresh.holder) };
+        let held = match fresh.holder() {
+            None => "does not exist".to_string(),
+            Some("") => "has no holder now".to_string(),
+            Some(holder) => format!("is held by {holder}"),
+        };
         Verdict::Deny {
             code: 409,
             reason: Reason::NotHolder,
             message: format!(
-                "write by Pod {pod} denied: ServiceAccount {account} writes only from the holder of leader-election Lease {lease} ({WRITERS_ANNOTATION}), which {held} (a leader that lost its Lease; Pod {pod} holds it only as {forms})",
+                "write by Pod {pod} denied: ServiceAccount {account} writes only from the holder of leader-election Lease {lease} (FencedController {fenced}), which {held} (a leader that lost its Lease; Pod {pod} holds it only as {forms})",
+                fenced = fence.name,
                 forms = identity.forms(pod)
             ),
-            facts: facts(&fresh.holder),
+            facts: facts(holder),
         }
     }
-}
-
-/// The Lease a writer webhook's path names (`<namespace>/<name>` after [`PATH_PREFIX`]), or why
-/// it names none.
-pub fn lease_of_path<'p>(namespace: &'p str, name: &'p str) -> Option<LeaseRef<'p>> {
-    let namespace_ok = !namespace.is_empty() && namespace.len() <= 63 && is_dns_subdomain(namespace) && !namespace.contains('.');
-    (namespace_ok && is_dns_subdomain(name)).then_some(LeaseRef { namespace, name })
 }
 
 #[cfg(test)]

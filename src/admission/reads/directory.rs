@@ -9,6 +9,7 @@
 //! API server serves from etcd with a quorum read (no `resourceVersion` given).
 
 use std::future::Future;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -19,14 +20,16 @@ use k8s_openapi::api::coordination::v1::Lease as LeaderElectionLease;
 
 use crate::admission::judge::facts::LeaseFacts;
 
-use crate::admission::judge::facts::LeaseRef;
-use kube_fence_api::Lease;
+use crate::admission::judge::facts::{LeaseRef, SERVICE_ACCOUNT_PREFIX};
+use crate::admission::judge::fence::Fence;
+use kube_fence_api::{FencedController, Lease};
 
-/// The webhook's view of the leases.
+/// The webhook's view of the leases, and of the FencedControllers (which fence whose writes).
 #[derive(Clone)]
 pub struct LeaseDirectory {
     client: Client,
     store: Store<Lease>,
+    fences: Store<FencedController>,
 }
 
 impl LeaseDirectory {
@@ -48,7 +51,20 @@ impl LeaseDirectory {
                 tracing::warn!(error = %err, "lease watch failed; retrying");
             }
         });
-        (LeaseDirectory { client, store }, stream)
+        let (fences, fence_writer) = reflector::store();
+        let fenced = watcher(Api::<FencedController>::all(client.clone()), watcher::Config::default()).modify(|f: &mut FencedController| {
+            f.metadata.managed_fields = None;
+            f.metadata.annotations = None;
+            f.status = None;
+        });
+        let fence_stream = reflector::reflector(fence_writer, fenced).default_backoff().for_each(|event| async move {
+            if let Err(err) = event {
+                tracing::warn!(error = %err, "FencedController watch failed; retrying");
+            }
+        });
+        (LeaseDirectory { client, store, fences }, async move {
+            futures::join!(stream, fence_stream);
+        })
     }
 
     /// The client the directory reads with.
@@ -56,15 +72,38 @@ impl LeaseDirectory {
         self.client.clone()
     }
 
-    /// Whether the cache has been filled once (what `/readyz` waits for).
+    /// Whether both caches have been filled once (what `/readyz` waits for).
     pub fn is_ready(&self) -> bool {
         // A store that is not ready yet has not seen its initial list.
-        futures::FutureExt::now_or_never(self.store.wait_until_ready()).is_some_and(|r| r.is_ok())
+        let ready = |store: &Store<_>| futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok());
+        ready(&self.store) && ready_fences(&self.fences)
     }
 
-    /// Waits until the cache has been filled once, at most `timeout`; whether it was.
+    /// Waits until both caches have been filled once, at most `timeout`; whether they were.
     pub async fn wait_ready(&self, timeout: std::time::Duration) -> bool {
-        matches!(tokio::time::timeout(timeout, self.store.wait_until_ready()).await, Ok(Ok(())))
+        let both = async { self.store.wait_until_ready().await.is_ok() && self.fences.wait_until_ready().await.is_ok() };
+        matches!(tokio::time::timeout(timeout, both).await, Ok(true))
+    }
+
+    /// The fences of the FencedControllers that name `user` (a ServiceAccount's username), as the
+    /// cache holds them now; `None` before the cache was filled once. A FencedController whose
+    /// spec cannot be judged by (`Fence::of`; the schema refuses such specs) fences nothing here:
+    /// its status says so.
+    pub fn fences(&self, user: &str) -> Option<Vec<Arc<Fence>>> {
+        if !ready_fences(&self.fences) {
+            return None;
+        }
+        let Some((namespace, account)) = user.strip_prefix(SERVICE_ACCOUNT_PREFIX).and_then(|rest| rest.split_once(':')) else {
+            return Some(Vec::new());
+        };
+        let found = self
+            .fences
+            .state()
+            .iter()
+            .filter(|f| f.metadata.namespace.as_deref() == Some(namespace) && f.spec.service_accounts.iter().any(|a| a == account))
+            .filter_map(|f| Fence::of(f).ok().map(Arc::new))
+            .collect();
+        Some(found)
     }
 
     /// The lease as the watch cache has it.
@@ -83,6 +122,10 @@ impl LeaseDirectory {
     pub async fn leader_lease(&self, lease: LeaseRef<'_>) -> Result<Option<LeaderElectionLease>, kube::Error> {
         Api::<LeaderElectionLease>::namespaced(self.client.clone(), lease.namespace).get_opt(lease.name).await
     }
+}
+
+fn ready_fences(store: &Store<FencedController>) -> bool {
+    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
 }
 
 /// What fencing needs from a lease.

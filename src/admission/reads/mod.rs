@@ -13,6 +13,7 @@ use std::time::Instant;
 use self::directory::LeaseDirectory;
 use self::shared::SharedReads;
 use super::judge::facts::LeaseRef;
+use super::judge::fence::Fence;
 use super::judge::read::{Cached, HolderQuorum, LeaseReads, Quorum, ReadError, WriterQuorum};
 use super::metrics::{LeaseReadKind, Metrics};
 use crate::limit::Buckets;
@@ -43,7 +44,7 @@ impl ReadBudget {
     }
 }
 
-/// Shared quorum reads of opted-in Leases, per `(namespace, name)`.
+/// Shared quorum reads of fenced controllers' Leases, per `(namespace, name)`.
 type WriterReads = SharedReads<(String, String), Result<WriterQuorum, Arc<kube::Error>>>;
 
 /// The webhook's reads: its lease directory (watch cache and quorum reads), the quorum reads
@@ -122,6 +123,10 @@ impl LeaseReads for SourceReads<'_> {
             Ok::<_, Arc<kube::Error>>(WriterQuorum::of(fresh.as_ref()))
         });
         shared.await.map_err(ReadError::Failed)
+    }
+
+    fn fences(&self, user: &str) -> Option<Vec<Arc<Fence>>> {
+        self.reader.leases.fences(user)
     }
 }
 

@@ -43,7 +43,6 @@ use crate::admission::judge::identity::IdentityRule;
 use kube_fence_api::names::{LEADER_LEASE_LABEL, LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL, WRITERS_ANNOTATION};
 
 pub mod chart;
-pub mod opt_in;
 pub mod policy_path;
 pub mod routing;
 pub mod scope;

@@ -9,8 +9,9 @@ use k8s_openapi::api::coordination::v1::{Lease as LeaderElectionLease, LeaseSpec
 use rstest::rstest;
 
 use super::*;
-use crate::admission::judge::facts::{LeaseFacts, LeaseRef, ObjectFacts, Operation, PodIdentity};
-use crate::admission::judge::fake::{FakeLeases, ReadCounts};
+use crate::admission::judge::facts::{LeaseFacts, ObjectFacts, Operation, PodIdentity};
+use crate::admission::judge::fake::{self, FakeLeases, ReadCounts};
+use crate::admission::judge::fence::Mode;
 use crate::admission::judge::read::ReadError;
 use kube_fence_api::token::Token;
 
@@ -41,7 +42,7 @@ fn leases(holder: &str) -> FakeLeases {
     )
 }
 
-fn judged(req: &Request, sent: Sent<'_>, leases: &FakeLeases) -> Verdict {
+fn judged(req: &Request, sent: Sent, leases: &FakeLeases) -> Verdict {
     judge(req, &Judging::default(), sent, leases).now_or_never().expect("the fake answers at once")
 }
 
@@ -74,18 +75,30 @@ fn both_guards(
 #[rstest]
 #[case::token_lease(side(Some("5")).map(|s| ObjectFacts { leader_lease: None, ..s }), Sent::Objects, "cannot read lease team/l (failing closed): ServiceError: etcd is away")]
 #[case::leader_lease(side(None), Sent::Objects, "cannot read leader-election Lease team/ctl (failing closed): ServiceError: etcd is away")]
-#[case::writer(None, Sent::Writer(LeaseRef { namespace: NS, name: "ctl" }), "cannot read leader-election Lease team/ctl (failing closed): ServiceError: etcd is away")]
-fn a_read_that_fails_or_is_throttled_is_denied(#[case] facts: Option<ObjectFacts>, #[case] sent: Sent<'_>, #[case] failed: &str) {
+#[case::writer(None, Sent::Writer, "cannot read leader-election Lease team/ctl (failing closed): ServiceError: etcd is away")]
+fn a_read_that_fails_or_is_throttled_is_denied(#[case] facts: Option<ObjectFacts>, #[case] sent: Sent, #[case] failed: &str) {
     // An UPDATE the cache cannot judge (the fake holds no lease: a quorum read is needed).
     let req = update(facts.clone(), facts.map(|f| ObjectFacts { token: f.token.map(|_| "7".into()), ..f }));
-    let leases = FakeLeases::default().failing(ReadError::Failed(Arc::new(kube::Error::Service("etcd is away".into()))));
+    let fence = || fake::fence(NS, "ctl", &["ctl"], &[], Mode::Enforce);
+    let leases = FakeLeases::default().with_fence(fence()).failing(ReadError::Failed(Arc::new(kube::Error::Service("etcd is away".into()))));
     let v = judged(&req, sent, &leases);
     assert!(matches!(&v, Verdict::Deny { code: 500, reason: Reason::LeaseReadFailed, message, .. } if message == failed), "{v:?}");
     let source = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7));
-    let leases = FakeLeases::default().failing(ReadError::Throttled { source, per_second: 5 });
+    let leases = FakeLeases::default().with_fence(fence()).failing(ReadError::Throttled { source, per_second: 5 });
     let v = judged(&req, sent, &leases);
     assert!(
         matches!(&v, Verdict::Deny { code: 429, reason: Reason::ReadsThrottled, message, .. } if message.contains("from 10.0.0.7 (at most 5 a second)")),
         "{v:?}"
     );
+}
+
+/// Before the fence cache is filled, a fenced writer's write is denied (fail closed: the routing
+/// says it is fenced, and which fence judges it is not known yet); a write by anyone the routing
+/// did not mean is not fenced by any fence.
+#[test]
+fn a_fenced_writer_is_denied_until_the_fences_are_known() {
+    let req = update(None, None);
+    let v = judged(&req, Sent::Writer, &FakeLeases::default().fences_unknown());
+    assert!(matches!(&v, Verdict::Deny { code: 503, reason: Reason::LeaseReadFailed, .. }), "{v:?}");
+    assert_eq!(judged(&req, Sent::Writer, &FakeLeases::default()), Verdict::Allow { reason: Reason::Unguarded });
 }
