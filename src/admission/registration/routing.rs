@@ -3,18 +3,21 @@
 //! webhook, called at `/writer` with the client configuration (Service or URL, and CA bundle) of
 //! kube-fence's own configuration, for every resource and subresource, cluster-scoped included.
 //! Its match condition sends only the fenced ServiceAccounts' writes, by one membership test in a
-//! set: every other write in the cluster costs the API server one lookup in that set and no call,
-//! however many fences there are (1 or 1,000).
+//! set: a write by anyone but a ServiceAccount costs one string comparison, and any other write
+//! one lookup in the set and no call, however many fences there are.
 //!
-//! The set ([`Routes`]) holds, as keys of one CEL map, each fenced username, and beside it what
-//! that username's writes to pass unjudged: `<user> <group>/<resource>` for a resource every fence
-//! of that user exempts, `<user> lease:<namespace>/<name>` for the fences' own Lease (campaigning;
-//! the API server's fenced-holder policy judges those). Events and reviews that store nothing
-//! are never sent.
+//! The set ([`Routes`]) is one CEL map from each fenced ServiceAccount (`<namespace>:<name>`) to
+//! what its writes to pass unjudged: `<group>/<resource>` for a resource every fence of it
+//! exempts, `lease:<namespace>/<name>` for the fences' own Lease (campaigning; the API server's
+//! fenced-holder policy judges those). Events and reviews that store nothing are never sent. CEL
+//! in a match condition has no `let` (`cel.bind` is not offered there), so the map is bound once
+//! by a one-element comprehension (`[{…}].exists(fenced, …)`).
 //!
-//! Bounded and isolated: a fence's size is bounded by its schema (8 ServiceAccounts, 32
-//! exemptions), and the whole set by [`MAX_CONDITION_BYTES`]: fences are routed oldest first, and
-//! one that would not fit is left out (its status says `NotRouted`) without touching the others.
+//! Bounded and isolated: the API server compiles at most [`MAX_EXPRESSION_CODE_POINTS`] code
+//! points per expression, so the set is split over at most [`MAX_SHARDS`] webhooks of at most
+//! [`SHARD_BYTES`] each. A fence's size is bounded by its schema (8 ServiceAccounts, 32
+//! exemptions); fences are routed oldest first, and one that would not fit is left out (its
+//! status says `NotRouted`) without touching the others.
 //!
 //! [`keep_in_step`] watches the FencedControllers and applies the configuration (server-side apply,
 //! one field manager) once a burst of changes has settled ([`SETTLE`], at most [`MAX_DELAY`] after
@@ -35,7 +38,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube_fence_api::FencedController;
 use tokio::time::Instant;
 
-use crate::admission::judge::fence::{Fence, FenceError};
+use crate::admission::judge::facts::SERVICE_ACCOUNT_PREFIX;
+use crate::admission::judge::fence::{Fence, FenceError, ResourceName};
 use crate::admission::judge::writer::PATH;
 use crate::admission::registration::scope::Scope;
 use crate::telemetry::Chain;
@@ -47,12 +51,21 @@ pub const RESYNC: Duration = Duration::from_secs(10);
 pub const SETTLE: Duration = Duration::from_millis(200);
 /// How long after the first change of a burst it is applied at the latest.
 pub const MAX_DELAY: Duration = Duration::from_secs(2);
-/// The largest match condition the routing registers: the API server stores the configuration
-/// in etcd (at most 1.5 MiB an object) and compiles the condition on every change.
-pub const MAX_CONDITION_BYTES: usize = 512 * 1024;
+/// The longest expression the API server compiles (its CEL parser's limit).
+pub const MAX_EXPRESSION_CODE_POINTS: usize = 100_000;
+/// The most bytes of set one webhook's match condition carries (the rest of the condition fits
+/// in what is left of [`MAX_EXPRESSION_CODE_POINTS`]).
+pub const SHARD_BYTES: usize = 95_000;
+/// The most webhooks the set is split over: every write of a ServiceAccount evaluates each.
+pub const MAX_SHARDS: usize = 8;
+/// The largest entry one ServiceAccount takes in the set: its name and 32 exemptions and a
+/// Lease, each at most a qualified name (what a shard may leave unused at its end).
+const MAX_ENTRY_BYTES: usize = 10_000;
+/// The most bytes of set routed in all.
+pub const MAX_SET_BYTES: usize = MAX_SHARDS * (SHARD_BYTES - MAX_ENTRY_BYTES);
 /// The suffix of the writers configuration's name.
 pub const SUFFIX: &str = "-writers";
-/// The name of the writer webhook.
+/// The name of the writer webhook (of its first shard; the others are `writers-<n>.kubefence.io`).
 pub const WEBHOOK_NAME: &str = "writers.kubefence.io";
 /// The name of the writer webhook's match condition.
 pub const CONDITION_NAME: &str = "fenced-writer";
@@ -68,19 +81,24 @@ fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
-/// The keys of the routing set that one fence contributes for `user`: what passes unjudged.
-fn passing(fence: &Fence, user: &str) -> BTreeSet<String> {
-    let mut keys: BTreeSet<String> = fence.exempt.iter().map(|e| format!("{user} {}", e.key())).collect();
-    keys.insert(format!("{user} lease:{}/{}", fence.namespace, fence.lease));
+/// What one fence lets pass unjudged, as the set names it.
+fn passing(fence: &Fence) -> BTreeSet<String> {
+    let mut keys: BTreeSet<String> = fence.exempt.iter().map(ResourceName::key).collect();
+    keys.insert(format!("lease:{}/{}", fence.namespace, fence.lease));
     keys
+}
+
+/// The set's key for a ServiceAccount's username (`None`: not a ServiceAccount).
+fn account_key(username: &str) -> Option<&str> {
+    username.strip_prefix(SERVICE_ACCOUNT_PREFIX)
 }
 
 /// What the writer webhook routes: the fenced usernames and what passes for each, and which
 /// fences are in it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Routes {
-    /// The keys of the CEL map the match condition tests.
-    keys: BTreeSet<String>,
+    /// The CEL map the match condition tests: `<namespace>:<account>` → what passes.
+    accounts: BTreeMap<String, BTreeSet<String>>,
     /// The fences routed (`namespace`, `name`).
     pub routed: BTreeSet<(String, String)>,
     /// The fences left out, with why.
@@ -92,7 +110,7 @@ pub struct Routes {
 pub enum RouteError {
     #[error(transparent)]
     Invalid(#[from] FenceError),
-    #[error("the writer webhook's match condition would exceed {MAX_CONDITION_BYTES} bytes with this fence (older fences fill it)")]
+    #[error("the writer webhooks' set would exceed {MAX_SET_BYTES} bytes with this fence (older fences fill it)")]
     Full,
 }
 
@@ -106,10 +124,7 @@ impl Routes {
             (created(a), &a.metadata.namespace, &a.metadata.name).cmp(&(created(b), &b.metadata.namespace, &b.metadata.name))
         });
         let mut routes = Routes::default();
-        // Per username: what passes in every fence of it so far; and the condition's size.
-        let mut passes: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        let mut size = condition(&BTreeSet::new()).len();
-        let user_size = |user: &str, passing: &BTreeSet<String>| entry_size(user) + passing.iter().map(|k| entry_size(k)).sum::<usize>();
+        let mut size = 0;
         for fenced in ordered {
             let key = (fenced.metadata.namespace.clone().unwrap_or_default(), fenced.metadata.name.clone().unwrap_or_default());
             let fence = match Fence::of(fenced) {
@@ -119,69 +134,97 @@ impl Routes {
                     continue;
                 }
             };
+            let mine = passing(&fence);
             let mut changed = Vec::new();
             let mut grown = size;
-            for user in fence.usernames() {
-                let mine = passing(&fence, &user);
-                let (kept, before) = match passes.get(&user) {
-                    Some(before) => (before.intersection(&mine).cloned().collect(), user_size(&user, before)),
-                    None => (mine, 0),
+            for username in fence.usernames() {
+                let Some(account) = account_key(&username) else { continue };
+                let (kept, before) = match routes.accounts.get(account) {
+                    Some(before) => (before.intersection(&mine).cloned().collect(), entry_size(account, before)),
+                    None => (mine.clone(), 0),
                 };
-                grown = grown + user_size(&user, &kept) - before;
-                changed.push((user, kept));
+                grown = grown + entry_size(account, &kept) - before;
+                changed.push((account.to_string(), kept));
             }
-            if grown > MAX_CONDITION_BYTES {
+            if grown > MAX_SET_BYTES {
                 routes.left_out.push((key, RouteError::Full));
                 continue;
             }
             size = grown;
-            passes.extend(changed);
+            routes.accounts.extend(changed);
             routes.routed.insert(key);
         }
-        routes.keys = passes.into_iter().flat_map(|(user, passing)| std::iter::once(user).chain(passing)).collect();
         routes
     }
 
     /// Whether `username` is routed to the writer webhook.
     pub fn routes(&self, username: &str) -> bool {
-        self.keys.contains(username)
+        account_key(username).is_some_and(|account| self.accounts.contains_key(account))
     }
 
-    /// The match condition (CEL, evaluated by the API server) that sends the writer webhook
-    /// exactly the writes it judges: by a fenced username, not to what passes for it, not an
-    /// Event, not a review that stores nothing. Written so that it cannot fail to evaluate (every
-    /// field it reads is always in a request). `None` when nothing is routed.
-    pub fn match_condition(&self) -> Option<String> {
-        (!self.keys.is_empty()).then(|| condition(&self.keys))
+    /// The match conditions (CEL, evaluated by the API server), one per webhook, that send the
+    /// writer webhook exactly the writes it judges: by a fenced ServiceAccount, not to what passes
+    /// for it, not an Event, not a review that stores nothing. Written so that they cannot fail
+    /// to evaluate (every field they read is always in a request). None when nothing is routed.
+    pub fn match_conditions(&self) -> Vec<String> {
+        let mut shards = Vec::new();
+        let mut shard: Vec<String> = Vec::new();
+        let mut bytes = 0;
+        for (account, passing) in &self.accounts {
+            let entry = entry(account, passing);
+            if bytes + entry.len() > SHARD_BYTES && !shard.is_empty() {
+                shards.push(condition(&shard));
+                (shard, bytes) = (Vec::new(), 0);
+            }
+            bytes += entry.len() + 2;
+            shard.push(entry);
+        }
+        if !shard.is_empty() {
+            shards.push(condition(&shard));
+        }
+        shards
     }
 }
 
-/// The bytes one key adds to the condition: `'key': true, `.
-fn entry_size(key: &str) -> usize {
-    quote(key).len() + ": true, ".len()
+/// One entry of the set: `'<namespace>:<account>': ['<pass>', ...]`.
+fn entry(account: &str, passing: &BTreeSet<String>) -> String {
+    let passing: Vec<String> = passing.iter().map(|p| quote(p)).collect();
+    format!("{}: [{}]", quote(account), passing.join(", "))
 }
 
-fn condition(keys: &BTreeSet<String>) -> String {
-    let set: Vec<String> = keys.iter().map(|k| format!("{}: true", quote(k))).collect();
+/// The bytes an entry takes in the set, its separator included.
+fn entry_size(account: &str, passing: &BTreeSet<String>) -> usize {
+    entry(account, passing).len() + 2
+}
+
+/// The match condition of one shard of the set.
+fn condition(entries: &[String]) -> String {
     format!(
-        "cel.bind(fenced, {{{set}}}, \
-         request.userInfo.username in fenced \
-         && !((request.userInfo.username + ' ' + request.resource.group + '/' + request.resource.resource) in fenced) \
+        "request.userInfo.username.startsWith('{SERVICE_ACCOUNT_PREFIX}') \
+         && [request.userInfo.username.substring({prefix})].exists(account, [{{{set}}}].exists(fenced, account in fenced \
+         && !((request.resource.group + '/' + request.resource.resource) in fenced[account]) \
          && !(request.resource.group == 'coordination.k8s.io' && request.resource.resource == 'leases' \
-              && (request.userInfo.username + ' lease:' + request.namespace + '/' + request.name) in fenced) \
+              && ('lease:' + request.namespace + '/' + request.name) in fenced[account]))) \
          && !(request.resource.resource == 'events' && request.resource.group in ['', 'events.k8s.io']) \
-         && !(request.resource.group in ['authentication.k8s.io', 'authorization.k8s.io']))",
-        set = set.join(", "),
+         && !(request.resource.group in ['authentication.k8s.io', 'authorization.k8s.io'])",
+        prefix = SERVICE_ACCOUNT_PREFIX.len(),
+        set = entries.join(", "),
     )
+}
+
+/// The name of shard `n`'s webhook.
+fn webhook_name(n: usize) -> String {
+    if n == 0 { WEBHOOK_NAME.to_string() } else { format!("writers-{n}.kubefence.io") }
 }
 
 /// Whether the configuration `applied` routes `username`'s writes (what a FencedController's
 /// status reports as routed).
 pub fn routes_in(applied: &ValidatingWebhookConfiguration, username: &str) -> bool {
-    let key = format!("{}: true", quote(username));
-    applied.webhooks.iter().flatten().filter(|w| w.name == WEBHOOK_NAME).flat_map(|w| w.match_conditions.iter().flatten()).any(|c| {
+    let Some(account) = account_key(username) else { return false };
+    let key = format!("{}: [", quote(account));
+    applied.webhooks.iter().flatten().flat_map(|w| w.match_conditions.iter().flatten()).any(|c| {
         // A key is preceded by `{` or `, ` in the set literal.
-        c.expression.contains(&format!("{{{key}")) || c.expression.contains(&format!(", {key}"))
+        c.name == CONDITION_NAME && (c.expression.contains(&format!("{{{key}")) || c.expression.contains(&format!(", {key}")))
     })
 }
 
@@ -215,9 +258,11 @@ pub fn configuration(
     timeout_seconds: i32,
 ) -> ValidatingWebhookConfiguration {
     let webhooks = routes
-        .match_condition()
-        .map(|expression| ValidatingWebhook {
-            name: WEBHOOK_NAME.into(),
+        .match_conditions()
+        .into_iter()
+        .enumerate()
+        .map(|(n, expression)| ValidatingWebhook {
+            name: webhook_name(n),
             client_config: client_config_at(template, PATH),
             rules: Some(vec![RuleWithOperations {
                 api_groups: Some(vec!["*".into()]),
@@ -235,7 +280,6 @@ pub fn configuration(
             namespace_selector: None,
             object_selector: None,
         })
-        .into_iter()
         .collect();
     // Only the webhooks: the chart owns the object's labels (it creates the configuration, and
     // a field of two managers would make `helm upgrade` conflict).
