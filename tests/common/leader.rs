@@ -27,7 +27,7 @@ pub const CONFIGMAP: &str = "state";
 pub const WIDGET: &str = "w";
 
 /// The label of the ConfigMaps the leader creates, one per write, with `CREATE_OBJECTS=1`: no
-/// kube-fence label (only its writer opt-in fences them).
+/// kube-fence label (only its FencedController fences them).
 pub const MADE_LABEL: &str = "leader-go/made";
 /// The logical object all of them are, for the history checker: a create of a stale leader after
 /// one of its successor is a stale write like any other.
@@ -58,17 +58,29 @@ pub async fn install_widget_crd(client: &Client) -> ApiResource {
 
 /// The leader-election Lease `name` in `ns`, opted into holder binding, with no holder yet.
 pub async fn opted_in_lease(client: &Client, ns: &str, name: &str) {
-    opted_in_lease_with(client, ns, name, None).await
-}
-
-/// The same, with `writers` (ServiceAccounts of `ns`) opted in on it (`kubefence.io/writers`),
-/// as whoever deploys the controller creates it.
-pub async fn opted_in_lease_with(client: &Client, ns: &str, name: &str, writers: Option<&str>) {
-    let annotations = writers.map(|w| json!({kube_fence_api::names::WRITERS_ANNOTATION: w}));
     let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": name,
-        "labels": {HOLDER_IDENTITY_LABEL: HOLDER_IS_POD}, "annotations": annotations}, "spec": {}}))
+        "labels": {HOLDER_IDENTITY_LABEL: HOLDER_IS_POD}}, "spec": {}}))
     .unwrap();
     Api::<LeaderLease>::namespaced(client.clone(), ns).create(&PostParams::default(), &lease).await.expect("create the Lease");
+}
+
+/// As a cluster admin (`client`) would: fences every write of ServiceAccount `account` of `ns`
+/// to the holder of Lease `lease` (a FencedController named after the Lease, in `mode`).
+pub async fn fence_controller(client: &Client, ns: &str, lease: &str, account: &str, mode: kube_fence_api::FenceMode) {
+    let mut fenced = kube_fence_api::FencedController::new(
+        lease,
+        kube_fence_api::FencedControllerSpec {
+            lease: lease.into(),
+            service_accounts: vec![account.into()],
+            exempt: Vec::new(),
+            mode,
+        },
+    );
+    fenced.metadata.namespace = Some(ns.into());
+    Api::<kube_fence_api::FencedController>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &fenced)
+        .await
+        .expect("create the FencedController");
 }
 
 /// Polls `done` every 50 ms until it holds; panics after `limit`.

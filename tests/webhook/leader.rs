@@ -317,15 +317,15 @@ impl leader::Replicas for Processes {
 }
 
 /// How the example controller runs in a pause test: what it writes besides its two labelled
-/// objects, and whether its ServiceAccount is opted in on its Lease (`kubefence.io/writers`).
+/// objects, and whether its ServiceAccount is fenced (a FencedController on its Lease).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Writes {
     /// The labelled ConfigMap and Widget status only.
     Labelled,
     /// Also a new unlabelled ConfigMap per write and a patch of its Namespace (cluster-scoped),
-    /// with the writer opted in.
+    /// with the writer fenced.
     EverythingFenced,
-    /// The same writes without the opt-in: the unlabelled ones are not fenced.
+    /// The same writes without the FencedController: the unlabelled ones are not fenced.
     EverythingUnfenced,
 }
 
@@ -353,11 +353,7 @@ async fn leader_go_cycles(test: &str, writes: Writes, cycles: usize) -> (leader:
     leader::may_patch_namespace(&f.client, &f.ns, "ctl").await;
     leader::opted_in_lease(&f.client, &f.ns, leader::LEASE).await;
     if writes == Writes::EverythingFenced {
-        let opt_in = Patch::Merge(json!({"metadata": {"annotations": {kube_fence_api::names::WRITERS_ANNOTATION: "ctl"}}}));
-        Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns)
-            .patch(leader::LEASE, &PatchParams::default(), &opt_in)
-            .await
-            .expect("opt in");
+        leader::fence_controller(&f.client, &f.ns, leader::LEASE, "ctl", kube_fence_api::FenceMode::Enforce).await;
         let routed = kube_fence::admission::registration::routing::configuration_name(&format!("kf-test-{}", f.ns));
         let configurations = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(f.client.clone());
         leader::until("the writer webhook is registered", Duration::from_secs(30), async || {
@@ -419,10 +415,10 @@ async fn a_paused_client_go_leader_is_fenced_when_it_resumes() {
 
 /// Stale-but-honest writer, on everything it writes: the same controller also creates a new
 /// unlabelled ConfigMap per write and patches its Namespace (cluster-scoped), and its
-/// ServiceAccount is opted in on its Lease (`kubefence.io/writers`) — no label on those objects.
+/// ServiceAccount is fenced by a FencedController on its Lease — no label on those objects.
 /// The history checker finds no stale write on any of them. Cycles: LEADER_GO_CYCLES (default 3).
 #[tokio::test]
-async fn a_paused_client_go_leader_is_fenced_on_everything_it_writes_once_its_writer_opts_in() {
+async fn a_paused_client_go_leader_is_fenced_on_everything_it_writes_once_it_is_fenced() {
     let cycles: usize = std::env::var("LEADER_GO_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(3);
     let (run, seen, accepted) = leader_go_cycles("leader-go-writers", Writes::EverythingFenced, cycles).await;
     assert!(seen.writes.iter().any(|(_, o, _)| o == leader::MADE), "the watch saw the created ConfigMaps");
@@ -430,11 +426,11 @@ async fn a_paused_client_go_leader_is_fenced_on_everything_it_writes_once_its_wr
     run.check("leader-go writers", &seen, accepted);
 }
 
-/// The same run without the opt-in shows what it closes (the test above can fail): the resumed
+/// The same run without the FencedController shows what it closes (the test above can fail): the resumed
 /// leader's pending creates and Namespace patches land after its successor's writes — stale writes
 /// the history checker finds — while the labelled objects stay fenced.
 #[tokio::test]
-async fn without_the_opt_in_a_paused_leaders_unlabelled_writes_land_stale() {
+async fn without_a_fence_a_paused_leaders_unlabelled_writes_land_stale() {
     let (_run, seen, _) = leader_go_cycles("leader-go-unfenced", Writes::EverythingUnfenced, 3).await;
     let (violations, _) = leader::violations(&seen);
     let on = |v: &kube_fence_test_support::history::Violation| match v {

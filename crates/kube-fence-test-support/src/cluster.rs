@@ -41,10 +41,12 @@ pub async fn install_crds(client: Client) {
     // Established is not yet served: for a moment after it, requests for the new resource can
     // still get 404. Tests with short timeouts must not spend them on that.
     let leases: Api<kube_fence_api::Lease> = Api::all(client.clone());
-    let tokens: Api<kube_fence_api::LeaseTokens> = Api::all(client);
+    let tokens: Api<kube_fence_api::LeaseTokens> = Api::all(client.clone());
+    let fences: Api<kube_fence_api::FencedController> = Api::all(client);
     let deadline = Instant::now() + Duration::from_secs(30);
     while let Err(e) = async {
         leases.list(&ListParams::default().limit(1)).await?;
+        fences.list(&ListParams::default().limit(1)).await?;
         tokens.list(&ListParams::default().limit(1)).await
     }
     .await
