@@ -17,6 +17,7 @@ pub mod grant;
 pub mod lease;
 pub mod patch;
 pub mod run;
+pub mod status;
 pub mod webhook;
 
 pub use error::{EXIT_STATUS_HELP, Error, Exit};
@@ -67,6 +68,10 @@ pub enum Command {
     /// their Pods get it in $KUBE_FENCE_GRANT, with which `patch` and `delete` then write.
     #[command(after_help = EXIT_STATUS_HELP)]
     Delegate(delegate::DelegateArgs),
+    /// Show every FencedController and kube-fence Lease in a namespace, one line each, with the
+    /// writes refused (and warned of) in the last hour.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Status(status::StatusArgs),
 }
 
 /// Runs one parsed command line.
@@ -81,6 +86,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Patch(args) => patch::run(args).await,
         Command::Delete(args) => delete::run(args).await,
         Command::Delegate(args) => delegate::run(args).await,
+        Command::Status(args) => status::run(args).await,
     }
 }
 
