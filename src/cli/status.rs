@@ -26,14 +26,16 @@ use kube_fence_api::{FencedController, Lease, fence_events};
 /// How far back Events are counted.
 pub const WINDOW: SignedDuration = SignedDuration::from_hours(1);
 
-/// Arguments of `kube-fence status`.
-#[derive(Debug, clap::Args)]
-#[command(long_about = "Show every FencedController and kube-fence Lease in a namespace (or in all of them), one line each: \
+/// What `kube-fence status --help` says first (the one-line summary is the subcommand's doc).
+pub const LONG_ABOUT: &str = "Show every FencedController and kube-fence Lease in a namespace (or in all of them), one line each: \
 a fence's Lease, mode, holder and readiness; a Lease's enforcement, holder, phase and token; and for both the \
 number of Warning Events about it in the last hour: REFUSED-1H (writes kube-fence refused: NotHolder and the \
 webhook's other denial reasons) and WARNED-1H (writes an Audit fence admitted with a warning: WouldRefuse).\n\n\
 Event counts are lower bounds: the webhook rate-limits the Events it publishes (per source address), and \
-the API server expires Events (after an hour by default).")]
+the API server expires Events (after an hour by default).";
+
+/// Arguments of `kube-fence status`.
+#[derive(Debug, clap::Args)]
 pub struct StatusArgs {
     /// Namespace to show (default: the kubeconfig context's namespace).
     #[arg(short = 'n', long, env = "KUBE_FENCE_NAMESPACE")]
