@@ -103,6 +103,25 @@ impl fmt::Display for Object {
     }
 }
 
+/// What `kube-fence status` lists: kube-fence's two custom resources, and the Events about them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listed {
+    FencedControllers,
+    Leases,
+    Events,
+}
+
+impl Listed {
+    /// The resource, as kubectl and RBAC name it.
+    pub fn resource(self) -> &'static str {
+        match self {
+            Listed::FencedControllers => "fencedcontrollers.kubefence.io",
+            Listed::Leases => "leases.kubefence.io",
+            Listed::Events => "events.events.k8s.io",
+        }
+    }
+}
+
 /// What failed. Each variant is the action; its fields are what the message needs.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -270,6 +289,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// `status`: listing the fences, the Leases or their Events, in `namespace` (`None`: all).
+    #[error("{}", explain_list(.server, *.listed, .namespace.as_deref(), .source).1)]
+    ListStatus {
+        listed: Listed,
+        namespace: Option<String>,
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("cannot encode the output: {}", causes(.source.as_ref()))]
     EncodeOutput {
         #[source]
@@ -309,6 +337,7 @@ impl Error {
             Error::ManageTls { secret, server, source } => manage_tls(secret, server, source).0,
             Error::StartLocalWebhook { server, source } => start_local(server, source).0,
             Error::RunController { server, source } => run_controller(server, source).0,
+            Error::ListStatus { listed, namespace, server, source } => explain_list(server, *listed, namespace.as_deref(), source).0,
             Error::LoadTls { .. }
             | Error::Listen { .. }
             | Error::ServeWebhook { .. }
@@ -547,6 +576,38 @@ fn explain_lease(server: &str, lease: &Object, holder: Option<&String>, wait: Op
     }
 }
 
+/// `kube-fence status` could not list what it shows: a 404 naming no object means the API server
+/// does not serve the resource (the CRDs are missing); a 403 names every permission `status` needs.
+fn explain_list(server: &str, listed: Listed, namespace: Option<&str>, err: &kube::Error) -> (Exit, String) {
+    match err {
+        kube::Error::Api(status)
+            if status.code == 404 && listed != Listed::Events && status.details.as_ref().is_none_or(|d| d.name.is_empty()) =>
+        {
+            (
+                Exit::NotFound,
+                format!(
+                    "the API server at {server} does not serve {}: install kube-fence's CRDs (kubectl apply -f crds/)",
+                    listed.resource()
+                ),
+            )
+        }
+        kube::Error::Api(status) if status.code == 403 && status.reason == "Forbidden" => {
+            let place = namespace.map(|ns| format!("in namespace {ns:?}")).unwrap_or_else(|| "in all namespaces".into());
+            (
+                Exit::Forbidden,
+                format!(
+                    "{}; `kube-fence status` lists {}, {} and {} {place}: ask a cluster admin for that permission (RBAC), or use another user",
+                    one_line(&status.message),
+                    Listed::FencedControllers.resource(),
+                    Listed::Leases.resource(),
+                    Listed::Events.resource()
+                ),
+            )
+        }
+        other => explain_api(server, other),
+    }
+}
+
 /// A fenced write (`kube-fence patch`) failed.
 fn explain_write(server: &str, object: &Object, lease: &str, err: &client::Error) -> (Exit, String) {
     match err {
@@ -730,6 +791,30 @@ mod tests {
 
         let missing = client::Error::LeaseNotFound { lease: "work/jobs".into() };
         assert_eq!(explain_lease("https://127.0.0.1:6443", &lease(), None, None, &missing).0, Exit::NotFound);
+    }
+
+    #[test]
+    fn status_says_when_the_crds_are_missing_or_listing_is_forbidden() {
+        let server = "https://127.0.0.1:6443";
+        let missing = api(404, "NotFound", "the server could not find the requested resource", None);
+        let (exit, message) = explain_list(server, Listed::FencedControllers, Some("work"), &missing);
+        assert_eq!(exit, Exit::NotFound);
+        assert_eq!(
+            message,
+            "the API server at https://127.0.0.1:6443 does not serve fencedcontrollers.kubefence.io: install kube-fence's CRDs (kubectl apply -f crds/)"
+        );
+        let forbidden = api(
+            403,
+            "Forbidden",
+            "leases.kubefence.io is forbidden: User \"nobody\" cannot list resource \"leases\"",
+            Some(("kubefence.io", "leases", "")),
+        );
+        let (exit, message) = explain_list(server, Listed::Leases, None, &forbidden);
+        assert_eq!(exit, Exit::Forbidden);
+        assert!(message.starts_with("leases.kubefence.io is forbidden: User \"nobody\" cannot list"), "{message}");
+        assert!(message.contains("events.events.k8s.io in all namespaces: ask a cluster admin"), "{message}");
+        let unreachable = api(500, "InternalError", "etcd is down", None);
+        assert_eq!(explain_list(server, Listed::Events, Some("work"), &unreachable), (Exit::Failed, "etcd is down".into()));
     }
 
     #[test]

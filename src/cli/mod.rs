@@ -17,6 +17,7 @@ pub mod grant;
 pub mod lease;
 pub mod patch;
 pub mod run;
+pub mod status;
 pub mod webhook;
 
 pub use error::{EXIT_STATUS_HELP, Error, Exit};
@@ -67,6 +68,10 @@ pub enum Command {
     /// their Pods get it in $KUBE_FENCE_GRANT, with which `patch` and `delete` then write.
     #[command(after_help = EXIT_STATUS_HELP)]
     Delegate(delegate::DelegateArgs),
+    /// Show every FencedController and kube-fence Lease in a namespace, one line each, with the
+    /// writes refused (and warned of) in the last hour.
+    #[command(long_about = status::LONG_ABOUT, after_help = EXIT_STATUS_HELP)]
+    Status(status::StatusArgs),
 }
 
 /// Runs one parsed command line.
@@ -81,6 +86,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Patch(args) => patch::run(args).await,
         Command::Delete(args) => delete::run(args).await,
         Command::Delegate(args) => delegate::run(args).await,
+        Command::Status(args) => status::run(args).await,
     }
 }
 
@@ -148,6 +154,27 @@ mod tests {
         assert_eq!(rule(&["run", "--leader-identity-separator=:"]), IdentityRule::Separated(":".into()));
         let err = parse(&["webhook", "--leader-identity-separator", "-"]).err().map(|e| usage_error(&e).to_string()).unwrap_or_default();
         assert!(err.contains("--leader-identity-separator") && err.contains("a Pod name can contain"), "{err}");
+    }
+
+    #[test]
+    fn status_takes_a_namespace_or_all_and_its_help_says_counts_are_lower_bounds() {
+        match parse(&["status", "-n", "work", "-A", "-o", "json"]).map(|cli| cli.command) {
+            Ok(Command::Status(args)) => {
+                assert_eq!((args.namespace.as_deref(), args.all_namespaces), (Some("work"), true));
+                assert_eq!(args.output, status::Output::Json);
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["status"]).map(|cli| cli.command) {
+            Ok(Command::Status(args)) => assert_eq!((args.all_namespaces, args.output), (false, status::Output::Table)),
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&["status", "-o", "yaml"]).is_err(), "table, wide or json");
+        let help = match parse(&["status", "--help"]) {
+            Err(help) => help.render().to_string(),
+            Ok(_) => panic!("--help"),
+        };
+        assert!(help.contains("Event counts are lower bounds") && help.contains("rate-limits"), "{help}");
     }
 
     #[test]
