@@ -279,17 +279,17 @@ fn selects(selector: &serde_json::Value, ns: &str) -> bool {
 /// of its `webhook.onlyNamespaces`, as the chart's own configuration does: the chart is rendered
 /// with fenced controllers in three namespaces; the arguments its Deployment gives kube-fence
 /// are parsed by kube-fence's command line into the webhook's configuration, and the writers
-/// configuration the routing builds from it (`routing::opt_ins_in`, `routing::desired`: what
-/// `keep_in_step` applies) for the chart's opted-in Leases is compared with the chart's
-/// configuration: the same timeout, exactly the Leases of the namespaces its selector fences,
+/// configuration the routing builds from it (`routing::routes_in_scope`, `routing::desired`:
+/// what `keep_in_step` applies) for the chart's FencedControllers is compared with the chart's
+/// configuration: the same timeout, exactly the ServiceAccounts of the namespaces its selector fences,
 /// its client configuration. Pure (`helm template`, no cluster).
 #[test]
 fn the_writer_webhooks_registered_in_cluster_carry_the_charts_timeout_and_namespaces() {
     use clap::Parser;
     use k8s_openapi::api::admissionregistration::v1::WebhookClientConfig;
-    use k8s_openapi::api::coordination::v1::Lease;
     use kube_fence::admission::registration::routing;
     use kube_fence::cli::{Cli, Command};
+    use kube_fence_api::FencedController;
     let controllers = [("team-a", "op-a"), ("team-b", "op-b"), ("team-c", "op-c")];
     let table: [(Option<i32>, &[&str]); 4] =
         [(None, &[]), (Some(9), &["team-a", "team-b"]), (Some(30), &["team-c"]), (Some(1), &["team-b", "elsewhere"])];
@@ -336,29 +336,31 @@ fn the_writer_webhooks_registered_in_cluster_carry_the_charts_timeout_and_namesp
         let mode =
             if audit { kube_fence::admission::judge::preamble::Mode::Audit } else { kube_fence::admission::judge::preamble::Mode::Enforce };
         assert_eq!(config.holder_fences, mode, "values {values}: webhook.holderFences reaches the webhook, args {args:?}");
-        let leases: Vec<Lease> = docs
+        let fences: Vec<FencedController> = docs
             .iter()
-            .filter(|d| d["kind"] == "Lease")
-            .map(|d| serde_json::from_value(d.clone()).expect("a coordination Lease"))
+            .filter(|d| d["kind"] == "FencedController")
+            .map(|d| serde_json::from_value(d.clone()).expect("a FencedController"))
             .collect();
-        assert_eq!(leases.len(), controllers.len(), "the chart renders the fenced controllers' Leases");
-        let (opt_ins, refused) = routing::opt_ins_in(&config.scope, &leases);
-        assert!(refused.is_empty(), "{refused:?}");
+        assert_eq!(fences.len(), controllers.len(), "the chart renders the fenced controllers' FencedControllers");
+        let routes = routing::routes_in_scope(&config.scope, &fences);
+        assert!(routes.left_out.is_empty(), "{:?}", routes.left_out);
         let template: WebhookClientConfig = serde_json::from_value(hooks[0]["clientConfig"].clone()).expect("client configuration");
-        let writers = routing::desired(&config.scope, &template, &opt_ins);
+        let writers = routing::desired(&config.scope, &template, &routes);
         let chart_writers = named(&docs, "ValidatingWebhookConfiguration", "-writers");
         assert_eq!(serde_json::json!(writers.metadata.name), chart_writers["metadata"]["name"], "the configuration the chart creates");
 
-        let writers = writers.webhooks.unwrap_or_default();
-        for hook in &writers {
+        for hook in writers.webhooks.as_deref().unwrap_or_default() {
             assert_eq!(&serde_json::json!(hook.timeout_seconds), timeout_seconds, "values {values}, args {args:?}: {}", hook.name);
+            assert_eq!(hook.client_config.service.as_ref().and_then(|s| s.path.as_deref()), Some("/writer"));
         }
-        let routed: BTreeSet<String> =
-            writers.iter().map(|hook| hook.client_config.service.as_ref().and_then(|s| s.path.clone()).expect("a path")).collect();
-        let expected: BTreeSet<String> =
-            controllers.iter().filter(|(ns, _)| selects(selector, ns)).map(|(ns, lease)| format!("/writer/{ns}/{lease}")).collect();
+        let routed: BTreeSet<&str> = controllers
+            .iter()
+            .filter(|(ns, lease)| routes.routes(&format!("system:serviceaccount:{ns}:{lease}")))
+            .map(|(ns, _)| *ns)
+            .collect();
+        let expected: BTreeSet<&str> = controllers.iter().filter(|(ns, _)| selects(selector, ns)).map(|(ns, _)| *ns).collect();
         assert!(!expected.is_empty(), "values {values}: some controller is fenced");
-        assert_eq!(routed, expected, "values {values}, args {args:?}: the Leases of the fenced namespaces");
+        assert_eq!(routed, expected, "values {values}, args {args:?}: the ServiceAccounts of the fenced namespaces");
     }
 }
 
@@ -537,29 +539,28 @@ async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
     ok("helm", &["uninstall", "rbac", "-n", &ns], None);
 }
 
-/// `fencedControllers` renders each controller's leader-election Lease with the opt-in that
-/// kube-fence reads (`OptIn::of`, what the writer routing registers): the same ServiceAccounts and
-/// exemptions, and only metadata (client-go writes the spec).
+/// `fencedControllers` renders each controller's FencedController as kube-fence reads it
+/// (`Fence::of`, what the writer routing registers): the same ServiceAccounts, exemptions and
+/// mode — and no Lease: the controller's Lease is the controller's.
 #[test]
 fn the_chart_declares_fenced_controllers_as_kube_fence_reads_them() {
-    use k8s_openapi::api::coordination::v1::Lease;
-    use kube_fence::admission::registration::opt_in::OptIn;
+    use kube_fence::admission::judge::fence::{Fence, Mode};
     let dir = tempfile::tempdir().expect("temp dir");
     let values = dir.path().join("values.yaml");
     std::fs::write(
         &values,
-        "fencedControllers:\n  - {namespace: operators, lease: my-operator, serviceAccounts: [my-operator, helper], exempt: [configmaps, deployments.apps]}\n",
+        "fencedControllers:\n  - {namespace: operators, lease: my-operator, serviceAccounts: [my-operator, helper], exempt: [configmaps, deployments.apps], mode: Enforce}\n",
     )
     .expect("write values");
     let rendered = ok("helm", &["template", "cmp", CHART, "-n", "kf-system", "-f", values.to_str().expect("path")], None);
     let docs = documents(&rendered);
-    let lease = docs.iter().find(|d| d["kind"] == "Lease").expect("the chart renders the Lease");
-    assert!(lease.get("spec").is_none(), "only metadata: {lease}");
-    let lease: Lease = serde_json::from_value(lease.clone()).expect("a coordination Lease");
-    let opt_in = OptIn::of(&lease).expect("a readable opt-in").expect("an opt-in");
-    assert_eq!((opt_in.namespace.as_str(), opt_in.name.as_str()), ("operators", "my-operator"));
-    assert_eq!(opt_in.accounts.iter().map(String::as_str).collect::<Vec<_>>(), ["helper", "my-operator"]);
-    assert_eq!(opt_in.exempt.iter().map(|r| r.to_string()).collect::<Vec<_>>(), ["configmaps", "deployments.apps"]);
+    assert!(!docs.iter().any(|d| d["kind"] == "Lease"), "the chart renders no Lease");
+    let fenced = docs.iter().find(|d| d["kind"] == "FencedController").expect("the chart renders the FencedController");
+    let fenced: kube_fence_api::FencedController = serde_json::from_value(fenced.clone()).expect("a FencedController");
+    let fence = Fence::of(&fenced).expect("a fence kube-fence can judge by");
+    assert_eq!((fence.namespace.as_str(), fence.lease.as_str(), fence.mode), ("operators", "my-operator", Mode::Enforce));
+    assert_eq!(fence.accounts.iter().map(String::as_str).collect::<Vec<_>>(), ["helper", "my-operator"]);
+    assert_eq!(fence.exempt.iter().map(|r| r.to_string()).collect::<Vec<_>>(), ["configmaps", "deployments.apps"]);
     // Off by default.
-    assert!(!documents(&ok("helm", &["template", "cmp", CHART, "-n", "kf-system"], None)).iter().any(|d| d["kind"] == "Lease"));
+    assert!(!documents(&ok("helm", &["template", "cmp", CHART, "-n", "kf-system"], None)).iter().any(|d| d["kind"] == "FencedController"));
 }

@@ -557,94 +557,123 @@ async fn leader_guarded(args: &Args, table: &mut Table, bench: &mut Bench) -> an
 }
 
 /// Section 3, the writer fence: the same holder's updates of the unlabelled ConfigMap with its
-/// ServiceAccount opted in on the Lease (`kubefence.io/writers`, one quorum read of the Lease per
-/// write) and not; and an admin's updates of another ConfigMap (an identity nobody opted in) with
-/// the writer webhooks registered — ten opted-in Leases, so ten match conditions per write — and
-/// with none, in alternating rounds.
+/// ServiceAccount fenced (a FencedController on its Lease: one quorum read of the Lease per write)
+/// and not, in alternating rounds; and an admin's updates of another ConfigMap (an identity no
+/// fence names) with 0, 100 and 1,000 FencedControllers routed — what fences cost everyone else.
 async fn writer_fenced(args: &Args, table: &mut Table, bench: &mut Bench, holder: &Api<ConfigMap>) -> anyhow::Result<()> {
+    use futures::StreamExt;
     use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-    use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
-    use kube_fence_api::names::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, WRITERS_ANNOTATION};
+    use kube::api::DeleteParams;
+    use kube_fence::admission::registration::routing;
+    use kube_fence_api::{FenceMode, FencedController, FencedControllerSpec};
     let (admin, ns) = (bench.client.clone(), bench.ns_hook.clone());
     let pp = PostParams::default();
     let others: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     others.create(&pp, &serde_json::from_value(json!({"metadata": {"name": "others-plain"}}))?).await?;
-    let leases: Api<LeaderLease> = Api::namespaced(admin.clone(), &ns);
-    // Nine more opted-in Leases, of ServiceAccounts that write nothing here.
-    for i in 0..9 {
-        let lease = json!({"metadata": {"name": format!("other-{i}"), "labels": {HOLDER_IDENTITY_LABEL: HOLDER_IS_POD},
-            "annotations": {WRITERS_ANNOTATION: format!("other-{i}")}}, "spec": {}});
-        leases.create(&pp, &serde_json::from_value(lease)?).await?;
-    }
-    let routed = kube_fence::admission::registration::routing::configuration_name(&format!("kf-bench-{ns}"));
+    let fences: Api<FencedController> = Api::namespaced(admin.clone(), &ns);
+    let routed = routing::configuration_name(&format!("kf-bench-{ns}"));
     let configurations: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
-    let set_opt_in = async |on: bool| -> anyhow::Result<()> {
-        let value = on.then_some("leader");
-        let patch = json!({"metadata": {"labels": {HOLDER_IDENTITY_LABEL: HOLDER_IS_POD}, "annotations": {WRITERS_ANNOTATION: value}}});
-        leases.patch("leader", &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        let want = if on { 10 } else { 9 };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        // This namespace's webhooks only: the cluster may have other opted-in Leases.
-        let ours = format!("{}/{ns}/", kube_fence::admission::judge::writer::PATH_PREFIX);
+    let fence = |name: &str| {
+        let mut fenced = FencedController::new(
+            name,
+            FencedControllerSpec { lease: name.into(), service_accounts: vec![name.into()], exempt: Vec::new(), mode: FenceMode::Enforce },
+        );
+        fenced.metadata.namespace = Some(ns.clone());
+        fenced
+    };
+    // Waits until the applied routing says `user` is routed (or not), then for the API server's
+    // webhook informer to follow.
+    let routed_as = async |user: String, on: bool| -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let count = configurations
-                .get_opt(&routed)
-                .await?
-                .and_then(|c| c.webhooks)
-                .map_or(0, |w| w.iter().filter(|h| h.client_config.url.as_deref().is_some_and(|u| u.contains(&ours))).count());
-            if count == want {
+            let applied = configurations.get_opt(&routed).await?;
+            if applied.is_some_and(|c| routing::routes_in(&c, &user)) == on {
                 break;
             }
-            anyhow::ensure!(Instant::now() < deadline, "the writer webhooks did not reach {want} within 60 s (at {count})");
+            anyhow::ensure!(Instant::now() < deadline, "the routing of {user} did not become {on} within 120 s");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        // The API server's webhook informer follows the configuration a moment later.
         tokio::time::sleep(Duration::from_secs(2)).await;
         Ok(())
     };
+    let leader_user = format!("system:serviceaccount:{ns}:leader");
+    let set_fenced = async |on: bool| -> anyhow::Result<()> {
+        if on {
+            fences.create(&pp, &fence("leader")).await?;
+        } else if fences.get_opt("leader").await?.is_some() {
+            fences.delete("leader", &DeleteParams::default()).await?;
+        }
+        routed_as(leader_user.clone(), on).await
+    };
     let rounds = 2;
     let per_round = (args.updates() / 2 / rounds).max(1);
-    eprintln!(
-        "[3] writer fence: opted-in holder and unfenced admin updates, with and without the writer webhooks ({rounds} rounds of {per_round})"
-    );
-    let (mut fenced, mut unfenced, mut others_on, mut others_off) =
-        (Samples::default(), Samples::default(), Samples::default(), Samples::default());
+    eprintln!("[3] writer fence: the fenced holder's updates with and without its FencedController ({rounds} rounds of {per_round})");
+    let (mut fenced, mut unfenced) = (Samples::default(), Samples::default());
     let mut seq = 0;
     for _ in 0..rounds {
         for on in [false, true] {
-            set_opt_in(on).await?;
+            set_fenced(on).await?;
             for _ in 0..per_round {
                 seq += 1;
                 let patch = json!({"data": {"seq": seq.to_string()}});
                 let t = Instant::now();
                 holder.patch("leader-plain", &PatchParams::default(), &Patch::Merge(&patch)).await?;
                 (if on { &mut fenced } else { &mut unfenced }).push(t.elapsed());
-                let t = Instant::now();
-                others.patch("others-plain", &PatchParams::default(), &Patch::Merge(&patch)).await?;
-                (if on { &mut others_on } else { &mut others_off }).push(t.elapsed());
             }
         }
     }
-    set_opt_in(false).await?;
+    set_fenced(false).await?;
     let added = |a: &Samples, b: &Samples| format!("+{} / +{}", ms(a.p50().saturating_sub(b.p50())), ms(a.p99().saturating_sub(b.p99())));
     table.add(
         "3",
-        "… writer fence: an opted-in controller's update (quorum read of its Lease), 1 writer: p50 / p99 (added)",
+        "… writer fence: a fenced controller's update (quorum read of its Lease), 1 writer: p50 / p99 (added)",
         format!("{} / {}", ms(fenced.p50()), ms(fenced.p99())),
         format!("{} / {}", ms(unfenced.p50()), ms(unfenced.p99())),
         added(&fenced, &unfenced),
         "",
         Met::Info,
     );
-    table.add(
-        "3",
-        "… writer webhooks registered (10 opted-in Leases): another identity's update, p50 / p99 (added)",
-        format!("{} / {}", ms(others_on.p50()), ms(others_on.p99())),
-        format!("{} / {}", ms(others_off.p50()), ms(others_off.p99())),
-        added(&others_on, &others_off),
-        "nothing measurable",
-        Met::Info,
-    );
+    // Everyone else's cost, as fences grow: 0, 100, 1,000 FencedControllers of ServiceAccounts
+    // that write nothing here.
+    let mut by_count = Vec::new();
+    let mut made = 0;
+    for count in [0usize, 100, 1_000] {
+        let created: Vec<_> = futures::stream::iter((made..count).map(|i| {
+            let (fences, fenced) = (fences.clone(), fence(&format!("other-{i}")));
+            async move { fences.create(&PostParams::default(), &fenced).await.map(|_| ()) }
+        }))
+        .buffer_unordered(16)
+        .collect()
+        .await;
+        created.into_iter().collect::<Result<Vec<_>, _>>()?;
+        if count > 0 {
+            routed_as(format!("system:serviceaccount:{ns}:other-{}", count - 1), true).await?;
+        }
+        made = count;
+        eprintln!("[3] writer fence: another identity's updates with {count} FencedControllers routed ({per_round})");
+        let mut samples = Samples::default();
+        for _ in 0..per_round * rounds {
+            seq += 1;
+            let patch = json!({"data": {"seq": seq.to_string()}});
+            let t = Instant::now();
+            others.patch("others-plain", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            samples.push(t.elapsed());
+        }
+        by_count.push((count, samples));
+    }
+    let base = by_count[0].1.clone();
+    for (count, samples) in &by_count[1..] {
+        table.add(
+            "3",
+            format!("… {count} FencedControllers routed: another identity's update, p50 / p99 (added)"),
+            format!("{} / {}", ms(samples.p50()), ms(samples.p99())),
+            format!("{} / {}", ms(base.p50()), ms(base.p99())),
+            added(samples, &base),
+            "flat",
+            Met::Info,
+        );
+    }
+    fences.delete_collection(&DeleteParams::default(), &Default::default()).await?;
     Ok(())
 }
 

@@ -107,6 +107,11 @@ fn judge_owned(body: &[u8], judging: &Judging, leases: &FakeLeases) -> (Vec<u8>,
         user: request.user_info.username.clone().unwrap_or_default(),
         pod: None,
         delete_precondition: false,
+        resource: kube_fence::admission::judge::facts::GroupResource {
+            group: request.resource.group.clone(),
+            resource: request.resource.resource.clone(),
+        },
+        name: request.name.clone(),
     };
     let verdict = judge_facts(&facts, judging, leases);
     let mut response = AdmissionResponse::from(&request);

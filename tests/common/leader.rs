@@ -69,12 +69,7 @@ pub async fn opted_in_lease(client: &Client, ns: &str, name: &str) {
 pub async fn fence_controller(client: &Client, ns: &str, lease: &str, account: &str, mode: kube_fence_api::FenceMode) {
     let mut fenced = kube_fence_api::FencedController::new(
         lease,
-        kube_fence_api::FencedControllerSpec {
-            lease: lease.into(),
-            service_accounts: vec![account.into()],
-            exempt: Vec::new(),
-            mode,
-        },
+        kube_fence_api::FencedControllerSpec { lease: lease.into(), service_accounts: vec![account.into()], exempt: Vec::new(), mode },
     );
     fenced.metadata.namespace = Some(ns.into());
     Api::<kube_fence_api::FencedController>::namespaced(client.clone(), ns)

@@ -250,12 +250,12 @@ async fn a_paused_leader_pod_is_fenced_when_it_resumes() {
 
 /// Stale-but-honest writer, on everything it writes, on a real node: the same Deployment also
 /// creates a new unlabelled ConfigMap per write and patches its Namespace (cluster-scoped), and
-/// its ServiceAccount is opted in on its Lease (`kubefence.io/writers: ctl`); the installed
-/// kube-fence routes and judges those writes. The history checker finds no write of a paused
+/// its ServiceAccount is fenced by a FencedController on its Lease; the installed kube-fence
+/// routes and judges those writes. The history checker finds no write of a paused
 /// leader committed after its successor's on any object. Cycles: LEADER_GO_CYCLES.
 #[tokio::test]
 #[ignore = "needs the node: hack/e2e-node.sh"]
-async fn a_paused_leader_pods_every_write_is_fenced_once_its_writer_opts_in() {
+async fn a_paused_leader_pods_every_write_is_fenced_once_it_is_fenced() {
     paused_leader_pods("e2e-leader-writers", true).await;
 }
 
@@ -267,21 +267,19 @@ async fn paused_leader_pods(test: &str, everything: bool) {
     let (client, ns) = (kf.client.clone(), kf.ns.clone());
     let widgets: ApiResource = leader::install_widget_crd(&client).await;
     rbac(&client, &ns, everything).await;
-    // The Lease is created before the controller, with the opt-in when it is fenced as a writer
-    // (client-go keeps the metadata of a Lease it finds).
-    let writers = everything.then_some("ctl");
-    leader::opted_in_lease_with(&client, &ns, LEASE, writers).await;
+    // The Lease is created before the controller (client-go keeps the metadata of a Lease it
+    // finds); when the controller is fenced as a writer, an admin creates its FencedController.
+    leader::opted_in_lease(&client, &ns, LEASE).await;
     if everything {
-        // The installed kube-fence registers the writer webhook for the Lease.
+        leader::fence_controller(&client, &ns, LEASE, "ctl", kube_fence_api::FenceMode::Enforce).await;
+        // The installed kube-fence routes the fenced ServiceAccount's writes to its writer webhook.
         let webhooks = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(client.clone());
-        let path = format!("/writer/{ns}/{LEASE}");
+        let user = format!("system:serviceaccount:{ns}:ctl");
         leader::until("the installed kube-fence routes the writer's writes", Duration::from_secs(60), async || {
-            webhooks.list(&ListParams::default()).await.is_ok_and(|list| {
-                list.items
-                    .iter()
-                    .flat_map(|c| c.webhooks.iter().flatten())
-                    .any(|w| w.client_config.service.as_ref().and_then(|s| s.path.as_deref()) == Some(path.as_str()))
-            })
+            webhooks
+                .list(&ListParams::default())
+                .await
+                .is_ok_and(|list| list.items.iter().any(|c| kube_fence::admission::registration::routing::routes_in(c, &user)))
         })
         .await;
     }

@@ -22,7 +22,6 @@ use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use kube_fence_api::names::WRITERS_ANNOTATION;
 use serde_json::json;
 
 use super::{Fixture, common};
@@ -126,10 +125,9 @@ async fn scheduled_status(pods: &Api<Pod>, name: &str) -> bool {
 async fn kube_scheduler_is_fenced_by_its_lease_alone() {
     let f = Fixture::new("scheduler").await;
     let pods = scheduler_pods(&f).await;
-    let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": LEASE,
-        "labels": {"kubefence.io/holder-identity": "Pod"}, "annotations": {WRITERS_ANNOTATION: "scheduler"}}, "spec": {}}))
-    .unwrap();
+    let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": LEASE}, "spec": {}})).unwrap();
     Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &lease).await.expect("the Lease");
+    common::leader::fence_controller(&f.client, &f.ns, LEASE, "scheduler", kube_fence_api::FenceMode::Enforce).await;
     let routed = kube_fence::admission::registration::routing::configuration_name(&format!("kf-test-{}", f.ns));
     let configurations = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(f.client.clone());
     until("the writer webhook is registered", Duration::from_secs(30), async || {

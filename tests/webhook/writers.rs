@@ -90,8 +90,7 @@ async fn wait_writer_audited(f: &Fixture, p2: &Client) {
 /// the warnings the API server passed on (where admission warnings travel; kubectl prints them).
 async fn patch_namespace_label(client: &Client, ns: &str, value: &str) -> (http::StatusCode, Vec<String>) {
     let body = label_namespace(value);
-    let request =
-        kube::core::Request::new("/api/v1/namespaces").patch(ns, &PatchParams::default(), &body).expect("a patch request");
+    let request = kube::core::Request::new("/api/v1/namespaces").patch(ns, &PatchParams::default(), &body).expect("a patch request");
     let response = client.send(request.map(kube::client::Body::from)).await.expect("the API server answers");
     let warnings = response.headers().get_all("warning").iter().map(|v| v.to_str().unwrap_or_default().to_string()).collect();
     (response.status(), warnings)
@@ -259,9 +258,7 @@ async fn a_fence_in_another_namespace_fences_nothing_here() {
     let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": LEASE}, "spec": {"holderIdentity": "q1_evil"}})).unwrap();
     Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &lease).await.expect("a Lease");
     tokio::time::sleep(routing::SETTLE * 3).await;
-    common::accepted(
-        Api::<ConfigMap>::namespaced(p1.clone(), &f.ns).create(&PostParams::default(), &fresh_configmap("unfenced")).await,
-    );
+    common::accepted(Api::<ConfigMap>::namespaced(p1.clone(), &f.ns).create(&PostParams::default(), &fresh_configmap("unfenced")).await);
     f.stop().await;
 }
 

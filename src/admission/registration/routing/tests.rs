@@ -16,8 +16,7 @@ fn fenced(namespace: &str, name: &str, accounts: &[&str], exempt: &[&str], creat
         },
     );
     fc.metadata.namespace = Some(namespace.into());
-    fc.metadata.creation_timestamp =
-        Some(Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 + created_s).expect("a time")));
+    fc.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 + created_s).expect("a time")));
     fc
 }
 
@@ -43,7 +42,12 @@ fn one_webhook_at_the_writer_path_with_the_main_client_configuration() {
     let service = WebhookClientConfig {
         url: None,
         ca_bundle: Some(k8s_openapi::ByteString(b"CA".to_vec())),
-        service: Some(ServiceReference { namespace: "kf".into(), name: "kube-fence".into(), path: Some("/validate".into()), port: Some(443) }),
+        service: Some(ServiceReference {
+            namespace: "kf".into(),
+            name: "kube-fence".into(),
+            path: Some("/validate".into()),
+            port: Some(443),
+        }),
     };
     let by_service = configuration("kf-writers", &service, &routes, 5).webhooks.unwrap_or_default();
     let svc = by_service[0].client_config.service.as_ref().expect("a service");
@@ -75,7 +79,10 @@ fn the_set_holds_each_fenced_user_and_what_passes_for_it() {
 fn a_user_of_two_fences_passes_only_what_both_let_pass() {
     let fences = [fenced("team", "a", &["ctl"], &["configmaps", "secrets"], 0), fenced("team", "b", &["ctl"], &["configmaps"], 1)];
     let condition = Routes::of(&fences).match_conditions().concat();
-    assert!(condition.contains("{'team:ctl': ['/configmaps']}"), "only fence a exempts secrets, and each Lease is judged by the other fence: {condition}");
+    assert!(
+        condition.contains("{'team:ctl': ['/configmaps']}"),
+        "only fence a exempts secrets, and each Lease is judged by the other fence: {condition}"
+    );
 }
 
 #[test]
@@ -121,7 +128,11 @@ fn the_set_is_bounded_and_the_oldest_fences_keep_their_place() {
         assert_eq!((routes.routed.len(), routes.left_out.len()), (n as usize, 0));
         let conditions = routes.match_conditions();
         assert!(conditions.len() <= shards, "{n} fences: {} webhooks", conditions.len());
-        println!("{n} fences: {} webhooks, the longest match condition {} bytes", conditions.len(), conditions.iter().map(String::len).max().unwrap_or(0));
+        println!(
+            "{n} fences: {} webhooks, the longest match condition {} bytes",
+            conditions.len(),
+            conditions.iter().map(String::len).max().unwrap_or(0)
+        );
     }
 }
 
