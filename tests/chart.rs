@@ -152,7 +152,13 @@ impl Values {
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": "cmp-kube-fence-writers"},
         }));
-        let mut policies = vec![reg.status_policy(&writers), reg.identity_policy(&admins), reg.holder_policy(&admins)];
+        let mut policies = vec![
+            reg.status_policy(&writers),
+            reg.identity_policy(&admins),
+            reg.holder_policy(&admins),
+            reg.fenced_holder_policy(),
+            reg.fence_owner_policy(),
+        ];
         if self.policy_path {
             policies.push(reg.policy_path_policy());
             policies.push(reg.params_policy(&[controller]));
@@ -287,9 +293,10 @@ fn selects(selector: &serde_json::Value, ns: &str) -> bool {
 fn the_writer_webhooks_registered_in_cluster_carry_the_charts_timeout_and_namespaces() {
     use clap::Parser;
     use k8s_openapi::api::admissionregistration::v1::WebhookClientConfig;
-    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_fence::admission::registration::opt_in::OptIn;
     use kube_fence::admission::registration::routing;
     use kube_fence::cli::{Cli, Command};
+    use kube_fence_api::FencedController;
     let controllers = [("team-a", "op-a"), ("team-b", "op-b"), ("team-c", "op-c")];
     let table: [(Option<i32>, &[&str]); 4] =
         [(None, &[]), (Some(9), &["team-a", "team-b"]), (Some(30), &["team-c"]), (Some(1), &["team-b", "elsewhere"])];
@@ -336,14 +343,23 @@ fn the_writer_webhooks_registered_in_cluster_carry_the_charts_timeout_and_namesp
         let mode =
             if audit { kube_fence::admission::judge::preamble::Mode::Audit } else { kube_fence::admission::judge::preamble::Mode::Enforce };
         assert_eq!(config.holder_fences, mode, "values {values}: webhook.holderFences reaches the webhook, args {args:?}");
-        let leases: Vec<Lease> = docs
+        let fences: Vec<FencedController> = docs
             .iter()
-            .filter(|d| d["kind"] == "Lease")
-            .map(|d| serde_json::from_value(d.clone()).expect("a coordination Lease"))
+            .filter(|d| d["kind"] == "FencedController")
+            .map(|d| serde_json::from_value(d.clone()).expect("a FencedController"))
             .collect();
-        assert_eq!(leases.len(), controllers.len(), "the chart renders the fenced controllers' Leases");
-        let (opt_ins, refused) = routing::opt_ins_in(&config.scope, &leases);
-        assert!(refused.is_empty(), "{refused:?}");
+        assert_eq!(fences.len(), controllers.len(), "the chart renders the fenced controllers' FencedControllers");
+        // The opt-ins the fences declare, in the scope's namespaces.
+        let opt_ins: BTreeSet<OptIn> = fences
+            .iter()
+            .filter(|fence| config.scope.includes(fence.metadata.namespace.as_deref().unwrap_or_default()))
+            .map(|fence| OptIn {
+                namespace: fence.metadata.namespace.clone().unwrap_or_default(),
+                name: fence.spec.lease.clone(),
+                accounts: fence.spec.service_accounts.iter().cloned().collect(),
+                exempt: BTreeSet::new(),
+            })
+            .collect();
         let template: WebhookClientConfig = serde_json::from_value(hooks[0]["clientConfig"].clone()).expect("client configuration");
         let writers = routing::desired(&config.scope, &template, &opt_ins);
         let chart_writers = named(&docs, "ValidatingWebhookConfiguration", "-writers");
@@ -390,6 +406,11 @@ async fn rendered_objects_pass_a_server_side_dry_run_in_both_tls_modes() {
         "poddisruptionbudget.policy/dry-kube-fence",
         "validatingadmissionpolicy.admissionregistration.k8s.io/dry-kube-fence-lease-status",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/dry-kube-fence-lease-status",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/dry-kube-fence-fenced-holder",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/dry-kube-fence-fenced-holder",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/dry-kube-fence-fence-owner",
+        "clusterrole.rbac.authorization.k8s.io/dry-kube-fence-fencedcontrollers-edit",
+        "clusterrole.rbac.authorization.k8s.io/dry-kube-fence-fencedcontrollers-view",
     ] {
         assert!(out.contains(kind), "dry run covered {kind}:\n{out}");
     }
@@ -508,6 +529,9 @@ async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
     };
     let expected_everywhere = [
         "events.events.k8s.io [] [] [create]",
+        "fencedcontrollers.kubefence.io [] [] [get list watch]",
+        "fencedcontrollers.kubefence.io/status [] [] [get update patch]",
+        "pods [] [] [get]",
         "leases.kubefence.io [] [] [get list watch]",
         "leases.coordination.k8s.io [] [] [get list watch]",
         "leases.kubefence.io/status [] [] [get update patch]",
@@ -537,29 +561,53 @@ async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
     ok("helm", &["uninstall", "rbac", "-n", &ns], None);
 }
 
-/// `fencedControllers` renders each controller's leader-election Lease with the opt-in that
-/// kube-fence reads (`OptIn::of`, what the writer routing registers): the same ServiceAccounts and
-/// exemptions, and only metadata (client-go writes the spec).
+/// `fencedControllers` renders one FencedController per entry, as the CRD reads it (name
+/// defaulting to the lease, mode to Audit, exemptions when given), and never the controller's
+/// Lease: client-go creates and writes it.
 #[test]
-fn the_chart_declares_fenced_controllers_as_kube_fence_reads_them() {
-    use k8s_openapi::api::coordination::v1::Lease;
-    use kube_fence::admission::registration::opt_in::OptIn;
+fn the_chart_declares_fenced_controllers_as_fenced_controller_objects() {
+    use kube_fence_api::{FenceMode, FencedController};
     let dir = tempfile::tempdir().expect("temp dir");
     let values = dir.path().join("values.yaml");
     std::fs::write(
         &values,
-        "fencedControllers:\n  - {namespace: operators, lease: my-operator, serviceAccounts: [my-operator, helper], exempt: [configmaps, deployments.apps]}\n",
+        "fencedControllers:\n  - {namespace: operators, lease: my-operator, serviceAccounts: [my-operator, helper], exempt: [configmaps, deployments.apps]}\n  - {name: other-fence, namespace: kube-system, lease: other, serviceAccounts: [other], mode: Enforce}\n",
     )
     .expect("write values");
     let rendered = ok("helm", &["template", "cmp", CHART, "-n", "kf-system", "-f", values.to_str().expect("path")], None);
     let docs = documents(&rendered);
-    let lease = docs.iter().find(|d| d["kind"] == "Lease").expect("the chart renders the Lease");
-    assert!(lease.get("spec").is_none(), "only metadata: {lease}");
-    let lease: Lease = serde_json::from_value(lease.clone()).expect("a coordination Lease");
-    let opt_in = OptIn::of(&lease).expect("a readable opt-in").expect("an opt-in");
-    assert_eq!((opt_in.namespace.as_str(), opt_in.name.as_str()), ("operators", "my-operator"));
-    assert_eq!(opt_in.accounts.iter().map(String::as_str).collect::<Vec<_>>(), ["helper", "my-operator"]);
-    assert_eq!(opt_in.exempt.iter().map(|r| r.to_string()).collect::<Vec<_>>(), ["configmaps", "deployments.apps"]);
+    assert!(!docs.iter().any(|d| d["kind"] == "Lease"), "the controller's Lease is never rendered");
+    let fences: Vec<FencedController> = docs
+        .iter()
+        .filter(|d| d["kind"] == "FencedController" && d["apiVersion"] == "kubefence.io/v1alpha1")
+        .map(|d| serde_json::from_value(d.clone()).expect("a FencedController"))
+        .collect();
+    assert_eq!(fences.len(), 2);
+    let (first, second) = (&fences[0], &fences[1]);
+    assert_eq!((first.metadata.name.as_deref(), first.metadata.namespace.as_deref()), (Some("my-operator"), Some("operators")));
+    assert_eq!(first.spec.lease, "my-operator");
+    assert_eq!(first.spec.service_accounts, ["my-operator", "helper"]);
+    assert_eq!(first.spec.exempt, ["configmaps", "deployments.apps"]);
+    assert_eq!(first.spec.mode, FenceMode::Audit, "Audit unless given");
+    assert_eq!((second.metadata.name.as_deref(), second.metadata.namespace.as_deref()), (Some("other-fence"), Some("kube-system")));
+    assert_eq!((second.spec.lease.as_str(), second.spec.mode), ("other", FenceMode::Enforce));
+    assert!(second.spec.exempt.is_empty());
+    assert!(rendered.contains("mode: Enforce") && !rendered.contains("exempt: null"), "{rendered}");
     // Off by default.
-    assert!(!documents(&ok("helm", &["template", "cmp", CHART, "-n", "kf-system"], None)).iter().any(|d| d["kind"] == "Lease"));
+    assert!(!documents(&ok("helm", &["template", "cmp", CHART, "-n", "kf-system"], None)).iter().any(|d| d["kind"] == "FencedController"));
+    // The schema refuses what the CRD would: too many ServiceAccounts or exemptions, a bad mode.
+    let nine: Vec<String> = (0..9).map(|i| format!("sa{i}")).collect();
+    let exempt: Vec<String> = (0..33).map(|i| format!("r{i}")).collect();
+    for bad in [
+        format!("fencedControllers[0].namespace=a,fencedControllers[0].lease=l,fencedControllers[0].serviceAccounts={{{}}}", nine.join(",")),
+        format!(
+            "fencedControllers[0].namespace=a,fencedControllers[0].lease=l,fencedControllers[0].serviceAccounts={{s}},fencedControllers[0].exempt={{{}}}",
+            exempt.join(",")
+        ),
+        "fencedControllers[0].namespace=a,fencedControllers[0].lease=l,fencedControllers[0].serviceAccounts={s},fencedControllers[0].mode=Off".into(),
+        "fencedControllers[0].namespace=a,fencedControllers[0].lease=l,fencedControllers[0].serviceAccounts={s},fencedControllers[0].exempt={Bad_Name}".into(),
+    ] {
+        let out = run("helm", &["template", "t", CHART, "--set", &bad], None);
+        assert!(!out.status.success(), "values {bad} must be rejected by values.schema.json");
+    }
 }
