@@ -62,7 +62,10 @@ impl Scene {
         let (ctl, intruder) = (name("ctl"), name("x"));
         for sa in [&ctl, &intruder] {
             let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": sa}})).unwrap();
-            Api::<ServiceAccount>::namespaced(f.client.clone(), &at).create(&PostParams::default(), &account).await.expect("service account");
+            Api::<ServiceAccount>::namespaced(f.client.clone(), &at)
+                .create(&PostParams::default(), &account)
+                .await
+                .expect("service account");
         }
         // Both bound to cluster-admin: full RBAC on Leases and on FencedControllers.
         let binding = format!("{}-fenced-admins", f.ns);
@@ -227,7 +230,7 @@ async fn the_fenced_service_account_cannot_touch_its_fence(place: Place, test: &
 
     let stored = s.fences(&s.admin).get(&s.fence).await.expect("the fence is still there");
     assert_eq!(stored.spec.mode, FenceMode::Enforce);
-    assert_eq!(stored.spec.service_accounts, [s.ctl.clone()]);
+    assert_eq!(stored.spec.service_accounts, std::slice::from_ref(&s.ctl));
     assert!(stored.spec.exempt.is_empty() && stored.spec.lease == s.lease && stored.status.is_none());
     assert_eq!(stored.metadata.generation, Some(1), "nothing the controller sent changed the fence");
     s.clean_up().await;
@@ -390,6 +393,8 @@ async fn an_oversize_or_malformed_fence_is_refused_by_the_schema() {
         assert!(status.message.contains(field), "{field:?} not in {}", status.message);
     }
     common::accepted(
-        fences.create(&PostParams::default(), &make((0..8).map(|i| format!("sa{i}")).collect(), (0..32).map(|i| format!("r{i}")).collect())).await,
+        fences
+            .create(&PostParams::default(), &make((0..8).map(|i| format!("sa{i}")).collect(), (0..32).map(|i| format!("r{i}")).collect()))
+            .await,
     );
 }

@@ -395,7 +395,8 @@ the FencedController. Every namespace, kube-system and this release's included.
 failurePolicy Ignore: the CEL cannot fail, so the only error is a missing FencedController CRD,
 when no fence exists anyway; with Fail, a deleted CRD would refuse every Lease write in the
 cluster, kube-system's leader elections included.";
-const FENCED_HOLDER_BINDING_COMMENT: &str = "The parameters: every FencedController of the Lease's own namespace (each judges only the Lease
+const FENCED_HOLDER_BINDING_COMMENT: &str =
+    "The parameters: every FencedController of the Lease's own namespace (each judges only the Lease
 it names); none, the write is not judged.";
 const FENCE_OWNER_COMMENT: &str = "A fence is written by an admin, never by the controller it fences: a write to a
 FencedController (or its status) by one of the ServiceAccounts it names, before or after the

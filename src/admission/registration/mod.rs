@@ -479,8 +479,12 @@ impl Registration {
                 ..Default::default()
             },
         );
-        binding.spec.param_ref =
-            Some(ParamRef { name: None, namespace: None, parameter_not_found_action: Some("Allow".into()), selector: Some(LabelSelector::default()) });
+        binding.spec.param_ref = Some(ParamRef {
+            name: None,
+            namespace: None,
+            parameter_not_found_action: Some("Allow".into()),
+            selector: Some(LabelSelector::default()),
+        });
         (policy, binding)
     }
 
