@@ -152,7 +152,13 @@ impl Values {
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": "cmp-kube-fence-writers"},
         }));
-        let mut policies = vec![reg.status_policy(&writers), reg.identity_policy(&admins), reg.holder_policy(&admins)];
+        let mut policies = vec![
+            reg.status_policy(&writers),
+            reg.identity_policy(&admins),
+            reg.holder_policy(&admins),
+            reg.fenced_holder_policy(),
+            reg.fence_owner_policy(),
+        ];
         if self.policy_path {
             policies.push(reg.policy_path_policy());
             policies.push(reg.params_policy(&[controller]));
@@ -392,6 +398,11 @@ async fn rendered_objects_pass_a_server_side_dry_run_in_both_tls_modes() {
         "poddisruptionbudget.policy/dry-kube-fence",
         "validatingadmissionpolicy.admissionregistration.k8s.io/dry-kube-fence-lease-status",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/dry-kube-fence-lease-status",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/dry-kube-fence-fenced-holder",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/dry-kube-fence-fenced-holder",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/dry-kube-fence-fence-owner",
+        "clusterrole.rbac.authorization.k8s.io/dry-kube-fence-fencedcontrollers-edit",
+        "clusterrole.rbac.authorization.k8s.io/dry-kube-fence-fencedcontrollers-view",
     ] {
         assert!(out.contains(kind), "dry run covered {kind}:\n{out}");
     }
@@ -510,6 +521,9 @@ async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
     };
     let expected_everywhere = [
         "events.events.k8s.io [] [] [create]",
+        "fencedcontrollers.kubefence.io [] [] [get list watch]",
+        "fencedcontrollers.kubefence.io/status [] [] [get update patch]",
+        "pods [] [] [get]",
         "leases.kubefence.io [] [] [get list watch]",
         "leases.coordination.k8s.io [] [] [get list watch]",
         "leases.kubefence.io/status [] [] [get update patch]",
@@ -539,28 +553,53 @@ async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
     ok("helm", &["uninstall", "rbac", "-n", &ns], None);
 }
 
-/// `fencedControllers` renders each controller's FencedController as kube-fence reads it
-/// (`Fence::of`, what the writer routing registers): the same ServiceAccounts, exemptions and
-/// mode — and no Lease: the controller's Lease is the controller's.
+/// `fencedControllers` renders one FencedController per entry, as the CRD reads it (name
+/// defaulting to the lease, mode to Audit, exemptions when given), and never the controller's
+/// Lease: client-go creates and writes it.
 #[test]
-fn the_chart_declares_fenced_controllers_as_kube_fence_reads_them() {
-    use kube_fence::admission::judge::fence::{Fence, Mode};
+fn the_chart_declares_fenced_controllers_as_fenced_controller_objects() {
+    use kube_fence_api::{FenceMode, FencedController};
     let dir = tempfile::tempdir().expect("temp dir");
     let values = dir.path().join("values.yaml");
     std::fs::write(
         &values,
-        "fencedControllers:\n  - {namespace: operators, lease: my-operator, serviceAccounts: [my-operator, helper], exempt: [configmaps, deployments.apps], mode: Enforce}\n",
+        "fencedControllers:\n  - {namespace: operators, lease: my-operator, serviceAccounts: [my-operator, helper], exempt: [configmaps, deployments.apps]}\n  - {name: other-fence, namespace: kube-system, lease: other, serviceAccounts: [other], mode: Enforce}\n",
     )
     .expect("write values");
     let rendered = ok("helm", &["template", "cmp", CHART, "-n", "kf-system", "-f", values.to_str().expect("path")], None);
     let docs = documents(&rendered);
-    assert!(!docs.iter().any(|d| d["kind"] == "Lease"), "the chart renders no Lease");
-    let fenced = docs.iter().find(|d| d["kind"] == "FencedController").expect("the chart renders the FencedController");
-    let fenced: kube_fence_api::FencedController = serde_json::from_value(fenced.clone()).expect("a FencedController");
-    let fence = Fence::of(&fenced).expect("a fence kube-fence can judge by");
-    assert_eq!((fence.namespace.as_str(), fence.lease.as_str(), fence.mode), ("operators", "my-operator", Mode::Enforce));
-    assert_eq!(fence.accounts.iter().map(String::as_str).collect::<Vec<_>>(), ["helper", "my-operator"]);
-    assert_eq!(fence.exempt.iter().map(|r| r.to_string()).collect::<Vec<_>>(), ["configmaps", "deployments.apps"]);
+    assert!(!docs.iter().any(|d| d["kind"] == "Lease"), "the controller's Lease is never rendered");
+    let fences: Vec<FencedController> = docs
+        .iter()
+        .filter(|d| d["kind"] == "FencedController" && d["apiVersion"] == "kubefence.io/v1alpha1")
+        .map(|d| serde_json::from_value(d.clone()).expect("a FencedController"))
+        .collect();
+    assert_eq!(fences.len(), 2);
+    let (first, second) = (&fences[0], &fences[1]);
+    assert_eq!((first.metadata.name.as_deref(), first.metadata.namespace.as_deref()), (Some("my-operator"), Some("operators")));
+    assert_eq!(first.spec.lease, "my-operator");
+    assert_eq!(first.spec.service_accounts, ["my-operator", "helper"]);
+    assert_eq!(first.spec.exempt, ["configmaps", "deployments.apps"]);
+    assert_eq!(first.spec.mode, FenceMode::Audit, "Audit unless given");
+    assert_eq!((second.metadata.name.as_deref(), second.metadata.namespace.as_deref()), (Some("other-fence"), Some("kube-system")));
+    assert_eq!((second.spec.lease.as_str(), second.spec.mode), ("other", FenceMode::Enforce));
+    assert!(second.spec.exempt.is_empty());
+    assert!(rendered.contains("mode: Enforce") && !rendered.contains("exempt: null"), "{rendered}");
     // Off by default.
     assert!(!documents(&ok("helm", &["template", "cmp", CHART, "-n", "kf-system"], None)).iter().any(|d| d["kind"] == "FencedController"));
+    // The schema refuses what the CRD would: too many ServiceAccounts or exemptions, a bad mode.
+    let nine: Vec<String> = (0..9).map(|i| format!("sa{i}")).collect();
+    let exempt: Vec<String> = (0..33).map(|i| format!("r{i}")).collect();
+    for bad in [
+        format!("fencedControllers[0].namespace=a,fencedControllers[0].lease=l,fencedControllers[0].serviceAccounts={{{}}}", nine.join(",")),
+        format!(
+            "fencedControllers[0].namespace=a,fencedControllers[0].lease=l,fencedControllers[0].serviceAccounts={{s}},fencedControllers[0].exempt={{{}}}",
+            exempt.join(",")
+        ),
+        "fencedControllers[0].namespace=a,fencedControllers[0].lease=l,fencedControllers[0].serviceAccounts={s},fencedControllers[0].mode=Off".into(),
+        "fencedControllers[0].namespace=a,fencedControllers[0].lease=l,fencedControllers[0].serviceAccounts={s},fencedControllers[0].exempt={Bad_Name}".into(),
+    ] {
+        let out = run("helm", &["template", "t", CHART, "--set", &bad], None);
+        assert!(!out.status.success(), "values {bad} must be rejected by values.schema.json");
+    }
 }

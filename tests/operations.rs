@@ -2,7 +2,9 @@
 //! cluster with kube-fence installed): webhook Pods killed under load, the controller leader
 //! killed, the serving certificate rotated under the running Pods, `helm upgrade`. These need an
 //! installed kube-fence, so they are ignored in the plain test run and run by hack/e2e-node.sh
-//! with `--ignored` and `KUBE_FENCE_E2E_RELEASE=<namespace>/<release>`.
+//! with `--ignored` and `KUBE_FENCE_E2E_RELEASE=<namespace>/<release>`. The one that installs a
+//! release of its own (rolling a fence on and off with helm) needs only the control plane and runs
+//! in the plain test run.
 
 mod common;
 
@@ -537,4 +539,82 @@ async fn with_no_webhook_pod_guarded_writes_fail_closed_and_the_rest_still_works
     system.delete(&name, &DeleteParams::default()).await.expect("cleanup");
     scale(before).await;
     wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;
+}
+
+/// Rolling the writer fence onto a running controller with the chart, and back (operator's
+/// rollout and rollback; needs only the control plane, so it runs in the plain test run): a
+/// controller's leader-election Lease exists and is held, as client-go leaves it. `helm install`
+/// with `fencedControllers` naming it creates the FencedController and leaves the Lease exactly
+/// as it was (same resourceVersion and holder), and the API server then binds the Lease (a claim
+/// by a requester that is no Pod is refused); `helm upgrade` without the entry deletes only the
+/// FencedController (the release's other objects stay) and the binding ends; `helm uninstall`
+/// succeeds. The Lease is never written by any of it.
+#[tokio::test]
+async fn helm_rolls_a_fence_on_and_off_without_touching_the_controllers_lease() {
+    use kube_fence_api::{FenceMode, FencedController};
+    let client = common::client().await;
+    let kf_ns = common::namespace(&client, "ops-fence-kf").await;
+    let app = common::namespace(&client, "ops-fence-app").await;
+    let release = "fenceops";
+    let leases: Api<CoordinationLease> = Api::namespaced(client.clone(), &app);
+    let held: CoordinationLease = serde_json::from_value(json!({"metadata": {"name": "op"},
+        "spec": {"holderIdentity": "op-7d9f-0_5a1c", "leaseDurationSeconds": 15, "acquireTime": "2026-12-03T09:00:00.000000Z",
+                 "renewTime": "2026-12-03T09:00:05.000000Z", "leaseTransitions": 3}}))
+    .expect("a literal");
+    let created = leases.create(&PostParams::default(), &held).await.expect("the running controller's Lease");
+    let untouched = |lease: &CoordinationLease, when: &str| {
+        assert_eq!(lease.metadata.resource_version, created.metadata.resource_version, "{when}: the Lease was written");
+        assert_eq!(lease.spec, created.spec, "{when}");
+        assert_eq!(
+            (&lease.metadata.labels, &lease.metadata.annotations),
+            (&created.metadata.labels, &created.metadata.annotations),
+            "{when}"
+        );
+    };
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let values = |fenced: serde_json::Value| {
+        let file = dir.path().join(format!("values-{}.yaml", fenced.as_array().map(Vec::len).unwrap_or(0)));
+        // The chart's webhooks fence only `app` (no kube-fence Pod runs here, and nothing there is
+        // guarded); its policies of fenced controllers follow the same scope.
+        let values = json!({"webhook": {"onlyNamespaces": [app]}, "leaderElection": false, "fencedControllers": fenced});
+        std::fs::write(&file, serde_yaml::to_string(&values).expect("values")).expect("write values");
+        file.display().to_string()
+    };
+    let with = values(json!([{"namespace": app, "lease": "op", "serviceAccounts": ["op"]}]));
+    let without = values(json!([]));
+    let args = |verb: &str, file: &str| -> Vec<String> {
+        [verb, release, CHART, "-n", &kf_ns, "-f", file].iter().map(|s| s.to_string()).collect()
+    };
+
+    helm(args("install", &with)).await;
+    let fences: Api<FencedController> = Api::namespaced(client.clone(), &app);
+    let fence = fences.get("op").await.expect("helm install created the FencedController");
+    assert_eq!((fence.spec.lease.as_str(), fence.spec.mode), ("op", FenceMode::Audit));
+    untouched(&leases.get("op").await.expect("the Lease"), "after helm install");
+    // The API server binds the Lease now: a claim by a requester that is no Pod is refused.
+    let claim = async || {
+        let mut lease = leases.get("op").await.expect("the Lease");
+        lease.spec.as_mut().expect("spec").holder_identity = Some("someone-else_1".into());
+        leases.replace("op", &PostParams { dry_run: true, ..Default::default() }, &lease).await
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while claim().await.is_ok() {
+        assert!(Instant::now() < deadline, "the chart's fenced-holder policy did not bind the Lease within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    helm(args("upgrade", &without)).await;
+    assert!(fences.get_opt("op").await.expect("get").is_none(), "helm upgrade without the entry deletes the FencedController");
+    let deployment = format!("{release}-kube-fence");
+    assert!(Api::<Deployment>::namespaced(client.clone(), &kf_ns).get_opt(&deployment).await.expect("get").is_some(), "only the fence");
+    untouched(&leases.get("op").await.expect("the Lease"), "after helm upgrade");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while claim().await.is_err() {
+        assert!(Instant::now() < deadline, "the Lease was still bound 30 s after its fence was deleted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    helm(["uninstall", release, "-n", &kf_ns].iter().map(|s| s.to_string()).collect()).await;
+    untouched(&leases.get("op").await.expect("the Lease survives the uninstall"), "after helm uninstall");
 }

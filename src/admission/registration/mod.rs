@@ -8,8 +8,8 @@
 //!   holder-only (`kubefence.io/writer: holder`): a match condition the API server evaluates
 //!   itself, so the status writes of Kubernetes' own controllers to other objects never wait
 //!   for kube-fence.
-//! - Five ValidatingAdmissionPolicies (CEL, judged inside the API server), each with a binding to
-//!   the fenced namespaces:
+//! - Seven ValidatingAdmissionPolicies (CEL, judged inside the API server), each with a binding to
+//!   the fenced namespaces (the two of fenced controllers: to every namespace):
 //!   - lease status (`status_policy`): only kube-fence's controller identity writes the status of
 //!     kube-fence Leases: the status is where tokens are issued, so a worker with `leases/status`
 //!     RBAC must not be able to forge one;
@@ -17,6 +17,10 @@
 //!     renewed and released only by the identity it names;
 //!   - leader holder (`holder_policy`): an opted-in `coordination.k8s.io` Lease names the
 //!     requesting Pod as its holder;
+//!   - fenced holder (`fenced_holder_policy`): the Lease a FencedController names (its params)
+//!     names the requesting Pod, a Pod of the fence's ServiceAccounts, as its holder — no label;
+//!   - fence owner (`fence_owner_policy`): the ServiceAccounts a FencedController names never
+//!     write it (or its status);
 //!   - with the policy path on, the policy path itself (`policy_path_policy`) and the guard of its
 //!     parameters (`params_policy`).
 //!
@@ -40,7 +44,7 @@ use kube_fence_api::names::HOLDER_IS_POD;
 
 use crate::admission::judge::identity::IdentityRule;
 
-use kube_fence_api::names::{LEADER_LEASE_LABEL, LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL, WRITERS_ANNOTATION};
+use kube_fence_api::names::{LEADER_LEASE_LABEL, LEASE_LABEL, TOKEN_ANNOTATION, WRITER_LABEL};
 
 pub mod chart;
 pub mod policy_path;
@@ -374,7 +378,8 @@ impl Registration {
     /// rule the webhook judges by), and only the holder clears it. client-go's acquire, renew,
     /// take-over and release all write the writer's own identity (or clear it as the holder), so
     /// they pass. `admins` (usernames) are exempt. Judged by the API server (CEL): no webhook
-    /// call. Pure.
+    /// call. Pure. (The Leases of fenced controllers are bound without any label, by
+    /// [`Registration::fenced_holder_policy`].)
     pub fn holder_policy(&self, admins: &[String]) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
         let variables = holder_variables(&self.leader_identity)
             .into_iter()
@@ -394,8 +399,115 @@ impl Registration {
                     forbidden(HOLDER_CLAIM_RULE.into(), &holder_claim_message(&self.leader_identity)),
                     forbidden(HOLDER_RELEASE_RULE.into(), HOLDER_RELEASE_MESSAGE),
                     forbidden(holder_label_kept(), HOLDER_LABEL_MESSAGE),
-                    forbidden(writers_kept(), WRITERS_MESSAGE),
                 ]),
+                ..Default::default()
+            },
+        )
+    }
+
+    fn fenced_holder_policy_name(&self) -> String {
+        format!("{}-fenced-holder", self.name)
+    }
+
+    fn fence_owner_policy_name(&self) -> String {
+        format!("{}-fence-owner", self.name)
+    }
+
+    /// A policy named `name` with `spec`, and its binding to every namespace (kube-system and
+    /// kube-fence's own included), or to the registration's `only_namespaces` (pure). For the
+    /// policies of fenced controllers: a FencedController is an admin's explicit decision about
+    /// one Lease, wherever that Lease is, so no namespace is left out by default.
+    fn policy_everywhere(&self, name: &str, spec: ValidatingAdmissionPolicySpec) -> PolicyPair {
+        let (policy, mut binding) = self.policy(name, spec);
+        binding.spec.match_resources = self.only_namespaces.as_ref().map(|only| MatchResources {
+            namespace_selector: Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: NAMESPACE_NAME_LABEL.into(),
+                    operator: "In".into(),
+                    values: Some(only.clone()),
+                }]),
+                match_labels: None,
+            }),
+            ..Default::default()
+        });
+        (policy, binding)
+    }
+
+    /// The holder binding of fenced controllers' Leases, without any label on them: the
+    /// FencedControllers (`kubefence.io/v1alpha1`) of a Lease's own namespace are the policy's
+    /// parameters (paramRef by an empty selector, no namespace; none found: the write is not
+    /// judged), and each judges only the Lease it names (`spec.lease`). On that Lease:
+    /// - a write that sets `holderIdentity` names the requesting Pod (by `leader_identity`, as
+    ///   the label-based [`Registration::holder_policy`]), and that Pod runs as one of the fence's
+    ///   `spec.serviceAccounts`: another ServiceAccount's Pod, whatever its RBAC on Leases, never
+    ///   takes the Lease (and so never locks the controller out) — unless the write leaves the
+    ///   spec as it was (a metadata-only write);
+    /// - only the holder clears `holderIdentity`, and only the holder deletes the Lease (or the
+    ///   garbage collector and the namespace controller).
+    ///
+    /// Nobody is exempt (no admin list): an admin rolls back by deleting the FencedController.
+    /// client-go's acquire, renew, take-over and release pass (each writes its own identity).
+    /// Every namespace, kube-system included. Pure.
+    pub fn fenced_holder_policy(&self) -> PolicyPair {
+        let mut variables: Vec<Variable> = vec![
+            Variable { name: "lease".into(), expression: FENCED_LEASE_NAME.into() },
+            Variable { name: "fenced".into(), expression: FENCED_BY_PARAMS.into() },
+            Variable { name: "fencedAccount".into(), expression: requester_among("params") },
+        ];
+        variables.extend(
+            holder_variables(&self.leader_identity).into_iter().map(|(name, expression)| Variable { name: name.to_string(), expression }),
+        );
+        let (policy, mut binding) = self.policy_everywhere(
+            &self.fenced_holder_policy_name(),
+            ValidatingAdmissionPolicySpec {
+                // Ignore, not Fail: with the CEL written so that it cannot error, the only error
+                // left is a missing param kind — the FencedController CRD deleted, when no fence
+                // exists anyway. With Fail, a deleted CRD would refuse every Lease write in the
+                // cluster, kube-system's leader elections included: a cluster lock-out.
+                failure_policy: Some("Ignore".into()),
+                param_kind: Some(ParamKind {
+                    api_version: Some(format!("{}/v1alpha1", kube_fence_api::GROUP)),
+                    kind: Some("FencedController".into()),
+                }),
+                match_constraints: Some(rules(&["coordination.k8s.io"], &["leases"], &["CREATE", "UPDATE", "DELETE"])),
+                variables: Some(variables),
+                validations: Some(vec![
+                    forbidden(format!("!variables.fenced || {FENCED_CLAIM_RULE}"), &fenced_claim_message(&self.leader_identity)),
+                    forbidden(format!("!variables.fenced || {HOLDER_RELEASE_RULE}"), FENCED_RELEASE_MESSAGE),
+                ]),
+                ..Default::default()
+            },
+        );
+        binding.spec.param_ref = Some(ParamRef {
+            name: None,
+            namespace: None,
+            parameter_not_found_action: Some("Allow".into()),
+            selector: Some(LabelSelector::default()),
+        });
+        (policy, binding)
+    }
+
+    /// The guard of the fences themselves: a write to a FencedController (or its status) by one
+    /// of the ServiceAccounts it names, before or after the write, is refused — so a fenced
+    /// controller, even bound to cluster-admin, never loosens (Audit, exemptions), changes or
+    /// deletes its own fence. Every namespace. Fails closed: it judges only FencedController
+    /// writes. Pure.
+    pub fn fence_owner_policy(&self) -> PolicyPair {
+        self.policy_everywhere(
+            &self.fence_owner_policy_name(),
+            ValidatingAdmissionPolicySpec {
+                failure_policy: Some("Fail".into()),
+                match_constraints: Some(rules(
+                    &[kube_fence_api::GROUP],
+                    &["fencedcontrollers", "fencedcontrollers/status"],
+                    &["CREATE", "UPDATE", "DELETE"],
+                )),
+                variables: Some(vec![
+                    Variable { name: "fence".into(), expression: FENCE_NAME.into() },
+                    Variable { name: "accounts".into(), expression: FENCE_ACCOUNTS.into() },
+                    Variable { name: "fenced".into(), expression: requester_among("variables.accounts") },
+                ]),
+                validations: Some(vec![forbidden("!variables.fenced".into(), FENCE_OWNER_MESSAGE)]),
                 ..Default::default()
             },
         )
@@ -409,6 +521,8 @@ impl Registration {
             (self.status_policy_name(), self.status_policy(writers)),
             (self.identity_policy_name(), self.identity_policy(admins)),
             (self.holder_policy_name(), self.holder_policy(admins)),
+            (self.fence_owner_policy_name(), self.fence_owner_policy()),
+            (self.fenced_holder_policy_name(), self.fenced_holder_policy()),
         ] {
             Api::<ValidatingAdmissionPolicy>::all(client.clone()).patch(&name, &params, &Patch::Apply(&policy)).await?;
             Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).patch(&name, &params, &Patch::Apply(&binding)).await?;
@@ -474,6 +588,8 @@ impl Registration {
             self.status_policy_name(),
             self.identity_policy_name(),
             self.holder_policy_name(),
+            self.fenced_holder_policy_name(),
+            self.fence_owner_policy_name(),
             self.policy_path_name(),
             self.params_policy_name(),
         ] {
@@ -482,6 +598,49 @@ impl Registration {
         }
         Ok(())
     }
+}
+
+/// A policy and its binding.
+pub type PolicyPair = (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding);
+
+/// CEL: the name of the object under admission (a DELETE has only the old object, and the items
+/// of a deletecollection come without `request.name`).
+const OBJECT_NAME: &str = "object != null && has(object.metadata.name) && object.metadata.name != '' ? object.metadata.name : (oldObject != null && has(oldObject.metadata.name) ? oldObject.metadata.name : request.name)";
+/// The fenced-holder policy's `lease`: the Lease under admission.
+const FENCED_LEASE_NAME: &str = OBJECT_NAME;
+/// The fenced-holder policy's `fenced`: this parameter (a FencedController) fences this Lease.
+const FENCED_BY_PARAMS: &str = "has(params.spec) && has(params.spec.lease) && params.spec.lease == variables.lease";
+/// A claim (a write that names a holder) names the requesting Pod, a Pod of the fenced
+/// ServiceAccounts, unless it leaves the spec as it was.
+pub const FENCED_CLAIM_RULE: &str = "variables.newHolder == '' || (variables.newIsMe && variables.fencedAccount) || (oldObject != null && object != null && has(oldObject.spec) && has(object.spec) && object.spec == oldObject.spec)";
+/// The fenced claim rule's message: the fence, who asks, and what it may hold the Lease as.
+pub fn fenced_claim_message(identity: &IdentityRule) -> String {
+    let forms = match identity.separator() {
+        None => "variables.me".to_string(),
+        Some(separator) => format!("variables.me + ' or ' + variables.me + {}", cel_string(&format!("{separator}<suffix>"))),
+    };
+    format!(
+        "'Lease ' + variables.lease + ' is fenced by FencedController ' + params.metadata.name + ': its holderIdentity names the requesting Pod, a Pod of ServiceAccount ' + params.spec.serviceAccounts.join(', ') + '; ' + (variables.me == '' ? request.userInfo.username + ' is no Pod of namespace ' + request.namespace + ' (a Pod of another namespace is none; use the Pod\\'s own ServiceAccount token)' : (!variables.fencedAccount ? 'Pod ' + variables.me + ' runs as ' + request.userInfo.username + ', which the fence does not name' : 'Pod ' + variables.me + ' may hold it only as ' + {forms} + ', not as ' + variables.newHolder))"
+    )
+}
+/// The fenced release rule's message.
+pub const FENCED_RELEASE_MESSAGE: &str = "'Lease ' + variables.lease + ' is fenced by FencedController ' + params.metadata.name + ': it is ' + (request.operation == 'DELETE' ? 'deleted' : 'released') + ' only by its holder ' + variables.oldHolder + ', not by ' + (variables.me == '' ? request.userInfo.username : 'Pod ' + variables.me)";
+/// The fence-owner policy's `fence`: the FencedController under admission.
+const FENCE_NAME: &str = OBJECT_NAME;
+/// The fence-owner policy's `accounts`: the ServiceAccounts the old and the new object name.
+const FENCE_ACCOUNTS: &str = "(oldObject != null && has(oldObject.spec) && has(oldObject.spec.serviceAccounts) ? oldObject.spec.serviceAccounts : []) + (object != null && has(object.spec) && has(object.spec.serviceAccounts) ? object.spec.serviceAccounts : [])";
+/// The fence-owner policy's message: who asks, which fence, and who may.
+pub const FENCE_OWNER_MESSAGE: &str = "'ServiceAccount ' + request.userInfo.username + ' is fenced by FencedController ' + request.namespace + '/' + variables.fence + ' and may not ' + (request.operation == 'CREATE' ? 'create' : (request.operation == 'DELETE' ? 'delete' : 'change')) + ' it' + (has(request.subResource) && request.subResource != '' ? ' (' + request.subResource + ')' : '') + ': a fence is written by an admin, never by the controller it fences'";
+
+/// CEL: the requester is a ServiceAccount of the request's namespace named in `accounts`
+/// (`params` for a FencedController's `spec.serviceAccounts`, or a list expression).
+fn requester_among(accounts: &str) -> String {
+    let list = if accounts == "params" {
+        "(has(params.spec) && has(params.spec.serviceAccounts) ? params.spec.serviceAccounts : [])".to_string()
+    } else {
+        accounts.to_string()
+    };
+    format!("{list}.exists(sa, request.userInfo.username == 'system:serviceaccount:' + request.namespace + ':' + sa)")
 }
 
 /// A policy's match constraints: `operations` on `resources` of `groups`, every version.
@@ -591,19 +750,6 @@ pub fn holder_label_kept() -> String {
     format!("request.operation == 'DELETE' || !{} || {}", holder_labelled("oldObject"), holder_labelled("object"))
 }
 
-/// CEL: the `kubefence.io/writers` annotation of `obj` (`''` when absent).
-fn writers_of(obj: &str) -> String {
-    format!(
-        "(has({obj}.metadata.annotations) && '{WRITERS_ANNOTATION}' in {obj}.metadata.annotations ? {obj}.metadata.annotations['{WRITERS_ANNOTATION}'] : '')"
-    )
-}
-
-/// The writers opt-in (`kubefence.io/writers`) is changed only by the Lease's holder (or an
-/// admin, who is not judged): else a fenced writer's replica could drop the opt-in and write.
-pub fn writers_kept() -> String {
-    format!("oldObject == null || object == null || {} == {} || variables.oldIsMe", writers_of("oldObject"), writers_of("object"))
-}
-
 /// The holder policy's variables: the requesting Pod (`''` without a Pod-bound token), the
 /// holder before and after the write, and whether each names the requesting Pod by `identity`.
 pub fn holder_variables(identity: &IdentityRule) -> [(&'static str, String); 5] {
@@ -656,7 +802,6 @@ pub fn holder_claim_message(identity: &IdentityRule) -> String {
 pub const HOLDER_RELEASE_RULE: &str = "variables.oldHolder == '' || variables.newHolder != '' || variables.oldIsMe || (request.operation == 'DELETE' && request.userInfo.username in ['system:serviceaccount:kube-system:generic-garbage-collector', 'system:serviceaccount:kube-system:namespace-controller'])";
 pub const HOLDER_RELEASE_MESSAGE: &str = "'Lease ' + request.name + ' is ' + (request.operation == 'DELETE' ? 'deleted' : 'released') + ' only by its holder ' + variables.oldHolder + ', not by ' + (variables.me == '' ? request.userInfo.username : 'Pod ' + variables.me)";
 pub const HOLDER_LABEL_MESSAGE: &str = "'the kubefence.io/holder-identity label of Lease ' + request.name + ' is removed only by an admin'";
-pub const WRITERS_MESSAGE: &str = "'the kubefence.io/writers annotation of Lease ' + request.name + ' (the ServiceAccounts fenced by it) is changed only by its holder ' + variables.oldHolder + ' or an admin, not by ' + (variables.me == '' ? request.userInfo.username : 'Pod ' + variables.me)";
 
 /// The parameter guard's message.
 pub const PARAMS_WRITER_MESSAGE: &str = "'LeaseTokens hold the issued fencing tokens the API server judges writes by: only the kube-fence controller writes them; ' + request.userInfo.username + ' may not'";
@@ -731,7 +876,7 @@ mod tests {
         assert!(bound.contains("'kubefence.io/holder-identity' in object.metadata.labels"), "{bound}");
         assert_eq!(policy["spec"]["matchConditions"][1]["expression"], "!(request.userInfo.username in ['admin'])");
         assert_eq!(rule["operations"], serde_json::json!(["CREATE", "UPDATE", "DELETE"]), "deleting is judged like releasing");
-        assert_eq!(policy["spec"]["validations"].as_array().map(Vec::len), Some(4));
+        assert_eq!(policy["spec"]["validations"].as_array().map(Vec::len), Some(3));
     }
 
     /// The holder policy and the webhook name a Pod by one rule: the CEL for each rule, and its
@@ -762,6 +907,60 @@ mod tests {
         let message = |spec: &serde_json::Value| spec["validations"][0]["messageExpression"].as_str().unwrap_or_default().to_string();
         assert!(message(&default).contains("' may hold it only as ' + variables.me + ' or ' + variables.me + '_<suffix>' + ', not as '"));
         assert!(message(&exact).contains("' may hold it only as ' + variables.me + ', not as '"), "{}", message(&exact));
+    }
+
+    /// The fenced-holder policy: FencedControllers of the Lease's namespace are its params,
+    /// every validation judges only the Lease a fence names, nobody is exempt, a missing CRD
+    /// fails open (no cluster lock-out), and no namespace is left out unless the scope lists some.
+    #[test]
+    fn the_fenced_holder_policy_takes_fenced_controllers_as_params_in_every_namespace() {
+        let mut reg = Registration::new("kf", Endpoint::Url("https://127.0.0.1:9443/validate".into()));
+        reg.operator_namespace = Some("kube-fence".into());
+        let (policy, binding) = reg.fenced_holder_policy();
+        let (policy, binding) = (serde_json::to_value(&policy).unwrap(), serde_json::to_value(&binding).unwrap());
+        assert_eq!(policy["metadata"]["name"], "kf-fenced-holder");
+        assert_eq!(policy["spec"]["failurePolicy"], "Ignore");
+        assert_eq!(policy["spec"]["paramKind"], serde_json::json!({"apiVersion": "kubefence.io/v1alpha1", "kind": "FencedController"}));
+        let rule = &policy["spec"]["matchConstraints"]["resourceRules"][0];
+        assert_eq!(rule["apiGroups"], serde_json::json!(["coordination.k8s.io"]));
+        assert_eq!(rule["operations"], serde_json::json!(["CREATE", "UPDATE", "DELETE"]));
+        assert!(policy["spec"].get("matchConditions").is_none(), "no admin is exempt: {policy}");
+        let text = policy.to_string();
+        assert!(!text.contains("kubefence.io/holder-identity") && !text.contains("kubefence.io/writers"), "no label, no annotation");
+        let validations = policy["spec"]["validations"].as_array().unwrap();
+        assert_eq!(validations.len(), 2);
+        for v in validations {
+            assert!(v["expression"].as_str().unwrap().starts_with("!variables.fenced || "), "{v}");
+        }
+        assert!(validations[0]["expression"].as_str().unwrap().contains("variables.newIsMe && variables.fencedAccount"));
+        assert_eq!(
+            binding["spec"]["paramRef"],
+            serde_json::json!({"selector": {}, "parameterNotFoundAction": "Allow"}),
+            "the Lease's own namespace's FencedControllers"
+        );
+        assert!(binding["spec"].get("matchResources").is_none(), "every namespace, kube-system and kube-fence's own included");
+        reg.only_namespaces = Some(vec!["a".into()]);
+        let binding = serde_json::to_value(reg.fenced_holder_policy().1).unwrap();
+        assert_eq!(
+            binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"],
+            serde_json::json!([{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["a"]}])
+        );
+    }
+
+    #[test]
+    fn the_fence_owner_policy_refuses_the_fenced_service_accounts_on_fences_and_their_status() {
+        let reg = Registration::new("kf", Endpoint::Url("https://127.0.0.1:9443/validate".into()));
+        let (policy, binding) = reg.fence_owner_policy();
+        let (policy, binding) = (serde_json::to_value(&policy).unwrap(), serde_json::to_value(&binding).unwrap());
+        assert_eq!(policy["metadata"]["name"], "kf-fence-owner");
+        assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+        let rule = &policy["spec"]["matchConstraints"]["resourceRules"][0];
+        assert_eq!(rule["resources"], serde_json::json!(["fencedcontrollers", "fencedcontrollers/status"]));
+        assert_eq!(rule["operations"], serde_json::json!(["CREATE", "UPDATE", "DELETE"]));
+        let variables = policy["spec"]["variables"].as_array().unwrap();
+        let accounts = variables.iter().find(|v| v["name"] == "accounts").unwrap()["expression"].as_str().unwrap();
+        assert!(accounts.contains("oldObject.spec.serviceAccounts") && accounts.contains("object.spec.serviceAccounts"), "old and new");
+        assert!(binding["spec"].get("paramRef").is_none() && binding["spec"].get("matchResources").is_none());
     }
 
     #[test]
