@@ -565,3 +565,181 @@ async fn in_audit_mode_a_stale_leaders_write_lands_with_a_warning_that_says_why(
     );
     f.stop().await;
 }
+
+/// Runs `program` with `args` (kubectl from the control plane's binaries, or this crate's
+/// `kube-fence`) as the cluster admin of `kubeconfig`, with `stdin`; its stdout, or a panic with
+/// its stderr.
+fn as_admin(program: &str, args: &[&str], stdin: Option<&str>) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
+    if let Some(input) = stdin {
+        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The row of `kube-fence status -n <ns> -o json` for FencedController `name`.
+fn fence_row(ns: &str, name: &str) -> Option<serde_json::Value> {
+    let out = as_admin(env!("CARGO_BIN_EXE_kube-fence"), &["status", "-n", ns, "-o", "json"], None);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap_or_else(|e| panic!("status -o json: {e}: {out}"));
+    rows.into_iter().find(|r| r["kind"] == "FencedController" && r["name"] == name)
+}
+
+/// Tried as a new user would, with `kubectl` and `kube-fence status` only: an unmodified client-go
+/// controller (examples/leader-go, two replicas as processes with their Pods' bound tokens) runs
+/// first, its Lease created by client-go. A cluster admin named in no kube-fence setting fences
+/// it in Audit (`kubectl apply`): `kube-fence status` shows it Ready, Auditing, held by the
+/// leader's Pod; a paused leader's stale writes land and are counted as warned. The admin
+/// switches to Enforce (`kubectl patch`): the next paused leader's pending writes are refused
+/// (409), counted as refused, and the history checker finds no stale write while enforced; the
+/// leader keeps working. The admin deletes the fence (`kubectl delete`): a follower's write lands
+/// again. Threat case: a stale-but-honest replica (a leader paused past its Lease).
+#[tokio::test]
+async fn a_running_client_go_controller_is_fenced_in_audit_then_enforced_then_released_with_kubectl() {
+    use kube_fence::admission::local::LocalOptions;
+    let built = tokio::task::spawn_blocking(|| {
+        std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/build-leader-go.sh")).output().expect("build leader-go")
+    })
+    .await
+    .expect("build thread");
+    assert!(built.status.success(), "hack/build-leader-go.sh: {}", String::from_utf8_lossy(&built.stderr));
+    let bin = std::path::PathBuf::from(String::from_utf8_lossy(&built.stdout).trim().to_string());
+
+    let client = common::client().await;
+    let ns = common::namespace(&client, "adopt").await;
+    let mut options = LocalOptions::new(format!("kf-test-{ns}"));
+    options.webhook.scope.only_namespaces = Some(vec![ns.clone()]);
+    let configuration = options.webhook.scope.configuration_name.clone();
+    let f = Fixture::with_options(client, ns, options).await;
+    // kube-fence's status controller, as `kube-fence run` runs it beside the lease controller.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let status = kube_fence::fenced::controller::StatusOptions {
+        namespace: Some(f.ns.clone()),
+        configuration,
+        identity: kube_fence::admission::judge::identity::IdentityRule::default(),
+        instance: "adopt-test".into(),
+    };
+    let controller = tokio::spawn(kube_fence::fenced::controller::run(
+        f.client.clone(),
+        status,
+        kube_fence::fenced::controller::Metrics::default(),
+        stop.clone(),
+    ));
+    let widgets = leader::install_widget_crd(&f.client).await;
+    let pods = controller_pods(&f, &["p1", "p2"]).await;
+    leader::may_patch_namespace(&f.client, &f.ns, "ctl").await;
+    let labelled = json!({LEADER_LEASE_LABEL: leader::LEASE});
+    let setup = common::identity::client_as(SETUP).await;
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": leader::CONFIGMAP, "labels": labelled}})).unwrap();
+    common::accepted(Api::<ConfigMap>::namespaced(setup.clone(), &f.ns).create(&PostParams::default(), &cm).await);
+    let widget: DynamicObject = serde_json::from_value(json!({"apiVersion": "example.kubefence.io/v1", "kind": "Widget",
+        "metadata": {"name": leader::WIDGET, "labels": labelled}, "spec": {}}))
+    .unwrap();
+    common::accepted(Api::<DynamicObject>::namespaced_with(setup, &f.ns, &widgets).create(&PostParams::default(), &widget).await);
+    let dir = tempfile::tempdir().expect("temp dir");
+    for pod in &pods {
+        let token = common::identity::pod_token(&f.client, &f.ns, "ctl", pod).await;
+        let kubeconfig = common::identity::kubeconfig_with_token(&token).await;
+        std::fs::write(dir.path().join(format!("{}.kubeconfig", pod.name_any())), serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
+    }
+
+    // The controller runs first: client-go creates its Lease, with no kube-fence label.
+    let env = [("CREATE_OBJECTS", "1"), ("PATCH_NAMESPACE", "1")];
+    let mut replicas = Processes(["p1", "p2"].iter().map(|pod| Replica::start(&bin, dir.path(), pod, &f.ns, &env)).collect());
+    leader::until("client-go elects a leader on a Lease it created", Duration::from_secs(60), async || {
+        !leader::holder_now(&f.client, &f.ns).await.is_empty()
+    })
+    .await;
+    let lease = Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns).get(leader::LEASE).await.expect("the Lease");
+    assert!(lease.metadata.labels.unwrap_or_default().is_empty(), "client-go made the Lease, unlabelled");
+
+    // Audit, with kubectl.
+    let kubectl = "kubectl";
+    let fence = format!(
+        "apiVersion: kubefence.io/v1alpha1\nkind: FencedController\nmetadata: {{name: leader-go, namespace: {ns}}}\nspec: {{lease: {lease}, serviceAccounts: [ctl], mode: Audit}}\n",
+        ns = f.ns,
+        lease = leader::LEASE
+    );
+    as_admin(kubectl, &["apply", "-f", "-"], Some(&fence));
+    let mut row = None;
+    leader::until("kube-fence status: Ready, Auditing, held by the leader's Pod", Duration::from_secs(60), async || {
+        row = fence_row(&f.ns, "leader-go");
+        let holder = leader::holder_now(&f.client, &f.ns).await;
+        row.as_ref().is_some_and(|r| {
+            r["ready"]["status"] == "True" && r["ready"]["reason"] == "Auditing" && holder.starts_with(&format!("{}_", r["holder"].as_str().unwrap_or("?")))
+        })
+    })
+    .await;
+    println!("status, audited: {}", row.unwrap_or_default());
+    let audited = leader::pause_cycles(&f.client, &f.ns, &widgets, 1, &mut replicas).await;
+    assert_eq!(audited.refused, [0], "audited: the resumed leader's pending writes land");
+    leader::until("kube-fence status counts the audited stale writes", Duration::from_secs(60), async || {
+        fence_row(&f.ns, "leader-go").is_some_and(|r| r["warnedLastHour"].as_u64().unwrap_or(0) > 0)
+    })
+    .await;
+
+    // Enforce, with kubectl; the history from here on is checked.
+    as_admin(kubectl, &["-n", &f.ns, "patch", "fencedcontroller", "leader-go", "--type", "merge", "-p", r#"{"spec":{"mode":"Enforce"}}"#], None);
+    leader::until("kube-fence status: Enforcing", Duration::from_secs(60), async || {
+        fence_row(&f.ns, "leader-go").is_some_and(|r| r["ready"]["reason"] == "Enforcing")
+    })
+    .await;
+    // The routing and the webhook's cache follow within a moment: wait for a follower's write to
+    // be refused before the checked cycles.
+    let follower_pod = |holder: &str| if holder.starts_with("p1_") { pods[1].clone() } else { pods[0].clone() };
+    let holder = leader::holder_now(&f.client, &f.ns).await;
+    let follower = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &follower_pod(&holder)).await;
+    let probe: ConfigMap = serde_json::from_value(json!({"metadata": {"generateName": "probe-"}})).unwrap();
+    leader::until("a follower's write is refused", Duration::from_secs(60), async || {
+        Api::<ConfigMap>::namespaced(follower.clone(), &f.ns).create(&PostParams::default(), &probe).await.is_err()
+    })
+    .await;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(leader::Seen::default()));
+    let recorder = leader::record(&f.client, &f.ns, &widgets, seen.clone());
+    let enforced = leader::pause_cycles(&f.client, &f.ns, &widgets, 2, &mut replicas).await;
+    leader::until("kube-fence status counts the refusals", Duration::from_secs(60), async || {
+        fence_row(&f.ns, "leader-go").is_some_and(|r| r["refusedLastHour"].as_u64().unwrap_or(0) > 0)
+    })
+    .await;
+
+    // Roll back, with kubectl: the follower writes again.
+    as_admin(kubectl, &["-n", &f.ns, "delete", "fencedcontroller", "leader-go"], None);
+    let holder = leader::holder_now(&f.client, &f.ns).await;
+    let follower = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &follower_pod(&holder)).await;
+    leader::until("the follower's write lands once the fence is deleted", Duration::from_secs(60), async || {
+        Api::<ConfigMap>::namespaced(follower.clone(), &f.ns).create(&PostParams::default(), &probe).await.is_ok()
+    })
+    .await;
+    assert!(fence_row(&f.ns, "leader-go").is_none(), "kube-fence status no longer lists the fence");
+
+    let mut accepted = 0;
+    for mut replica in replicas.0 {
+        replica.signal("-TERM");
+        let exited = replica.child.wait().expect("wait");
+        assert!(exited.success(), "{} exited with {exited} on SIGTERM", replica.pod);
+        accepted += leader::accepted(&replica.lines.lock().expect("lines"));
+    }
+    recorder.abort();
+    let seen = std::mem::take(&mut *seen.lock().expect("seen"));
+    let (violations, _) = leader::violations(&seen);
+    println!(
+        "adopted: audited cycle let {} pending writes land; enforced cycles refused {:?}; {accepted} writes accepted in all; violations while enforced: {}",
+        "its",
+        enforced.refused,
+        violations.len()
+    );
+    assert!(violations.is_empty(), "no stale write while enforced: {violations:?}");
+    assert!(enforced.refused.iter().any(|r| *r > 0), "a resumed leader's pending write was refused");
+    stop.cancel();
+    let _ = controller.await;
+    f.stop().await;
+}
