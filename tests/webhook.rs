@@ -8,6 +8,8 @@
 #[path = "webhook/attacks.rs"]
 mod attacks;
 mod common;
+#[path = "webhook/fenced_status.rs"]
+mod fenced_status;
 #[path = "webhook/holders.rs"]
 mod holders;
 #[path = "webhook/leader.rs"]
