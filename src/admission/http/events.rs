@@ -154,8 +154,7 @@ mod tests {
     #[test]
     fn a_fenced_writers_rejection_is_a_warning_on_its_fenced_controller_naming_the_object() {
         let request = review::decode(REVIEW.as_bytes()).expect("a review");
-        let fence =
-            crate::admission::judge::fake::fence("shop", "web-leader", &["web"], &[], crate::admission::judge::fence::Mode::Enforce);
+        let fence = crate::admission::judge::fake::fence("shop", "web-leader", &["web"], &[], crate::admission::judge::fence::Mode::Enforce);
         let event = on_fence(&fence, &request, Reason::NotHolder.as_str(), "not the holder");
         let r = &event.regarding;
         assert_eq!(

@@ -35,8 +35,7 @@ impl ResourceName {
             Some((resource, group)) => (resource, Some(group)),
             None => (item, None),
         };
-        let label =
-            |s: &str| !s.is_empty() && s.len() <= 63 && s.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
+        let label = |s: &str| !s.is_empty() && s.len() <= 63 && s.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
         (label(resource) && group.is_none_or(is_dns_subdomain))
             .then(|| ResourceName { resource: resource.to_string(), group: group.unwrap_or_default().to_string() })
     }

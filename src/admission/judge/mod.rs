@@ -18,9 +18,9 @@
 pub(crate) mod audit;
 pub mod exemptions;
 pub mod facts;
+pub mod fence;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fake;
-pub mod fence;
 pub(crate) mod guard;
 pub mod identity;
 pub(crate) mod leader;

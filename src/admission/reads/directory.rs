@@ -52,12 +52,11 @@ impl LeaseDirectory {
             }
         });
         let (fences, fence_writer) = reflector::store();
-        let fenced =
-            watcher(Api::<FencedController>::all(client.clone()), watcher::Config::default()).modify(|f: &mut FencedController| {
-                f.metadata.managed_fields = None;
-                f.metadata.annotations = None;
-                f.status = None;
-            });
+        let fenced = watcher(Api::<FencedController>::all(client.clone()), watcher::Config::default()).modify(|f: &mut FencedController| {
+            f.metadata.managed_fields = None;
+            f.metadata.annotations = None;
+            f.status = None;
+        });
         let fence_stream = reflector::reflector(fence_writer, fenced).default_backoff().for_each(|event| async move {
             if let Err(err) = event {
                 tracing::warn!(error = %err, "FencedController watch failed; retrying");

@@ -208,7 +208,12 @@ pub fn desired(scope: &Scope, template: &WebhookClientConfig, routes: &Routes) -
 
 /// The writers configuration for `routes`, calling kube-fence as `template` does (pure). Nothing
 /// routed: a configuration with no webhooks.
-pub fn configuration(name: &str, template: &WebhookClientConfig, routes: &Routes, timeout_seconds: i32) -> ValidatingWebhookConfiguration {
+pub fn configuration(
+    name: &str,
+    template: &WebhookClientConfig,
+    routes: &Routes,
+    timeout_seconds: i32,
+) -> ValidatingWebhookConfiguration {
     let webhooks = routes
         .match_condition()
         .map(|expression| ValidatingWebhook {

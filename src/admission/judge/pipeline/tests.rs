@@ -80,8 +80,7 @@ fn a_read_that_fails_or_is_throttled_is_denied(#[case] facts: Option<ObjectFacts
     // An UPDATE the cache cannot judge (the fake holds no lease: a quorum read is needed).
     let req = update(facts.clone(), facts.map(|f| ObjectFacts { token: f.token.map(|_| "7".into()), ..f }));
     let fence = || fake::fence(NS, "ctl", &["ctl"], &[], Mode::Enforce);
-    let leases =
-        FakeLeases::default().with_fence(fence()).failing(ReadError::Failed(Arc::new(kube::Error::Service("etcd is away".into()))));
+    let leases = FakeLeases::default().with_fence(fence()).failing(ReadError::Failed(Arc::new(kube::Error::Service("etcd is away".into()))));
     let v = judged(&req, sent, &leases);
     assert!(matches!(&v, Verdict::Deny { code: 500, reason: Reason::LeaseReadFailed, message, .. } if message == failed), "{v:?}");
     let source = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7));

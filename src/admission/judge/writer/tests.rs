@@ -74,10 +74,7 @@ fn a_refusal_names_the_lease_the_fence_the_holder_and_the_requester() {
     assert_eq!(facts.lease.as_deref(), Some("team/ctl"));
     assert_eq!(facts.holder.as_deref(), Some("ctl-0_1a2b"));
     assert_eq!(facts.requester.as_deref(), Some("ctl-1"));
-    assert!(
-        message.contains("is held by ctl-0_1a2b") && message.contains("Pod ctl-1") && message.contains("FencedController ctl"),
-        "{message}"
-    );
+    assert!(message.contains("is held by ctl-0_1a2b") && message.contains("Pod ctl-1") && message.contains("FencedController ctl"), "{message}");
     let v = judge(&by(CTL, Some("ctl-1")), None);
     assert!(matches!(&v, Verdict::Deny { message, .. } if message.contains("which does not exist")), "{v:?}");
 }

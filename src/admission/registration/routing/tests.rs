@@ -16,7 +16,8 @@ fn fenced(namespace: &str, name: &str, accounts: &[&str], exempt: &[&str], creat
         },
     );
     fc.metadata.namespace = Some(namespace.into());
-    fc.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 + created_s).expect("a time")));
+    fc.metadata.creation_timestamp =
+        Some(Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 + created_s).expect("a time")));
     fc
 }
 
@@ -42,12 +43,7 @@ fn one_webhook_at_the_writer_path_with_the_main_client_configuration() {
     let service = WebhookClientConfig {
         url: None,
         ca_bundle: Some(k8s_openapi::ByteString(b"CA".to_vec())),
-        service: Some(ServiceReference {
-            namespace: "kf".into(),
-            name: "kube-fence".into(),
-            path: Some("/validate".into()),
-            port: Some(443),
-        }),
+        service: Some(ServiceReference { namespace: "kf".into(), name: "kube-fence".into(), path: Some("/validate".into()), port: Some(443) }),
     };
     let by_service = configuration("kf-writers", &service, &routes, 5).webhooks.unwrap_or_default();
     let svc = by_service[0].client_config.service.as_ref().expect("a service");
