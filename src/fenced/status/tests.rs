@@ -50,19 +50,17 @@ const CTL_POD: PodFact<'static> = PodFact::Found { service_account: "ctl", host_
     HELD,
     CTL_POD,
     routed(),
-    true,
-    ready::ENFORCING,
+    (true, ready::ENFORCING),
     Some("p1"),
     "Pod p1 (ServiceAccount ctl) holds Lease team/ctl-lease"
 )]
-#[case::auditing(FenceMode::Audit, HELD, CTL_POD, routed(), true, ready::AUDITING, Some("p1"), "admitted with a warning")]
+#[case::auditing(FenceMode::Audit, HELD, CTL_POD, routed(), (true, ready::AUDITING), Some("p1"), "admitted with a warning")]
 #[case::no_lease(
     FenceMode::Enforce,
     LeaseFact::NotFound,
     PodFact::NotFound,
     routed(),
-    false,
-    ready::LEASE_NOT_FOUND,
+    (false, ready::LEASE_NOT_FOUND),
     None,
     "Lease team/ctl-lease does not exist"
 )]
@@ -71,8 +69,7 @@ const CTL_POD: PodFact<'static> = PodFact::Found { service_account: "ctl", host_
     LeaseFact::NotFound,
     CTL_POD,
     Routing::NoConfiguration,
-    false,
-    ready::LEASE_NOT_FOUND,
+    (false, ready::LEASE_NOT_FOUND),
     None,
     "does not exist"
 )]
@@ -81,39 +78,37 @@ const CTL_POD: PodFact<'static> = PodFact::Found { service_account: "ctl", host_
     HELD,
     CTL_POD,
     Routing::NoConfiguration,
-    false,
-    ready::NOT_ROUTED,
+    (false, ready::NOT_ROUTED),
     Some("p1"),
     "ValidatingWebhookConfiguration kf-writers does not exist"
 )]
-#[case::not_routed(FenceMode::Enforce, HELD, CTL_POD, Routing::Unrouted(vec!["system:serviceaccount:team:ctl".into()]), false, ready::NOT_ROUTED, Some("p1"), "does not route system:serviceaccount:team:ctl")]
-#[case::not_routed_beats_holder(FenceMode::Enforce, HELD, PodFact::NotFound, Routing::Unrouted(vec!["x".into()]), false, ready::NOT_ROUTED, None, "does not route x")]
-#[case::vacant(FenceMode::Enforce, LeaseFact::Found { holder: None }, PodFact::NotFound, routed(), true, ready::ENFORCING, None, "has no holder now: until a Pod of ServiceAccount(s) ctl acquires it, every judged write of them is refused")]
-#[case::vacant_empty(FenceMode::Audit, LeaseFact::Found { holder: Some("") }, PodFact::NotFound, routed(), true, ready::AUDITING, None, "has no holder now")]
+#[case::not_routed(FenceMode::Enforce, HELD, CTL_POD, Routing::Unrouted(vec!["system:serviceaccount:team:ctl".into()]), (false, ready::NOT_ROUTED), Some("p1"), "does not route system:serviceaccount:team:ctl")]
+#[case::not_routed_beats_holder(FenceMode::Enforce, HELD, PodFact::NotFound, Routing::Unrouted(vec!["x".into()]), (false, ready::NOT_ROUTED), None, "does not route x")]
+#[case::vacant(FenceMode::Enforce, LeaseFact::Found { holder: None }, PodFact::NotFound, routed(), (true, ready::ENFORCING), None, "has no holder now: until a Pod of ServiceAccount(s) ctl acquires it, every judged write of them is refused")]
+#[case::vacant_empty(FenceMode::Audit, LeaseFact::Found { holder: Some("") }, PodFact::NotFound, routed(), (true, ready::AUDITING), None, "has no holder now")]
 #[case::holder_pod_missing(
     FenceMode::Enforce,
     HELD,
     PodFact::NotFound,
     routed(),
-    false,
-    ready::HOLDER_NOT_FENCED,
+    (false, ready::HOLDER_NOT_FENCED),
     None,
     "names Pod p1, but no Pod p1 exists in namespace team"
 )]
-#[case::holder_names_no_pod(FenceMode::Enforce, LeaseFact::Found { holder: Some("Node-7_x") }, PodFact::NotFound, routed(), false, ready::HOLDER_NOT_FENCED, None, "names no Pod")]
-#[case::holder_of_another_account(FenceMode::Enforce, HELD, PodFact::Found { service_account: "default", host_network: false }, routed(), false, ready::HOLDER_NOT_FENCED, Some("p1"), "runs as ServiceAccount default, not one of spec.serviceAccounts (ctl)")]
-#[case::not_fenced_beats_host_network(FenceMode::Enforce, HELD, PodFact::Found { service_account: "default", host_network: true }, routed(), false, ready::HOLDER_NOT_FENCED, Some("p1"), "ServiceAccount default")]
-#[case::host_network(FenceMode::Enforce, HELD, PodFact::Found { service_account: "ctl", host_network: true }, routed(), false, ready::HOST_NETWORK, Some("p1"), "spec.hostNetwork")]
+#[case::holder_names_no_pod(FenceMode::Enforce, LeaseFact::Found { holder: Some("Node-7_x") }, PodFact::NotFound, routed(), (false, ready::HOLDER_NOT_FENCED), None, "names no Pod")]
+#[case::holder_of_another_account(FenceMode::Enforce, HELD, PodFact::Found { service_account: "default", host_network: false }, routed(), (false, ready::HOLDER_NOT_FENCED), Some("p1"), "runs as ServiceAccount default, not one of spec.serviceAccounts (ctl)")]
+#[case::not_fenced_beats_host_network(FenceMode::Enforce, HELD, PodFact::Found { service_account: "default", host_network: true }, routed(), (false, ready::HOLDER_NOT_FENCED), Some("p1"), "ServiceAccount default")]
+#[case::host_network(FenceMode::Enforce, HELD, PodFact::Found { service_account: "ctl", host_network: true }, routed(), (false, ready::HOST_NETWORK), Some("p1"), "spec.hostNetwork")]
 fn the_ready_condition_says_what_was_found(
     #[case] mode: FenceMode,
     #[case] lease: LeaseFact<'static>,
     #[case] pod: PodFact<'static>,
     #[case] routing: Routing,
-    #[case] ready: bool,
-    #[case] reason: &str,
+    #[case] expect: (bool, &str),
     #[case] holder: Option<&str>,
     #[case] says: &str,
 ) {
+    let (ready, reason) = expect;
     let fc = fenced(mode, &["ctl"]);
     let rule = IdentityRule::default();
     let status = desired(&fc, &Fence::of(&fc), &facts(lease, pod, routing, &rule), now());
