@@ -22,6 +22,7 @@
 //!   keep alive, release, fenced writes.
 //! - [`lease`]: where a token is issued — the lease state machine and its controller.
 //! - [`admission`]: where a write is judged — the decision table and the webhook server.
+//! - [`fenced`]: the FencedController status — whether each writer fence works, and who holds its Lease.
 //! - [`cli`]: the `kube-fence` command line.
 //! - [`telemetry`]: logs and metrics shared by every long-running subcommand.
 //! - [`process`]: a running process's identity and shutdown signal.
@@ -35,6 +36,7 @@
 pub mod admission;
 pub mod cli;
 pub(crate) mod events;
+pub mod fenced;
 pub use kube_fence_client as client;
 pub mod lease;
 pub(crate) mod limit;

@@ -37,6 +37,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the real reads and the metrics they count", &["admission::metrics", "admission::reads"]),
     ("wire and transport; the lease controller beside them", &["admission::http", "lease"]),
     ("registration", &["admission::registration"]),
+    ("the FencedController status", &["fenced"]),
     ("startup", &["admission::start", "admission::local", "admission"]),
     ("the command line and the crate root", &["cli", ""]),
 ];

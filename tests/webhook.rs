@@ -10,6 +10,8 @@ mod attacks;
 mod common;
 #[path = "webhook/fenced_policy.rs"]
 mod fenced_policy;
+#[path = "webhook/fenced_status.rs"]
+mod fenced_status;
 #[path = "webhook/holders.rs"]
 mod holders;
 #[path = "webhook/leader.rs"]

@@ -1,4 +1,5 @@
-//! `kube-fence run`: the lease controller and the fencing webhook in one process.
+//! `kube-fence run`: the lease controller (with the FencedController status beside it) and the
+//! fencing webhook in one process.
 //! `kube-fence run --local` serves the webhook on 127.0.0.1 (a free port unless `--local-port`
 //! names one) with a CA made in-process and registers it by URL on the cluster in `KUBECONFIG`
 //! (removed again on a clean exit / Ctrl-C). `--ready-file` tells a script when it is ready.
@@ -15,6 +16,7 @@ use super::webhook::WebhookArgs;
 use crate::admission::http::server::Metrics;
 use crate::admission::local::{LocalOptions, LocalWebhook};
 use crate::admission::start::WebhookConfig;
+use crate::fenced::controller::StatusOptions;
 use crate::lease::controller::ControllerOptions;
 use crate::telemetry::init_logging;
 
@@ -97,6 +99,17 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     options.namespace = args.watch_namespace.clone();
     options.leader_election_namespace = Some(args.webhook.namespace.clone());
     options.policy_params = args.policy_path;
+    // The FencedController status runs with the lease controller (while it leads), judging the
+    // routing of the writers configuration that goes with the webhook's own.
+    let webhook = if args.local { args.local_config() } else { args.webhook.config() };
+    let status = StatusOptions {
+        namespace: args.watch_namespace.clone(),
+        configuration: webhook.scope.configuration_name.clone(),
+        identity: webhook.leader_identity.clone(),
+        instance: options.identity.clone(),
+    };
+    let status_metrics = crate::fenced::controller::Metrics::register(&mut registry);
+    options.beside = Some(crate::fenced::controller::beside(cluster.client.clone(), status, status_metrics));
     let controller = crate::lease::controller::run(cluster.client.clone(), options, &mut registry, shutdown.clone().cancelled_owned());
     let metrics = Metrics::register(&mut registry);
     let registry = Arc::new(registry);

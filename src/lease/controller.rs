@@ -75,6 +75,32 @@ pub struct ControllerOptions {
     pub retry_period: Duration,
     /// Keep the policy path's parameter ConfigMaps (`super::params`), while reconciling.
     pub policy_params: bool,
+    /// Other work that runs while the reconciles do (under leader election, only while this
+    /// replica leads): the FencedController status, composed by the command line.
+    pub beside: Option<Beside>,
+}
+
+/// Work that runs beside the lease controller's reconciles: started with them (each leadership
+/// term) and stopped with them, by the token it is given.
+#[derive(Clone)]
+pub struct Beside(Arc<dyn Fn(CancellationToken) -> BoxedWork + Send + Sync>);
+
+type BoxedWork = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl Beside {
+    /// `work(stop)` is started with each run of the reconciles; it must end once `stop` is cancelled.
+    pub fn new<F>(work: impl Fn(CancellationToken) -> F + Send + Sync + 'static) -> Beside
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        Beside(Arc::new(move |stop| Box::pin(work(stop))))
+    }
+}
+
+impl std::fmt::Debug for Beside {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Beside(..)")
+    }
 }
 
 impl ControllerOptions {
@@ -90,6 +116,7 @@ impl ControllerOptions {
             renew_deadline: election.renew_deadline,
             retry_period: election.retry_period,
             policy_params: false,
+            beside: None,
         }
     }
 
@@ -294,6 +321,11 @@ async fn reconcile_until(client: Client, options: &ControllerOptions, metrics: M
         let params = stop.child_token();
         tokio::spawn(super::params::maintain(client.clone(), options.namespace.clone(), params.clone()));
         params.drop_guard()
+    });
+    let _beside = options.beside.as_ref().map(|Beside(work)| {
+        let beside = stop.child_token();
+        tokio::spawn(work(beside.clone()));
+        beside.drop_guard()
     });
     // kube-runtime's `Controller` over a trimmed watch: the same applier (one reconcile per
     // Lease at a time, requeues, waiting for the first list), with a smaller cache.

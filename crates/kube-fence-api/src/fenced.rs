@@ -105,6 +105,8 @@ pub mod ready {
     pub const HOST_NETWORK: &str = "HostNetwork";
     /// Not ready: the writer webhook does not route the ServiceAccounts' writes yet.
     pub const NOT_ROUTED: &str = "NotRouted";
+    /// Not ready: the spec cannot be judged by (written before a schema change, or past it).
+    pub const INVALID_SPEC: &str = "InvalidSpec";
 }
 
 /// The Events the webhook publishes on a FencedController (`regarding` it: `kubefence.io/v1alpha1`
