@@ -675,7 +675,9 @@ async fn a_running_client_go_controller_is_fenced_in_audit_then_enforced_then_re
         row = fence_row(&f.ns, "leader-go");
         let holder = leader::holder_now(&f.client, &f.ns).await;
         row.as_ref().is_some_and(|r| {
-            r["ready"]["status"] == "True" && r["ready"]["reason"] == "Auditing" && holder.starts_with(&format!("{}_", r["holder"].as_str().unwrap_or("?")))
+            r["ready"]["status"] == "True"
+                && r["ready"]["reason"] == "Auditing"
+                && holder.starts_with(&format!("{}_", r["holder"].as_str().unwrap_or("?")))
         })
     })
     .await;
@@ -688,7 +690,11 @@ async fn a_running_client_go_controller_is_fenced_in_audit_then_enforced_then_re
     .await;
 
     // Enforce, with kubectl; the history from here on is checked.
-    as_admin(kubectl, &["-n", &f.ns, "patch", "fencedcontroller", "leader-go", "--type", "merge", "-p", r#"{"spec":{"mode":"Enforce"}}"#], None);
+    as_admin(
+        kubectl,
+        &["-n", &f.ns, "patch", "fencedcontroller", "leader-go", "--type", "merge", "-p", r#"{"spec":{"mode":"Enforce"}}"#],
+        None,
+    );
     leader::until("kube-fence status: Enforcing", Duration::from_secs(60), async || {
         fence_row(&f.ns, "leader-go").is_some_and(|r| r["ready"]["reason"] == "Enforcing")
     })
@@ -732,8 +738,8 @@ async fn a_running_client_go_controller_is_fenced_in_audit_then_enforced_then_re
     let seen = std::mem::take(&mut *seen.lock().expect("seen"));
     let (violations, _) = leader::violations(&seen);
     println!(
-        "adopted: audited cycle let {} pending writes land; enforced cycles refused {:?}; {accepted} writes accepted in all; violations while enforced: {}",
-        "its",
+        "adopted: the audited cycle refused {:?} (its stale writes landed, warned); the enforced cycles refused {:?}; {accepted} writes accepted in all; violations while enforced: {}",
+        audited.refused,
         enforced.refused,
         violations.len()
     );
