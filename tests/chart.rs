@@ -523,12 +523,12 @@ async fn the_service_account_can_do_exactly_what_kube_fence_needs() {
         "events.events.k8s.io [] [] [create]",
         "fencedcontrollers.kubefence.io [] [] [get list watch]",
         "fencedcontrollers.kubefence.io/status [] [] [get update patch]",
-        "pods [] [] [get]",
+        "pods [] [] [get list watch]",
         "leases.kubefence.io [] [] [get list watch]",
         "leases.coordination.k8s.io [] [] [get list watch]",
         "leases.kubefence.io/status [] [] [get update patch]",
         "validatingwebhookconfigurations.admissionregistration.k8s.io [] [rbac-kube-fence] [get update]",
-        "validatingwebhookconfigurations.admissionregistration.k8s.io [] [rbac-kube-fence-writers] [get patch]",
+        "validatingwebhookconfigurations.admissionregistration.k8s.io [] [rbac-kube-fence-writers] [get list watch patch]",
     ];
     let mut expected_own: BTreeSet<String> = expected_everywhere.iter().map(|s| s.to_string()).collect();
     // kubectl merges the verbs of one resource: leader election's create joins the webhook's get.
