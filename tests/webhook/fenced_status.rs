@@ -67,11 +67,13 @@ async fn events(f: &Fixture) -> Vec<(String, String)> {
     ours.into_iter().map(|e| (e.type_.unwrap_or_default(), e.reason.unwrap_or_default())).collect()
 }
 
-/// Sets Lease [`LEASE`]'s holder (as an admin).
-async fn hold(f: &Fixture, holder: &str) {
-    let leases = Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns);
+/// Pod `pod` of ServiceAccount `ctl` claims Lease [`LEASE`] as `holder`, with its own token (the
+/// fenced-holder policy lets only a Pod of the fence's ServiceAccounts claim it, as itself).
+async fn hold(f: &Fixture, pod: &Pod, holder: &str) {
+    let as_pod = common::identity::client_as_pod(&f.client, &f.ns, "ctl", pod).await;
+    let leases = Api::<LeaderLease>::namespaced(as_pod, &f.ns);
     let body = json!({"spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}});
-    leases.patch(LEASE, &PatchParams::default(), &Patch::Merge(&body)).await.expect("set the holder");
+    leases.patch(LEASE, &PatchParams::default(), &Patch::Merge(&body)).await.expect("claim the Lease");
 }
 
 /// Waits until the writers configuration of `configuration` routes ServiceAccount ctl. If the
@@ -120,13 +122,14 @@ async fn the_status_says_whether_the_fence_works_and_who_holds_the_lease() {
     let running = tokio::spawn(controller::run(f.client.clone(), options, Metrics::default(), stop.clone()));
 
     // Pods p1, p2 of ServiceAccount ctl; q1 of another; h1 of ctl on the node's network.
-    controller_pods(&f, &["p1", "p2"]).await;
+    let pods = controller_pods(&f, &["p1", "p2"]).await;
     common::identity::pods_of(&f.client, &f.ns, "default", &["q1"]).await;
     let host: Pod = serde_json::from_value(json!({"metadata": {"name": "h1"},
         "spec": {"serviceAccountName": "ctl", "hostNetwork": true, "schedulingGates": [{"name": "kubefence.io/never-run"}],
                  "containers": [{"name": "c", "image": "registry.invalid/none"}]}}))
     .expect("a Pod");
-    Api::<Pod>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &host).await.expect("create the hostNetwork Pod");
+    let host =
+        Api::<Pod>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &host).await.expect("create the hostNetwork Pod");
 
     // An Audit fence on a Lease that does not exist yet.
     let fences = Api::<FencedController>::namespaced(f.client.clone(), &f.ns);
@@ -136,8 +139,9 @@ async fn the_status_says_whether_the_fence_works_and_who_holds_the_lease() {
 
     // Once the writer webhook routes ctl, the Lease appears, held by p1.
     wait_routed(&f, &configuration).await;
-    let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": LEASE}, "spec": {"holderIdentity": "p1_1111"}})).unwrap();
+    let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": LEASE}, "spec": {}})).unwrap();
     Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &lease).await.expect("create the Lease");
+    hold(&f, &pods[0], "p1_1111").await;
     wait_ready(&f, "True", ready::AUDITING, Some("p1")).await;
     assert_eq!(observed(&f).await.and_then(|o| o.3), Some(1), "observedGeneration");
 
@@ -147,11 +151,23 @@ async fn the_status_says_whether_the_fence_works_and_who_holds_the_lease() {
     assert_eq!(observed(&f).await.and_then(|o| o.3), Some(2), "observedGeneration follows the spec");
 
     // A holder of another ServiceAccount; a holder on the node's network; p1 again.
-    hold(&f, "q1_2222").await;
+    // A holder of another ServiceAccount: possible only if it held the Lease before the fence
+    // existed (the fenced-holder policy refuses its claim while the fence exists), so the admin
+    // removes the fence, the other Pod's holder is written, and the fence is made again.
+    fences.delete(FENCE, &Default::default()).await.expect("delete the fence");
+    until("the fence is gone", Duration::from_secs(30), async || fences.get_opt(FENCE).await.is_ok_and(|f| f.is_none())).await;
+    let body = json!({"spec": {"holderIdentity": "q1_2222", "leaseDurationSeconds": 15}});
+    let leases = Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns);
+    until("the holder binding ends with the fence", Duration::from_secs(30), async || {
+        leases.patch(LEASE, &PatchParams::default(), &Patch::Merge(&body)).await.is_ok()
+    })
+    .await;
+    let spec = FencedControllerSpec { lease: LEASE.into(), service_accounts: vec!["ctl".into()], exempt: vec![], mode: FenceMode::Enforce };
+    fences.create(&PostParams::default(), &FencedController::new(FENCE, spec)).await.expect("the fence again");
     wait_ready(&f, "False", ready::HOLDER_NOT_FENCED, Some("q1")).await;
-    hold(&f, "h1_3333").await;
+    hold(&f, &host, "h1_3333").await;
     wait_ready(&f, "False", ready::HOST_NETWORK, Some("h1")).await;
-    hold(&f, "p1_4444").await;
+    hold(&f, &pods[0], "p1_4444").await;
     wait_ready(&f, "True", ready::ENFORCING, Some("p1")).await;
 
     // Each transition is one Event: Warning when Ready is False, Normal when True.
@@ -175,7 +191,7 @@ async fn the_status_says_whether_the_fence_works_and_who_holds_the_lease() {
     assert_eq!(seen, expected);
 
     // Another holder of ServiceAccount ctl: the holder changes, Ready does not, and no Event.
-    hold(&f, "p2_5555").await;
+    hold(&f, &pods[1], "p2_5555").await;
     wait_ready(&f, "True", ready::ENFORCING, Some("p2")).await;
     // Past a resync, so a reconcile that would publish one has run.
     tokio::time::sleep(controller::RESYNC + Duration::from_secs(1)).await;

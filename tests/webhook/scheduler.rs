@@ -169,9 +169,28 @@ async fn kube_scheduler_is_fenced_by_its_lease_alone() {
     let leases = Api::<LeaderLease>::namespaced(f.client.clone(), &f.ns);
     let before = renewed(leases.get_opt(LEASE).await.expect("lease"));
     until("A renews", Duration::from_secs(30), async || renewed(leases.get_opt(LEASE).await.ok().flatten()) != before).await;
-    let release = Patch::Merge(json!({"spec": {"holderIdentity": null}}));
-    leases.patch(LEASE, &PatchParams::default(), &release).await.expect("release the Lease as an admin");
-    until("B takes the Lease", Duration::from_secs(5), async || holder(&f.client, &f.ns).await.starts_with("sched-1_")).await;
+    // The handover is written by B's own Pod (an admin may not: while the FencedController exists
+    // only a Pod of the fenced ServiceAccount claims the Lease, as itself, and only the holder
+    // releases it): a claim as sched-1, then its release, which B's scheduler then takes under
+    // its own identity.
+    let as_b = common::identity::client_as_pod(&f.client, &f.ns, "scheduler", &pods[1]).await;
+    // (kube-scheduler's role may update Leases, not patch them.)
+    let as_b = Api::<LeaderLease>::namespaced(as_b, &f.ns);
+    let mut lease = as_b.get(LEASE).await.expect("B's Pod reads the Lease");
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    spec.holder_identity = Some("sched-1_handover".into());
+    spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime("2026-01-01T00:00:00Z".parse().expect("a time")));
+    let lease = as_b.replace(LEASE, &PostParams::default(), &lease).await.expect("B's Pod hands the Lease over to itself");
+    // ... and, now its holder, releases it (client-go takes a released Lease at once; an expired
+    // one only a Lease duration after it last saw it change).
+    let mut lease = lease;
+    lease.spec.get_or_insert_with(Default::default).holder_identity = None;
+    as_b.replace(LEASE, &PostParams::default(), &lease).await.expect("B's Pod releases the Lease");
+    until("B takes the Lease", Duration::from_secs(5), async || {
+        let now = holder(&f.client, &f.ns).await;
+        now.starts_with("sched-1_") && now != "sched-1_handover"
+    })
+    .await;
     for i in 0..3 {
         workload.create(&PostParams::default(), &pending(&format!("after-takeover-{i}"))).await.expect("a pending Pod");
     }
