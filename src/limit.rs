@@ -29,7 +29,7 @@ struct Bucket {
     at: Instant,
 }
 
-impl<K: Hash + Eq + Copy> Buckets<K> {
+impl<K: Hash + Eq + Clone> Buckets<K> {
     /// Keys tracked at once by default; beyond that the one idle longest is forgotten (a key
     /// forgotten starts again with a full bucket, so only a client with this many addresses gains
     /// by it).
@@ -71,7 +71,7 @@ impl<K: Hash + Eq + Copy> Buckets<K> {
     /// refills nothing.
     pub(crate) fn tokens(&mut self, key: K, now: Instant) -> &mut f64 {
         if !self.keys.contains_key(&key) && self.keys.len() >= self.max_keys {
-            let idlest = self.keys.iter().min_by_key(|(_, b)| b.at).map(|(k, _)| *k);
+            let idlest = self.keys.iter().min_by_key(|(_, b)| b.at).map(|(k, _)| k.clone());
             if let Some(idlest) = idlest {
                 self.keys.remove(&idlest);
             }
@@ -82,6 +82,11 @@ impl<K: Hash + Eq + Copy> Buckets<K> {
         bucket.tokens = (bucket.tokens + refill).min(burst);
         bucket.at = bucket.at.max(now);
         &mut bucket.tokens
+    }
+
+    /// Whether `key` has a token at `now` (taking none).
+    pub(crate) fn can_take(&mut self, key: K, now: Instant) -> bool {
+        *self.tokens(key, now) >= 1.0
     }
 
     /// Takes a token of `key` at `now` if it has one.

@@ -16,6 +16,8 @@ mod fenced_status;
 mod holders;
 #[path = "webhook/leader.rs"]
 mod leader;
+#[path = "webhook/neighbours.rs"]
+mod neighbours;
 #[path = "webhook/scheduler.rs"]
 mod scheduler;
 #[path = "webhook/writers.rs"]

@@ -215,10 +215,8 @@ pub(crate) async fn spawn_webhook(
         // The writer webhooks (section 3, writer fence) take their client configuration from it.
         "--webhook-configuration",
         &format!("kf-bench-{own_namespace}"),
-        // The benchmark measures what the guard costs a writer, not the per-source budget on
-        // quorum reads (which its one writer of leader-guarded objects would exceed).
-        "--quorum-reads-per-source",
-        "0",
+        // The quorum-read budget stays at its default (per source and lease namespace): genuine
+        // traffic must not be throttled by it.
     ]
     .iter()
     .map(|s| s.to_string())

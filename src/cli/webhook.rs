@@ -153,12 +153,16 @@ pub struct WebhookArgs {
     #[arg(long, value_name = "N", default_value_t = bounds::FAILED_CONNECTIONS_PER_SECOND)]
     pub failed_connections_per_source: u32,
 
-    /// Reviews that need a quorum read of a lease, per second and source address (bursts of
-    /// twice that); beyond it a review is denied with 429 ReadsThrottled (the API server asks
-    /// the writer to retry in a second) and costs the API server nothing. 0: no budget. No
-    /// budget applies with --client-ca-file: every caller is then the API server.
-    #[arg(long, value_name = "N", default_value_t = bounds::QUORUM_READS_PER_SECOND)]
-    pub quorum_reads_per_source: u32,
+    /// Quorum reads of leases one source address may start a second for the leases of one
+    /// namespace (bursts of twice that), and ten times that in all. A read shared by concurrent
+    /// reviews of one lease is charged once. Beyond it a review is denied with 429
+    /// ReadsThrottled (the API server asks the writer to retry in a second) and costs the API
+    /// server nothing. Every genuine review comes from the API server's address, so the budget
+    /// is per namespace: a tenant or one busy controller uses up its own namespace's, never
+    /// another's. 0: no budget. No budget applies with --client-ca-file: every caller is then the
+    /// API server.
+    #[arg(long, alias = "quorum-reads-per-source", value_name = "N", default_value_t = bounds::QUORUM_READS_PER_NAMESPACE)]
+    pub quorum_reads_per_namespace: u32,
 
     /// How the holder fences act on a write by a Pod that does not hold the Lease (objects
     /// labelled kubefence.io/leader-lease, and every write of opted-in writers). Enforce: denied
@@ -181,7 +185,7 @@ impl WebhookArgs {
             max_connections: self.max_connections as usize,
             max_connections_per_source: self.max_connections_per_source as usize,
             failed_connections_per_source: Some(self.failed_connections_per_source).filter(|n| *n > 0),
-            quorum_reads_per_source: Some(self.quorum_reads_per_source).filter(|n| *n > 0 && !authenticated),
+            quorum_reads_per_namespace: Some(self.quorum_reads_per_namespace).filter(|n| *n > 0 && !authenticated),
             keep_alive_idle: bounds::KEEP_ALIVE_IDLE,
         }
     }

@@ -379,7 +379,7 @@ async fn forged_reviews_cost_the_api_server_reads_only_within_their_sources_budg
     let mut options = kube_fence::admission::local::LocalOptions::new(format!("kf-test-{ns}"));
     options.webhook.scope.only_namespaces = Some(vec![ns.clone()]);
     options.policy_path = common::policy_path();
-    options.webhook.bounds.quorum_reads_per_source = Some(PER_SECOND);
+    options.webhook.bounds.quorum_reads_per_namespace = Some(PER_SECOND);
     let f = Fixture::with_options(client, ns, options).await;
     f.grant("work", "a", 5).await;
     let hook = f.hook.as_ref().expect("webhook");

@@ -403,3 +403,31 @@ async fn concurrent_writes_of_the_leader_share_quorum_reads() {
     assert!(reads >= 1 && reads < writes, "{reads} reads for {writes} concurrent writes");
     f.stop().await;
 }
+
+/// CONNECT is judged too: a fenced follower cannot `exec` into, `attach` to or `port-forward` to
+/// the Pods its controller manages (stale-but-honest replica, or a follower acting as if it
+/// led), while the leader's CONNECT passes admission (and then fails only because these Pods
+/// were never scheduled).
+#[tokio::test]
+async fn a_followers_exec_attach_and_port_forward_are_refused() {
+    let f = Fixture::new("writers-connect").await;
+    let (p1, p2, _) = fenced_controller(&f, &[], FenceMode::Enforce).await;
+    let connect = async |client: &Client, path: &str| {
+        let url = format!("/api/v1/namespaces/{}/pods/p1/{path}", f.ns);
+        let request = http::Request::post(url).body(Vec::new()).expect("a request");
+        let response = client.send(request.map(kube::client::Body::from)).await.expect("the API server answers");
+        let status = response.status();
+        let body = http_body_util::BodyExt::collect(response.into_body()).await.map(|c| c.to_bytes()).unwrap_or_default();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    for path in ["exec?command=true&stdout=true", "attach?stdout=true", "portforward?ports=8080"] {
+        let (status, body) = connect(&p2, path).await;
+        assert!(
+            status == http::StatusCode::CONFLICT && body.contains(Reason::NotHolder.as_str()) && body.contains("p1_1111"),
+            "{path} by the follower: {status} {body}"
+        );
+        let (status, body) = connect(&p1, path).await;
+        assert!(!body.contains(Reason::NotHolder.as_str()), "{path} by the leader passes admission: {status} {body}");
+    }
+    f.stop().await;
+}

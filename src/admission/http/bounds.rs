@@ -17,8 +17,8 @@
 //!   fast as they are closed kept the two cores busy with handshakes. The API server's
 //!   connections carry requests, so they are never charged (what is charged is in
 //!   `super::failures`).
-//! - The reviews of one source address that need a quorum read of a lease are budgeted
-//!   (`crate::admission::reads::ReadBudget`, at [`Bounds::quorum_reads_per_source`]).
+//! - The quorum reads one source address starts are budgeted per lease namespace and in all
+//!   (`crate::admission::reads::ReadBudget`, at [`Bounds::quorum_reads_per_namespace`]).
 //! - [`trim_after_bursts`]: memory a burst of connections used is given back to the system
 //!   (glibc keeps freed memory in its arenas otherwise; the binary says how,
 //!   [`set_memory_release`]).
@@ -52,8 +52,10 @@ pub const MAX_CONNECTIONS_PER_SOURCE: usize = 512;
 /// many connections open: clients that open many connections from many addresses fill at most
 /// three quarters, and an API server with a few connections open still gets a new one.
 pub const FEW_CONNECTIONS: usize = 8;
-/// Reviews that need a quorum read, per second and source address.
-pub const QUORUM_READS_PER_SECOND: u32 = 100;
+/// Quorum reads a source may start a second for the leases of one namespace (and ten times that
+/// in all: `crate::admission::reads::ReadBudget`). About what the API server sustains on a small
+/// machine, so one busy fenced controller is not capped below it.
+pub const QUORUM_READS_PER_NAMESPACE: u32 = 1000;
 /// Failed connections (see [`FailureBudget`]) per second and source address.
 pub const FAILED_CONNECTIONS_PER_SECOND: u32 = 1;
 /// A source's failed connections may come in a burst of this many seconds' worth. A kubelet's
@@ -82,7 +84,7 @@ pub struct Bounds {
     pub failed_connections_per_source: Option<u32>,
     /// Reviews needing a quorum read, per second and source (a burst of twice that is allowed);
     /// `None`: unbudgeted (every caller is authenticated, or a benchmark).
-    pub quorum_reads_per_source: Option<u32>,
+    pub quorum_reads_per_namespace: Option<u32>,
     /// How long a connection that carried a request may stay idle ([`KEEP_ALIVE_IDLE`]).
     pub keep_alive_idle: Duration,
 }
@@ -93,7 +95,7 @@ impl Default for Bounds {
             max_connections: MAX_CONNECTIONS,
             max_connections_per_source: MAX_CONNECTIONS_PER_SOURCE,
             failed_connections_per_source: Some(FAILED_CONNECTIONS_PER_SECOND),
-            quorum_reads_per_source: Some(QUORUM_READS_PER_SECOND),
+            quorum_reads_per_namespace: Some(QUORUM_READS_PER_NAMESPACE),
             keep_alive_idle: KEEP_ALIVE_IDLE,
         }
     }
@@ -481,7 +483,7 @@ mod tests {
         max_connections: 0,
         max_connections_per_source: 0,
         failed_connections_per_source: None,
-        quorum_reads_per_source: None,
+        quorum_reads_per_namespace: None,
         keep_alive_idle: KEEP_ALIVE_IDLE,
     };
 

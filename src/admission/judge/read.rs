@@ -68,8 +68,8 @@ pub trait LeaseReads {
 #[derive(Clone, Debug)]
 pub enum ReadError {
     /// The request's source used up its quorum-read budget
-    /// (`crate::admission::reads::ReadBudget`).
-    Throttled { source: IpAddr, per_second: u32 },
+    /// (`crate::admission::reads::ReadBudget`): for the leases of `namespace`, or (`None`) in all.
+    Throttled { source: IpAddr, namespace: Option<String>, per_second: u32 },
     /// The API server did not answer the read (shared by every review that waited for it).
     Failed(Arc<kube::Error>),
 }
@@ -79,10 +79,15 @@ impl ReadError {
     /// Lease) that failed this way.
     pub fn verdict(&self, lease: LeaseRef<'_>, leader: bool) -> Verdict {
         match self {
-            ReadError::Throttled { source, per_second } => Verdict::deny(
+            ReadError::Throttled { source, namespace, per_second } => Verdict::deny(
                 429,
                 Reason::ReadsThrottled,
-                format!("too many reviews needing a quorum read from {source} (at most {per_second} a second); retry in a second"),
+                match namespace {
+                    Some(namespace) => format!(
+                        "too many quorum reads of leases of namespace {namespace} from {source} (at most {per_second} a second); retry in a second"
+                    ),
+                    None => format!("too many quorum reads from {source} (at most {per_second} a second); retry in a second"),
+                },
             ),
             ReadError::Failed(err) => {
                 let kind = if leader { "leader-election Lease" } else { "lease" };

@@ -115,8 +115,12 @@ impl LeaseDirectory {
 
     /// The lease as etcd has it now: `Api::get` without a resourceVersion is a quorum read.
     pub async fn quorum(&self, lease: LeaseRef<'_>) -> Result<Option<LeaseFacts>, kube::Error> {
-        let fresh = Api::<Lease>::namespaced(self.client.clone(), lease.namespace).get_opt(lease.name).await?;
-        Ok(fresh.as_ref().map(facts))
+        Ok(self.quorum_lease(lease).await?.as_ref().map(facts))
+    }
+
+    /// The same, the whole lease.
+    pub async fn quorum_lease(&self, lease: LeaseRef<'_>) -> Result<Option<Lease>, kube::Error> {
+        Api::<Lease>::namespaced(self.client.clone(), lease.namespace).get_opt(lease.name).await
     }
 
     /// The leader-election Lease as etcd has it now (a quorum read, as above).

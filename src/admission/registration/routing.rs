@@ -263,7 +263,9 @@ pub fn configuration(name: &str, template: &WebhookClientConfig, routes: &Routes
                 api_groups: Some(vec!["*".into()]),
                 api_versions: Some(vec!["*".into()]),
                 resources: Some(vec!["*/*".into()]),
-                operations: Some(vec!["CREATE".into(), "UPDATE".into(), "DELETE".into()]),
+                // CONNECT too: `pods/exec`, `attach`, `portforward` and `proxy` act on what the
+                // controller manages, and a follower must not.
+                operations: Some(vec!["CREATE".into(), "UPDATE".into(), "DELETE".into(), "CONNECT".into()]),
                 scope: Some("*".into()),
             }]),
             match_conditions: Some(vec![MatchCondition { name: CONDITION_NAME.into(), expression }]),

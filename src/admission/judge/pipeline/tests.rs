@@ -85,7 +85,7 @@ fn a_read_that_fails_or_is_throttled_is_denied(#[case] facts: Option<ObjectFacts
     let v = judged(&req, sent, &leases);
     assert!(matches!(&v, Verdict::Deny { code: 500, reason: Reason::LeaseReadFailed, message, .. } if message == failed), "{v:?}");
     let source = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7));
-    let leases = FakeLeases::default().with_fence(fence()).failing(ReadError::Throttled { source, per_second: 5 });
+    let leases = FakeLeases::default().with_fence(fence()).failing(ReadError::Throttled { source, namespace: None, per_second: 5 });
     let v = judged(&req, sent, &leases);
     assert!(
         matches!(&v, Verdict::Deny { code: 429, reason: Reason::ReadsThrottled, message, .. } if message.contains("from 10.0.0.7 (at most 5 a second)")),

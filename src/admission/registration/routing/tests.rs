@@ -36,6 +36,7 @@ fn one_webhook_at_the_writer_path_with_the_main_client_configuration() {
     assert_eq!(hooks[0].client_config.url.as_deref(), Some("https://127.0.0.1:8443/writer"));
     let rule = &hooks[0].rules.as_ref().expect("rules")[0];
     assert_eq!(rule.scope.as_deref(), Some("*"), "cluster-scoped objects too");
+    assert!(rule.operations.iter().flatten().any(|o| o == "CONNECT"), "exec, attach, port-forward, proxy too");
     assert_eq!(rule.resources.as_deref(), Some(&["*/*".to_string()][..]), "every subresource too");
     assert_eq!(hooks[0].failure_policy.as_deref(), Some("Fail"));
     assert!(hooks[0].namespace_selector.is_none() && hooks[0].object_selector.is_none());
