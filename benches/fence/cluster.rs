@@ -631,6 +631,8 @@ async fn writer_fenced(args: &Args, table: &mut Table, bench: &mut Bench, holder
         "",
         Met::Info,
     );
+    fenced_throughput(args, table, bench, holder, &set_fenced).await?;
+    set_fenced(false).await?;
     // Everyone else's cost, as fences grow: 0, 100, 1,000 FencedControllers of ServiceAccounts
     // that write nothing here.
     let mut by_count = Vec::new();
@@ -672,6 +674,134 @@ async fn writer_fenced(args: &Args, table: &mut Table, bench: &mut Bench, holder
         );
     }
     fences.delete_collection(&DeleteParams::default(), &Default::default()).await?;
+    Ok(())
+}
+
+/// `workers` tasks, each updating a ConfigMap of its own `per_worker` times as the fenced
+/// controller's holder: the updates a second, their latencies, and how many were refused (429
+/// or anything else: genuine traffic).
+async fn holder_updates(holder: &Api<ConfigMap>, workers: usize, per_worker: usize) -> anyhow::Result<(f64, Samples, usize)> {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..workers)
+        .map(|w| {
+            let cms = holder.clone();
+            tokio::spawn(async move {
+                let (mut samples, mut refused) = (Samples::default(), 0usize);
+                for i in 0..per_worker {
+                    let patch = json!({"data": {"seq": i.to_string()}});
+                    let t = Instant::now();
+                    match cms.patch(&format!("throughput-{w}"), &PatchParams::default(), &Patch::Merge(&patch)).await {
+                        Ok(_) => samples.push(t.elapsed()),
+                        Err(_) => refused += 1,
+                    }
+                }
+                (samples, refused)
+            })
+        })
+        .collect();
+    let (mut all, mut refused) = (Samples::default(), 0);
+    for task in tasks {
+        let (samples, r) = task.await?;
+        all.0.extend(samples.0);
+        refused += r;
+    }
+    let rate = (workers * per_worker) as f64 / started.elapsed().as_secs_f64();
+    Ok((rate, all, refused))
+}
+
+/// Section 3, a fenced controller at full speed (issue 35): its holder's updates with 1 and 8
+/// workers, fenced and not, at rest and while a tenant floods labelled creates in a namespace of
+/// its own (each create a quorum read, each refused); and beside them a raw quorum GET of the
+/// Lease, the price of the linearizable read a fenced write makes.
+async fn fenced_throughput(
+    args: &Args,
+    table: &mut Table,
+    bench: &mut Bench,
+    holder: &Api<ConfigMap>,
+    set_fenced: &impl AsyncFn(bool) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
+    let (admin, ns) = (bench.client.clone(), bench.ns_hook.clone());
+    for w in 0..8 {
+        let cm = ConfigMap { metadata: ObjectMeta { name: Some(format!("throughput-{w}")), ..Default::default() }, ..Default::default() };
+        holder.create(&PostParams::default(), &cm).await?;
+    }
+    // The raw quorum GET of the Lease (no resourceVersion: served from etcd), as the webhook
+    // makes it.
+    let leases: Api<LeaderLease> = Api::namespaced(admin.clone(), &ns);
+    let mut raw = Samples::default();
+    for _ in 0..args.updates() / 4 {
+        let t = Instant::now();
+        leases.get("leader").await?;
+        raw.push(t.elapsed());
+    }
+    // The tenant: its own namespace, labelled creates naming leases that do not exist.
+    let tenant = format!("{ns}-tenant");
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": tenant}}))?)
+        .await?;
+    let per_worker = (args.updates() / 4).max(10);
+    for flood in [false, true] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flooders: Vec<_> = (0..if flood { 8 } else { 0 })
+            .map(|f| {
+                let (cms, stop) = (Api::<ConfigMap>::namespaced(admin.clone(), &tenant), stop.clone());
+                tokio::spawn(async move {
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        i += 1;
+                        let cm = json!({"metadata": {"name": format!("flood-{f}-{i}"), "labels": {LEASE_LABEL: format!("nothing-{f}-{i}")},
+                            "annotations": {TOKEN_ANNOTATION: "1"}}});
+                        let _ = cms.create(&PostParams::default(), &serde_json::from_value::<ConfigMap>(cm).expect("a ConfigMap")).await;
+                    }
+                    i
+                })
+            })
+            .collect();
+        for workers in [1usize, 8] {
+            eprintln!(
+                "[3] fenced controller, {workers} workers{}: fenced and not ({per_worker} each)",
+                if flood { ", tenant flooding" } else { "" }
+            );
+            set_fenced(false).await?;
+            let (plain_rate, plain, _) = holder_updates(holder, workers, per_worker).await?;
+            set_fenced(true).await?;
+            let (fenced_rate, fenced, refused) = holder_updates(holder, workers, per_worker).await?;
+            let during = if flood { ", a tenant flooding" } else { "" };
+            let ratio = fenced_rate / plain_rate.max(f64::MIN_POSITIVE);
+            let target = if workers == 8 { 0.8 } else { 0.6 };
+            table.add(
+                "3",
+                format!("… fenced controller, {workers} writer(s){during}: throughput, p50 / p99 (refused)"),
+                format!("{} , {} / {} ({refused})", rate(fenced_rate, "upd"), ms(fenced.p50()), ms(fenced.p99())),
+                format!("{} , {} / {}", rate(plain_rate, "upd"), ms(plain.p50()), ms(plain.p99())),
+                format!("{ratio:.2}×, +{} p50", ms(fenced.p50().saturating_sub(plain.p50()))),
+                format!("≥ {target}×, 0 refused"),
+                met(ratio >= target && refused == 0),
+            );
+            if workers == 1 && !flood {
+                let added = fenced.p50().saturating_sub(plain.p50());
+                table.add(
+                    "3",
+                    "… fenced controller, 1 writer: p50 added against a raw quorum GET of the Lease (p50)",
+                    ms(added),
+                    ms(raw.p50()),
+                    format!("{:+.2} ms", (added.as_secs_f64() - raw.p50().as_secs_f64()) * 1000.0),
+                    "≤ the GET + 0.5 ms",
+                    met(added <= raw.p50() + Duration::from_micros(500)),
+                );
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let mut flooded = 0;
+        for f in flooders {
+            flooded += f.await?;
+        }
+        if flood {
+            eprintln!("[3] the tenant sent {flooded} labelled creates");
+        }
+    }
+    let _ = Api::<Namespace>::all(admin).delete(&tenant, &DeleteParams::default()).await;
     Ok(())
 }
 
