@@ -502,10 +502,15 @@ fn genuine_review(ns: &str) -> Vec<u8> {
 /// idled out sends it: its status (0 when the connection was refused or closed without one).
 async fn review_from(source: &str, addr: std::net::SocketAddr, ca: &str, body: &[u8]) -> u16 {
     let Ok(mut tls) = connect_from(Some(source), addr, ca).await else { return 0 };
+    review_on(&mut tls, body).await
+}
+
+/// One review on `tls`: its status (0 when the connection was closed without one).
+async fn review_on(tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>, body: &[u8]) -> u16 {
     if tls.write_all(head(body.len()).as_bytes()).await.is_err() || tls.write_all(body).await.is_err() {
         return 0;
     }
-    status_of(&mut tls, Duration::from_secs(30)).await
+    status_of(tls, Duration::from_secs(30)).await
 }
 
 /// `n` reviews from `source`, `at_once` at a time, each on a new connection: how many were
@@ -601,9 +606,10 @@ async fn guarded_writes(client: &kube::Client, ns: &str, n: usize) -> (usize, Ve
 async fn a_reviewing_source_is_answered_while_300_sources_hold_7_idle_connections_each() {
     let _serial = SERIAL.lock().await;
     let client = common::client().await;
-    // Idle connections are held for the whole test (the default idle deadline, 120 s, could end
-    // them on a busy machine before the reviews are sent).
-    let bounds = Bounds { keep_alive_idle: Duration::from_secs(900), ..Bounds::default() };
+    // Idle connections are held for the whole test (the default idle deadlines, 120 s and for
+    // sources that sent no review 30 s, could end them on a busy machine before the reviews are
+    // sent: `idle_connections_of_sources_that_sent_no_review_are_closed` tests those).
+    let bounds = Bounds { keep_alive_idle: Duration::from_secs(900), idle_without_review: Duration::from_secs(900), ..Bounds::default() };
     let (ns, hook, registry) = start(&client, "bounds-reserve", bounds).await;
     let (addr, ca) = (hook.addr, hook.ca_pem.clone());
     let review = genuine_review(&ns);
@@ -650,7 +656,7 @@ async fn a_reviewing_source_is_answered_while_300_sources_hold_7_idle_connection
 async fn a_reviewing_sources_concurrent_reviews_are_answered_while_3_sources_hold_512_each() {
     let _serial = SERIAL.lock().await;
     let client = common::client().await;
-    let bounds = Bounds { keep_alive_idle: Duration::from_secs(900), ..Bounds::default() };
+    let bounds = Bounds { keep_alive_idle: Duration::from_secs(900), idle_without_review: Duration::from_secs(900), ..Bounds::default() };
     let (ns, hook, registry) = start(&client, "bounds-reserve-3", bounds).await;
     let (addr, ca) = (hook.addr, hook.ca_pem.clone());
     let review = genuine_review(&ns);
@@ -679,5 +685,66 @@ async fn a_reviewing_sources_concurrent_reviews_are_answered_while_3_sources_hol
     assert_eq!(answered, 512, "concurrent reviews from the reviewing source failed while the flood was held");
     assert_eq!(judged, 20, "guarded writes failed while the flood was held: {other:?}");
     drop(held);
+    hook.stop(&client).await.expect("remove the registration");
+}
+
+/// Idle connections of sources that sent no review are closed after `idle_without_review` (here
+/// 10 s; 30 s by default), so a flood of idle connections gives its places back; the API
+/// server's (a reviewing source's) connections idle as long as the server's keep-alive allows,
+/// even one accepted before its source's first review.
+#[tokio::test]
+async fn idle_connections_of_sources_that_sent_no_review_are_closed() {
+    let _serial = SERIAL.lock().await;
+    let client = common::client().await;
+    let idle = Duration::from_secs(10);
+    let bounds = Bounds { keep_alive_idle: Duration::from_secs(900), idle_without_review: idle, ..Bounds::default() };
+    let (ns, hook, registry) = start(&client, "bounds-idle", bounds).await;
+    let (addr, ca) = (hook.addr, hook.ca_pem.clone());
+    let review = genuine_review(&ns);
+    const REVIEWER: &str = "127.1.0.1";
+
+    // The reviewing source's first connection: accepted before its source ever reviewed, then
+    // one review on it, then idle.
+    let mut reviewer = connect_from(Some(REVIEWER), addr, &ca).await.expect("the reviewing source's connection");
+    assert_eq!(review_on(&mut reviewer, &review).await, 200, "the first review is answered");
+
+    // 20 connections that carried one request each, idle, from a source that sent no review;
+    // one from another such source kept busy (a request a second).
+    let started = Instant::now();
+    let held = idle_flood(vec!["127.4.0.1".to_string()], 20, 20, addr, &ca).await;
+    assert_eq!(held.len(), 20, "the idle connections are admitted");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let busy = {
+        let (ca, stop) = (ca.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut tls = connect_from(Some("127.4.0.2"), addr, &ca).await.ok()?;
+            let mut served = 0u32;
+            while !stop.is_cancelled() && healthz(&mut tls).await.starts_with("HTTP/1.1 200") {
+                served += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Some((served, stop.is_cancelled()))
+        })
+    };
+    let limit = idle * 2 + Duration::from_secs(60);
+    let mut closed_after = Vec::new();
+    for mut tls in held {
+        until_closed(&mut tls, limit.saturating_sub(started.elapsed())).await;
+        closed_after.push(started.elapsed());
+    }
+    let open_now = metric(&registry, OPEN);
+    eprintln!(
+        "20 idle connections from a source that sent no review (deadline {idle:?}): closed within {:.1?} of their request; {open_now} open then",
+        closed_after.iter().max().copied().unwrap_or_default()
+    );
+    assert!(closed_after.iter().all(|t| *t < limit), "idle connections of a source that sent no review were still open after {limit:?}");
+
+    // The reviewing source's connection, idle as long, still carries a review.
+    let again = review_on(&mut reviewer, &review).await;
+    stop.cancel();
+    let busy = busy.await.ok().flatten();
+    eprintln!("the busy connection from 127.4.0.2 (a request a second): {busy:?} (requests served, still open when stopped)");
+    eprintln!("the reviewing source's connection, idle {:.1?}: its next review answered {again}", started.elapsed());
+    assert_eq!(again, 200, "the reviewing source's idle connection was closed (0) or its review not answered");
     hook.stop(&client).await.expect("remove the registration");
 }

@@ -17,15 +17,19 @@
 //!   clients hold: 300 sources × 7 idle connections, or 3 × 512, fill their three quarters and
 //!   no more. Why not the old rule (the last quarter for any source with fewer than 8 open): many
 //!   sources with 7 idle connections each took it all, and the API server, once it had 8 open,
-//!   was kept out of it. Why not idle deadlines or evicting idle connections instead: an attacker
-//!   sends a request now and then and is never idle, while a cap by class holds whatever it
-//!   sends. What it does not cover: a source that has never reviewed (an API server meeting a
+//!   was kept out of it. Why a cap by class, and not only idle deadlines (below) or evicting
+//!   idle connections: a client that sends a request now and then is never idle, while the cap
+//!   holds whatever it sends. What it does not cover: a source that has never reviewed (an API server meeting a
 //!   freshly started replica while others already hold the three quarters) competes for those
 //!   with everyone else; and a client able to send well-formed reviews becomes a reviewing
 //!   source (the chart's NetworkPolicy or `--client-ca-file` keep such clients off the port).
 //!   Which sources review is remembered in a bounded map ([`MAX_REVIEWERS`], the one that
 //!   reviewed longest ago forgotten first); a connection is counted in the class its source
 //!   had when it was accepted.
+//! - Idle connections of sources that sent no review are closed ([`IDLE_WITHOUT_REVIEW`], 30 s
+//!   without a byte either way, checked lazily: [`IdleCheck`]), where the API server's may idle
+//!   for [`KEEP_ALIVE_IDLE`]: a flood of idle connections gives its places back within a minute,
+//!   and only a client that keeps every connection busy keeps its three quarters.
 //! - Failed connections are budgeted per source ([`FailureBudget`]): a connection that failed its
 //!   TLS handshake, or sent bytes but never a request (HTTP/2 spoken to this HTTP/1.1 port,
 //!   garbage, headers that never finished), costs its source a token; a source without one has
@@ -45,6 +49,7 @@
 //! The bookkeeping is pure (the clock is passed in) and tested here.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -94,6 +99,13 @@ pub const FAILURE_BURST_SECONDS: u32 = 16;
 /// connection anyway; the places in [`Bounds`] are what bound connections.
 pub const KEEP_ALIVE_IDLE: Duration = Duration::from_secs(120);
 const _: () = assert!(KEEP_ALIVE_IDLE.as_secs() > 90, "the API server, not kube-fence, must close an idle connection");
+/// How long a connection accepted from a source that had sent no review ([`Class::Other`]) may
+/// go without a byte read or written before it is closed (between once and twice this; checked
+/// lazily), unless its source has sent a genuine review since (then [`KEEP_ALIVE_IDLE`] applies,
+/// as to the API server's connections). So idle connections cannot hold the places of sources
+/// that send no review: a client must keep each one busy. At least the longest an API server
+/// waits for a webhook (30 s), so that a review answered slowly is never cut off.
+pub const IDLE_WITHOUT_REVIEW: Duration = Duration::from_secs(30);
 
 /// Bounds on what the webhook port's clients can cost (`--max-connections`,
 /// `--max-connections-per-source`, `--failed-connections-per-source`,
@@ -110,6 +122,9 @@ pub struct Bounds {
     pub quorum_reads_per_source: Option<u32>,
     /// How long a connection that carried a request may stay idle ([`KEEP_ALIVE_IDLE`]).
     pub keep_alive_idle: Duration,
+    /// How long a connection of a source that sent no review may go without a byte
+    /// ([`IDLE_WITHOUT_REVIEW`]).
+    pub idle_without_review: Duration,
 }
 
 impl Default for Bounds {
@@ -120,6 +135,7 @@ impl Default for Bounds {
             failed_connections_per_source: Some(FAILED_CONNECTIONS_PER_SECOND),
             quorum_reads_per_source: Some(QUORUM_READS_PER_SECOND),
             keep_alive_idle: KEEP_ALIVE_IDLE,
+            idle_without_review: IDLE_WITHOUT_REVIEW,
         }
     }
 }
@@ -333,6 +349,11 @@ impl ConnectionGate {
         self.reviewers.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).reviewed(source, now);
     }
 
+    /// Whether `source` sent a genuine review recently.
+    fn reviewing(&self, source: IpAddr) -> bool {
+        self.reviewers.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).reviewing(source, Instant::now())
+    }
+
     /// Connections open now.
     pub fn open(&self) -> usize {
         self.open.lock().map(|o| o.total()).unwrap_or_default()
@@ -398,29 +419,122 @@ impl FailureReport {
     }
 }
 
-/// A stream that holds its connection's [`Ticket`] for as long as it lives.
+/// A stream that holds its connection's [`Ticket`] for as long as it lives, and, for a
+/// connection of a source that sent no review, its idle deadline ([`IDLE_WITHOUT_REVIEW`]).
 #[derive(Debug)]
 pub struct Admitted<S> {
     inner: S,
     ticket: Ticket,
+    idle: Option<IdleDeadline>,
+}
+
+/// The idle deadline of a connection of a source that sent no review, checked lazily: a byte
+/// read or written only sets `active`; when the timer fires, an active connection gets another
+/// period, an idle one is closed — unless its source has sent a genuine review since.
+#[derive(Debug)]
+struct IdleDeadline {
+    after: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    active: bool,
+}
+
+/// What an idle connection's deadline says when it fires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdleCheck {
+    /// Bytes moved in the last period: another one.
+    Rearm,
+    /// Its source has sent a genuine review since it was accepted: no deadline of its own.
+    Lift,
+    /// Idle a whole period from a source that sent no review: closed.
+    Close,
+}
+
+impl IdleCheck {
+    /// What the deadline of a connection that was `active` in the last period, from a source
+    /// `reviewing` now, says. Pure.
+    pub fn decide(active: bool, reviewing: bool) -> IdleCheck {
+        match (reviewing, active) {
+            (true, _) => IdleCheck::Lift,
+            (false, true) => IdleCheck::Rearm,
+            (false, false) => IdleCheck::Close,
+        }
+    }
 }
 
 impl<S> Admitted<S> {
+    fn new(inner: S, ticket: Ticket) -> Admitted<S> {
+        let idle = match ticket.class {
+            Class::Reviewing => None,
+            Class::Other => {
+                let after = ticket.gate.limits.idle_without_review;
+                Some(IdleDeadline { after, timer: Box::pin(tokio::time::sleep(after)), active: false })
+            }
+        };
+        Admitted { inner, ticket, idle }
+    }
+
     /// Where to report that this connection failed.
     pub fn failure_report(&self) -> FailureReport {
         self.ticket.failure_report()
+    }
+
+    /// Bytes moved: the connection is not idle.
+    fn moved(&mut self) {
+        if let Some(idle) = &mut self.idle {
+            idle.active = true;
+        }
+    }
+
+    /// Whether the connection, waiting, has been idle past its deadline (registering `cx` to be
+    /// woken at the deadline otherwise).
+    fn idle_past_deadline(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            let Some(idle) = &mut self.idle else { return false };
+            if idle.timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            let reviewing = self.ticket.gate.reviewing(self.ticket.source);
+            match IdleCheck::decide(idle.active, reviewing) {
+                IdleCheck::Close => return true,
+                IdleCheck::Lift => self.idle = None,
+                IdleCheck::Rearm => {
+                    idle.active = false;
+                    let next = tokio::time::Instant::now() + idle.after;
+                    idle.timer.as_mut().reset(next);
+                    // Polled again: the timer wakes this task at the next deadline.
+                }
+            }
+        }
     }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Admitted<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    self.moved();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(err)) => Poll::Ready(Err(err)),
+            Poll::Pending if self.idle_past_deadline(cx) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "closing a connection idle past its deadline: its source sent no review",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Admitted<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let written = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -432,7 +546,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Admitted<S> {
     }
 
     fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -481,7 +599,7 @@ impl axum_server::AddrListener<Admitted<TcpStream>, GatedAddr> for GatedListener
                 Ok(ticket) => {
                     // The API server sends a review at once and waits for the verdict: no batching.
                     let _ = stream.set_nodelay(true);
-                    return Ok((Admitted { inner: stream, ticket }, GatedAddr(peer)));
+                    return Ok((Admitted::new(stream, ticket), GatedAddr(peer)));
                 }
                 // Dropped here: closed at once.
                 Err(crowded) => tracing::debug!(%peer, ?crowded, "connection closed at once: too many open"),
@@ -601,6 +719,7 @@ mod tests {
         failed_connections_per_source: None,
         quorum_reads_per_source: None,
         keep_alive_idle: KEEP_ALIVE_IDLE,
+        idle_without_review: IDLE_WITHOUT_REVIEW,
     };
 
     #[test]
@@ -742,6 +861,46 @@ mod tests {
         drop(kept);
         assert_eq!(gate.admit_at(many(51), now).map(|_| ()), Err(Crowded::Reserved), "the kept places stay kept");
         assert_eq!(gate.open(), 6);
+    }
+
+    #[test]
+    fn an_idle_deadline_rearms_for_an_active_connection_and_lifts_for_a_reviewing_source() {
+        // (bytes moved in the last period, its source reviewing now, what the deadline says)
+        let table = [
+            (false, false, IdleCheck::Close),
+            (true, false, IdleCheck::Rearm),
+            (false, true, IdleCheck::Lift),
+            (true, true, IdleCheck::Lift),
+        ];
+        for (active, reviewing, check) in table {
+            assert_eq!(IdleCheck::decide(active, reviewing), check, "active {active}, reviewing {reviewing}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_of_a_source_that_sent_no_review_is_closed() {
+        use tokio::io::AsyncReadExt;
+        let limits =
+            Bounds { max_connections: 8, max_connections_per_source: 8, idle_without_review: Duration::from_millis(20), ..UNBUDGETED };
+        let gate = ConnectionGate::new(limits, ConnectionMetrics::default());
+        let mut buf = [0u8; 8];
+        // A source that sent no review: its idle connection is closed (errors) at its deadline.
+        let (_client, server) = tokio::io::duplex(64);
+        let mut other = Admitted::new(server, gate.admit(ip(66)).expect("a place"));
+        let read = tokio::time::timeout(Duration::from_secs(60), other.read(&mut buf)).await.expect("closed at its deadline");
+        assert_eq!(read.map_err(|e| e.kind()), Err(io::ErrorKind::TimedOut));
+        // A reviewing source's connection has no deadline of its own (the server's keep-alive).
+        gate.reviewed(ip(1));
+        let (_client, server) = tokio::io::duplex(64);
+        assert!(Admitted::new(server, gate.admit(ip(1)).expect("a place")).idle.is_none());
+        // Accepted before its source reviewed: the deadline lifts when it fires.
+        let (_client, server) = tokio::io::duplex(64);
+        let mut early = Admitted::new(server, gate.admit(ip(2)).expect("a place"));
+        assert!(early.idle.is_some());
+        gate.reviewed(ip(2));
+        let waited = tokio::time::timeout(Duration::from_millis(200), early.read(&mut buf)).await;
+        assert!(waited.is_err(), "still open: {waited:?}");
+        assert!(early.idle.is_none(), "the deadline lifted");
     }
 
     #[test]
