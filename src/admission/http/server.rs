@@ -7,7 +7,8 @@
 //! connections open at once are bounded in all and per source, a source whose connections fail
 //! (a failed handshake, bytes without a request) is refused new ones beyond a budget
 //! (`super::bounds`, `super::failures`), a quarter of the places is kept for sources that sent
-//! genuine reviews recently (the API server: [`remember_reviewers`]), the TLS
+//! genuine reviews recently (the API server: `remember_reviewers`) and the connections of other
+//! sources are closed after `super::bounds::IDLE_WITHOUT_REVIEW` without a byte, the TLS
 //! handshake, the first request, the headers of every later request (idle time included: longer
 //! than the API server keeps an idle connection, so it is the one that closes it) and the body
 //! each have a deadline, a body is at most [`MAX_BODY_BYTES`], and all
