@@ -19,10 +19,11 @@
 //!   sources with 7 idle connections each took it all, and the API server, once it had 8 open,
 //!   was kept out of it. Why a cap by class, and not only idle deadlines (below) or evicting
 //!   idle connections: a client that sends a request now and then is never idle, while the cap
-//!   holds whatever it sends. What it does not cover: a source that has never reviewed (an API server meeting a
-//!   freshly started replica while others already hold the three quarters) competes for those
-//!   with everyone else; and a client able to send well-formed reviews becomes a reviewing
-//!   source (the chart's NetworkPolicy or `--client-ca-file` keep such clients off the port).
+//!   holds whatever it sends. What it does not cover: a source that has never reviewed (an API
+//!   server meeting a freshly started replica while others already hold the three quarters)
+//!   competes for those with everyone else — idle ones are closed within a minute (below), busy
+//!   ones are not; and a client able to send well-formed reviews becomes a reviewing source (the
+//!   chart's NetworkPolicy or `--client-ca-file` keep such clients off the port).
 //!   Which sources review is remembered in a bounded map ([`MAX_REVIEWERS`], the one that
 //!   reviewed longest ago forgotten first); a connection is counted in the class its source
 //!   had when it was accepted.
