@@ -300,7 +300,7 @@ async fn open_many(
 
 /// Connections open at once are bounded: per source (a client cannot take every place, and
 /// the API server — calling from another address — keeps being served) and in all (the last
-/// quarter of the places only for sources with few connections open, such as an API server). A
+/// quarter of the places only for sources that sent genuine reviews, such as the API server). A
 /// connection beyond a bound is closed at once, and its place comes back when one closes.
 #[tokio::test]
 async fn connections_open_at_once_are_bounded_in_all_and_per_source() {
@@ -342,7 +342,10 @@ async fn connections_open_at_once_are_bounded_in_all_and_per_source() {
     assert!(from_one + from_two + from_three <= 40, "at most 40 connections at once");
     assert!(from_two + from_three < 32, "the bound in all refused some");
     assert!(open_now <= 40.0, "{open_now} connections open");
-    assert!(metric(&registry, "kube_fence_webhook_refused_connections_total{cause=\"total\"}") >= 1.0);
+    // Refused for the bound in all, or for the quarter kept for sources that review.
+    let refused_in_all =
+        metric(&registry, "kube_fence_webhook_refused_connections_total{cause=\"total\"}") + metric(&registry, REFUSED_RESERVED);
+    assert!(refused_in_all >= 1.0);
 
     // Their places come back when they close.
     stop.cancel();
@@ -479,5 +482,269 @@ async fn a_source_whose_connections_fail_is_refused_before_its_handshake() {
 
     // The API server (127.0.0.1) still has its reviews judged.
     common::wait_fenced(&client, &ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(60)).await;
+    hook.stop(&client).await.expect("remove the registration");
+}
+
+/// A genuine AdmissionReview (decoded and judged): a ConfigMap without the guard's labels,
+/// created in `ns`, admitted without a lease read.
+fn genuine_review(ns: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "reviewing-source", "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+                    "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+                    "name": "plain", "namespace": ns, "operation": "CREATE", "userInfo": {"username": "someone"},
+                    "object": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "plain", "namespace": ns}}}
+    }))
+    .expect("a review")
+}
+
+/// One review from `source` on a new connection, as an API server whose pooled connections
+/// idled out sends it: its status (0 when the connection was refused or closed without one).
+async fn review_from(source: &str, addr: std::net::SocketAddr, ca: &str, body: &[u8]) -> u16 {
+    let Ok(mut tls) = connect_from(Some(source), addr, ca).await else { return 0 };
+    review_on(&mut tls, body).await
+}
+
+/// One review on `tls`: its status (0 when the connection was closed without one).
+async fn review_on(tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>, body: &[u8]) -> u16 {
+    if tls.write_all(head(body.len()).as_bytes()).await.is_err() || tls.write_all(body).await.is_err() {
+        return 0;
+    }
+    status_of(tls, Duration::from_secs(30)).await
+}
+
+/// `n` reviews from `source`, `at_once` at a time, each on a new connection: how many were
+/// answered (200), and the longest any waited for its answer.
+async fn reviews_from(
+    source: &'static str,
+    n: usize,
+    at_once: usize,
+    addr: std::net::SocketAddr,
+    ca: &str,
+    body: &[u8],
+) -> (usize, Duration) {
+    let gate = Arc::new(tokio::sync::Semaphore::new(at_once));
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (gate, ca, body) = (gate.clone(), ca.to_string(), body.to_vec());
+            tokio::spawn(async move {
+                let _turn = gate.acquire_owned().await.expect("the semaphore is never closed");
+                let started = Instant::now();
+                (review_from(source, addr, &ca, &body).await, started.elapsed())
+            })
+        })
+        .collect();
+    let (mut answered, mut longest) = (0, Duration::ZERO);
+    for task in tasks {
+        let (status, waited) = task.await.unwrap_or((0, Duration::ZERO));
+        answered += usize::from(status == 200);
+        longest = longest.max(waited);
+    }
+    (answered, longest)
+}
+
+/// Opens `each` connections from each of `sources`, `at_once` at a time; each carries one
+/// request (`GET /healthz`, so no failure is charged) and is then held idle. Returns those the
+/// webhook admitted (refused ones are closed before their handshake).
+async fn idle_flood(
+    sources: Vec<String>,
+    each: usize,
+    at_once: usize,
+    addr: std::net::SocketAddr,
+    ca: &str,
+) -> Vec<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let gate = Arc::new(tokio::sync::Semaphore::new(at_once));
+    let tasks: Vec<_> = sources
+        .iter()
+        .flat_map(|source| std::iter::repeat_n(source.clone(), each))
+        .map(|source| {
+            let (gate, ca) = (gate.clone(), ca.to_string());
+            tokio::spawn(async move {
+                let _turn = gate.acquire_owned().await.expect("the semaphore is never closed");
+                let mut tls = connect_from(Some(&source), addr, &ca).await.ok()?;
+                healthz(&mut tls).await.starts_with("HTTP/1.1 200").then_some(tls)
+            })
+        })
+        .collect();
+    let mut held = Vec::new();
+    for task in tasks {
+        if let Ok(Some(tls)) = task.await {
+            held.push(tls);
+        }
+    }
+    held
+}
+
+const OPEN: &str = "kube_fence_webhook_open_connections ";
+const REFUSED_RESERVED: &str = "kube_fence_webhook_refused_connections_total{cause=\"reserved\"}";
+
+/// Guarded creates through the API server (each judged: denied, its lease does not exist):
+/// how many of `n` were judged, and the other answers.
+async fn guarded_writes(client: &kube::Client, ns: &str, n: usize) -> (usize, Vec<String>) {
+    use kube_fence_test_support::writes::{denied_by_kube_fence, guarded_configmap};
+    let configmaps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client.clone(), ns);
+    let (mut judged, mut other) = (0, Vec::new());
+    for i in 0..n {
+        let cm = guarded_configmap(&format!("reserve-{i}"), "no-such-lease");
+        match configmaps.create(&Default::default(), &cm).await {
+            Err(kube::Error::Api(e)) if denied_by_kube_fence(&e, kube_fence_api::denial::Reason::LeaseNotFound) => judged += 1,
+            answer => other.push(format!("{answer:?}")),
+        }
+    }
+    (judged, other)
+}
+
+/// Threat case (issue #35, the red team's first flood): 300 source addresses × 7 connections,
+/// each of which carried one request (so no failure is charged) and then idles — 2,100
+/// connections, more than all 2,048 places. The old reserve (the last quarter for any source with
+/// fewer than 8 open) let them take every place, and the API server, once its pooled connections
+/// idled out, had every guarded write fail with 500. Now the sources that sent no review hold at
+/// most three quarters, together, and a source that sent a genuine review before (here
+/// 127.1.0.1, sending each review on a new connection, as an API server whose pool idled out
+/// does) has every review answered. Figures printed, not asserted as timings.
+#[tokio::test]
+async fn a_reviewing_source_is_answered_while_300_sources_hold_7_idle_connections_each() {
+    let _serial = SERIAL.lock().await;
+    let client = common::client().await;
+    // Idle connections are held for the whole test (the default idle deadlines, 120 s and for
+    // sources that sent no review 30 s, could end them on a busy machine before the reviews are
+    // sent: `idle_connections_of_sources_that_sent_no_review_are_closed` tests those).
+    let bounds = Bounds { keep_alive_idle: Duration::from_secs(900), idle_without_review: Duration::from_secs(900), ..Bounds::default() };
+    let (ns, hook, registry) = start(&client, "bounds-reserve", bounds).await;
+    let (addr, ca) = (hook.addr, hook.ca_pem.clone());
+    let review = genuine_review(&ns);
+    const REVIEWER: &str = "127.1.0.1";
+    // The API server and the reviewing source have each sent a genuine review.
+    common::wait_fenced(&client, &ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(60)).await;
+    assert_eq!(review_from(REVIEWER, addr, &ca, &review).await, 200, "the first review is answered");
+
+    let sources: Vec<String> = (0..300).map(|n| format!("127.2.{}.{}", n / 200, n % 200 + 1)).collect();
+    let flooding = Instant::now();
+    let held = idle_flood(sources, 7, 64, addr, &ca).await;
+    let open = metric(&registry, OPEN);
+    let refused = metric(&registry, REFUSED_RESERVED);
+    let shared = bounds.max_connections - bounds.max_connections / kube_fence::admission::http::bounds::RESERVE_DIVISOR;
+    eprintln!(
+        "300 sources x 7 connections, one request each, then idle: {} held, {refused} refused for the reserve, {open} open (of {}; {shared} for sources that sent no review), in {:.1?}",
+        held.len(),
+        bounds.max_connections,
+        flooding.elapsed()
+    );
+    assert!(held.len() <= shared, "the sources that sent no review hold {} places, more than {shared}", held.len());
+    assert!(refused >= 1.0, "the flood was never refused: it did not reach its share, and the test shows nothing");
+
+    // The reviewing source, its connections gone, sends 512 reviews, 64 at a time, each on a new
+    // connection.
+    let (answered, longest) = reviews_from(REVIEWER, 512, 64, addr, &ca, &review).await;
+    eprintln!(
+        "while held: {answered} of 512 reviews from {REVIEWER} (64 at a time, new connections) answered, the longest waited {longest:.1?}"
+    );
+    // And the API server's own guarded writes are judged.
+    let (judged, other) = guarded_writes(&client, &ns, 20).await;
+    eprintln!("while held: {judged} of 20 guarded creates through the API server judged; other answers: {other:?}");
+    assert_eq!(answered, 512, "reviews from the reviewing source failed while the flood was held");
+    assert_eq!(judged, 20, "guarded writes failed while the flood was held: {other:?}");
+    drop(held);
+    hook.stop(&client).await.expect("remove the registration");
+}
+
+/// Threat case (issue #35, the red team's second flood): 3 sources × 512 idle connections (their
+/// per-source bound each). The old reserve kept the API server out of the last quarter once it
+/// had 8 connections open, so its concurrent reviews failed (544 of 2,375 guarded writes). Now a
+/// reviewing source may take any free place: its concurrent reviews are all answered.
+#[tokio::test]
+async fn a_reviewing_sources_concurrent_reviews_are_answered_while_3_sources_hold_512_each() {
+    let _serial = SERIAL.lock().await;
+    let client = common::client().await;
+    let bounds = Bounds { keep_alive_idle: Duration::from_secs(900), idle_without_review: Duration::from_secs(900), ..Bounds::default() };
+    let (ns, hook, registry) = start(&client, "bounds-reserve-3", bounds).await;
+    let (addr, ca) = (hook.addr, hook.ca_pem.clone());
+    let review = genuine_review(&ns);
+    const REVIEWER: &str = "127.1.0.1";
+    common::wait_fenced(&client, &ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(60)).await;
+    assert_eq!(review_from(REVIEWER, addr, &ca, &review).await, 200, "the first review is answered");
+
+    let sources: Vec<String> = (2..5).map(|n| format!("127.3.0.{n}")).collect();
+    let flooding = Instant::now();
+    let held = idle_flood(sources, bounds.max_connections_per_source, 64, addr, &ca).await;
+    eprintln!(
+        "3 sources x {} connections, one request each, then idle: {} held, {} open, in {:.1?}",
+        bounds.max_connections_per_source,
+        held.len(),
+        metric(&registry, OPEN),
+        flooding.elapsed()
+    );
+
+    // 512 reviews, 128 at a time, each on a new connection: far more than 8 open at once.
+    let (answered, longest) = reviews_from(REVIEWER, 512, 128, addr, &ca, &review).await;
+    eprintln!(
+        "while held: {answered} of 512 reviews from {REVIEWER} (128 at a time, new connections) answered, the longest waited {longest:.1?}"
+    );
+    let (judged, other) = guarded_writes(&client, &ns, 20).await;
+    eprintln!("while held: {judged} of 20 guarded creates through the API server judged; other answers: {other:?}");
+    assert_eq!(answered, 512, "concurrent reviews from the reviewing source failed while the flood was held");
+    assert_eq!(judged, 20, "guarded writes failed while the flood was held: {other:?}");
+    drop(held);
+    hook.stop(&client).await.expect("remove the registration");
+}
+
+/// Idle connections of sources that sent no review are closed after `idle_without_review` (here
+/// 10 s; 30 s by default), so a flood of idle connections gives its places back; the API
+/// server's (a reviewing source's) connections idle as long as the server's keep-alive allows,
+/// even one accepted before its source's first review.
+#[tokio::test]
+async fn idle_connections_of_sources_that_sent_no_review_are_closed() {
+    let _serial = SERIAL.lock().await;
+    let client = common::client().await;
+    let idle = Duration::from_secs(10);
+    let bounds = Bounds { keep_alive_idle: Duration::from_secs(900), idle_without_review: idle, ..Bounds::default() };
+    let (ns, hook, registry) = start(&client, "bounds-idle", bounds).await;
+    let (addr, ca) = (hook.addr, hook.ca_pem.clone());
+    let review = genuine_review(&ns);
+    const REVIEWER: &str = "127.1.0.1";
+
+    // The reviewing source's first connection: accepted before its source ever reviewed, then
+    // one review on it, then idle.
+    let mut reviewer = connect_from(Some(REVIEWER), addr, &ca).await.expect("the reviewing source's connection");
+    assert_eq!(review_on(&mut reviewer, &review).await, 200, "the first review is answered");
+
+    // 20 connections that carried one request each, idle, from a source that sent no review;
+    // one from another such source kept busy (a request a second).
+    let started = Instant::now();
+    let held = idle_flood(vec!["127.4.0.1".to_string()], 20, 20, addr, &ca).await;
+    assert_eq!(held.len(), 20, "the idle connections are admitted");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let busy = {
+        let (ca, stop) = (ca.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut tls = connect_from(Some("127.4.0.2"), addr, &ca).await.ok()?;
+            let mut served = 0u32;
+            while !stop.is_cancelled() && healthz(&mut tls).await.starts_with("HTTP/1.1 200") {
+                served += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Some((served, stop.is_cancelled()))
+        })
+    };
+    let limit = idle * 2 + Duration::from_secs(60);
+    let mut closed_after = Vec::new();
+    for mut tls in held {
+        until_closed(&mut tls, limit.saturating_sub(started.elapsed())).await;
+        closed_after.push(started.elapsed());
+    }
+    let open_now = metric(&registry, OPEN);
+    eprintln!(
+        "20 idle connections from a source that sent no review (deadline {idle:?}): closed within {:.1?} of their request; {open_now} open then",
+        closed_after.iter().max().copied().unwrap_or_default()
+    );
+    assert!(closed_after.iter().all(|t| *t < limit), "idle connections of a source that sent no review were still open after {limit:?}");
+
+    // The reviewing source's connection, idle as long, still carries a review.
+    let again = review_on(&mut reviewer, &review).await;
+    stop.cancel();
+    let busy = busy.await.ok().flatten();
+    eprintln!("the busy connection from 127.4.0.2 (a request a second): {busy:?} (requests served, still open when stopped)");
+    eprintln!("the reviewing source's connection, idle {:.1?}: its next review answered {again}", started.elapsed());
+    assert_eq!(again, 200, "the reviewing source's idle connection was closed (0) or its review not answered");
     hook.stop(&client).await.expect("remove the registration");
 }

@@ -62,6 +62,9 @@ pub struct ConnectionMetrics {
     pub refused_total: Counter,
     pub refused_source: Counter,
     pub refused_failing: Counter,
+    /// Connections of sources that sent no review recently, refused because the places not kept
+    /// for reviewing sources were full (`super::http::bounds::RESERVE_DIVISOR`).
+    pub refused_reserved: Counter,
     /// Connections that failed (charged to their source's `super::http::bounds::FailureBudget`).
     pub failed: Counter,
 }
@@ -97,8 +100,15 @@ impl Metrics {
         let refused_total = refused_connections.get_or_create(&RefusalLabels { cause: "total" }).clone();
         let refused_source = refused_connections.get_or_create(&RefusalLabels { cause: "per_source" }).clone();
         let refused_failing = refused_connections.get_or_create(&RefusalLabels { cause: "failing" }).clone();
-        let connections =
-            ConnectionMetrics { open: Default::default(), refused_total, refused_source, refused_failing, failed: Counter::default() };
+        let refused_reserved = refused_connections.get_or_create(&RefusalLabels { cause: "reserved" }).clone();
+        let connections = ConnectionMetrics {
+            open: Default::default(),
+            refused_total,
+            refused_source,
+            refused_failing,
+            refused_reserved,
+            failed: Counter::default(),
+        };
         let m = Metrics {
             decisions: Family::default(),
             cache_reads,

@@ -187,6 +187,7 @@ impl WebhookArgs {
             failed_connections_per_source: Some(self.failed_connections_per_source).filter(|n| *n > 0),
             quorum_reads_per_namespace: Some(self.quorum_reads_per_namespace).filter(|n| *n > 0 && !authenticated),
             keep_alive_idle: bounds::KEEP_ALIVE_IDLE,
+            idle_without_review: bounds::IDLE_WITHOUT_REVIEW,
         }
     }
 

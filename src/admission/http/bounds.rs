@@ -7,6 +7,30 @@
 //!   its TLS handshake — until it is closed; beyond either bound a connection is closed at once,
 //!   in the accept loop ([`GatedListener`]).
 //!   The deadlines of a connection (handshake, headers, body, idle) are in `super::server`.
+//! - The reserve ([`Reviewers`]): a quarter of the places ([`RESERVE_DIVISOR`]) is kept for
+//!   *reviewing* sources — those that sent a genuine review (an AdmissionReview that was decoded
+//!   and judged) within [`REVIEWERS_REMEMBERED`] — such as the API server. The connections of all
+//!   other sources together (idle or not, however many sources and connections they open) hold at
+//!   most the other three quarters; beyond that a new one from a non-reviewing source is closed
+//!   in the accept loop. A reviewing source may take any free place, within its per-source bound.
+//!   So the API server, once it has sent one review, always finds a place, whatever the other
+//!   clients hold: 300 sources × 7 idle connections, or 3 × 512, fill their three quarters and
+//!   no more. Why not the old rule (the last quarter for any source with fewer than 8 open): many
+//!   sources with 7 idle connections each took it all, and the API server, once it had 8 open,
+//!   was kept out of it. Why a cap by class, and not only idle deadlines (below) or evicting
+//!   idle connections: a client that sends a request now and then is never idle, while the cap
+//!   holds whatever it sends. What it does not cover: a source that has never reviewed (an API
+//!   server meeting a freshly started replica while others already hold the three quarters)
+//!   competes for those with everyone else — idle ones are closed within a minute (below), busy
+//!   ones are not; and a client able to send well-formed reviews becomes a reviewing source (the
+//!   chart's NetworkPolicy or `--client-ca-file` keep such clients off the port).
+//!   Which sources review is remembered in a bounded map ([`MAX_REVIEWERS`], the one that
+//!   reviewed longest ago forgotten first); a connection is counted in the class its source
+//!   had when it was accepted.
+//! - Idle connections of sources that sent no review are closed ([`IDLE_WITHOUT_REVIEW`], 30 s
+//!   without a byte either way, checked lazily: [`IdleCheck`]), where the API server's may idle
+//!   for [`KEEP_ALIVE_IDLE`]: a flood of idle connections gives its places back within a minute,
+//!   and only a client that keeps every connection busy keeps its three quarters.
 //! - Failed connections are budgeted per source ([`FailureBudget`]): a connection that failed its
 //!   TLS handshake, or sent bytes but never a request (HTTP/2 spoken to this HTTP/1.1 port,
 //!   garbage, headers that never finished), costs its source a token; a source without one has
@@ -26,6 +50,7 @@
 //! The bookkeeping is pure (the clock is passed in) and tested here.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -48,10 +73,16 @@ pub const MAX_CONNECTIONS: usize = 2048;
 /// Connections open at once from one source address: what the API server needs, and a client
 /// that opens more cannot take every place.
 pub const MAX_CONNECTIONS_PER_SOURCE: usize = 512;
-/// The last quarter of [`Bounds::max_connections`] is kept for sources with fewer than this
-/// many connections open: clients that open many connections from many addresses fill at most
-/// three quarters, and an API server with a few connections open still gets a new one.
-pub const FEW_CONNECTIONS: usize = 8;
+/// One place in this many of [`Bounds::max_connections`] is kept for reviewing sources (see
+/// [`Reviewers`]): sources that sent no review recently hold at most the rest, together.
+pub const RESERVE_DIVISOR: usize = 4;
+/// How long a source that sent a genuine review stays a reviewing source. Long, so that the API
+/// server of a quiet cluster (no guarded write for a while, its pooled connections idled out)
+/// still finds its reserve when the next write comes.
+pub const REVIEWERS_REMEMBERED: Duration = Duration::from_secs(24 * 3600);
+/// Reviewing sources remembered at once: API servers are a handful. Beyond this the one whose
+/// last review is the oldest is forgotten.
+pub const MAX_REVIEWERS: usize = 256;
 /// Quorum reads a source may start a second for the leases of one namespace (and ten times that
 /// in all: `crate::admission::reads::ReadBudget`). About what the API server sustains on a small
 /// machine, so one busy fenced controller is not capped below it.
@@ -71,6 +102,13 @@ pub const FAILURE_BURST_SECONDS: u32 = 16;
 /// connection anyway; the places in [`Bounds`] are what bound connections.
 pub const KEEP_ALIVE_IDLE: Duration = Duration::from_secs(120);
 const _: () = assert!(KEEP_ALIVE_IDLE.as_secs() > 90, "the API server, not kube-fence, must close an idle connection");
+/// How long a connection accepted from a source that had sent no review ([`Class::Other`]) may
+/// go without a byte read or written before it is closed (between once and twice this; checked
+/// lazily), unless its source has sent a genuine review since (then [`KEEP_ALIVE_IDLE`] applies,
+/// as to the API server's connections). So idle connections cannot hold the places of sources
+/// that send no review: a client must keep each one busy. At least the longest an API server
+/// waits for a webhook (30 s), so that a review answered slowly is never cut off.
+pub const IDLE_WITHOUT_REVIEW: Duration = Duration::from_secs(30);
 
 /// Bounds on what the webhook port's clients can cost (`--max-connections`,
 /// `--max-connections-per-source`, `--failed-connections-per-source`,
@@ -87,6 +125,9 @@ pub struct Bounds {
     pub quorum_reads_per_namespace: Option<u32>,
     /// How long a connection that carried a request may stay idle ([`KEEP_ALIVE_IDLE`]).
     pub keep_alive_idle: Duration,
+    /// How long a connection of a source that sent no review may go without a byte
+    /// ([`IDLE_WITHOUT_REVIEW`]).
+    pub idle_without_review: Duration,
 }
 
 impl Default for Bounds {
@@ -97,12 +138,13 @@ impl Default for Bounds {
             failed_connections_per_source: Some(FAILED_CONNECTIONS_PER_SECOND),
             quorum_reads_per_namespace: Some(QUORUM_READS_PER_NAMESPACE),
             keep_alive_idle: KEEP_ALIVE_IDLE,
+            idle_without_review: IDLE_WITHOUT_REVIEW,
         }
     }
 }
 
 /// Why a connection was closed as soon as it was accepted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Crowded {
     /// All sources together have [`Bounds::max_connections`] open.
     Total,
@@ -110,42 +152,120 @@ pub enum Crowded {
     Source,
     /// Its source address used up its budget of failed connections ([`FailureBudget`]).
     Failing,
+    /// Its source sent no review recently, and the connections of such sources hold every place
+    /// not kept for reviewing sources ([`RESERVE_DIVISOR`]).
+    Reserved,
 }
 
-/// Counts of open connections, in all and per source. Pure.
+/// The sources that sent a genuine review recently (within [`REVIEWERS_REMEMBERED`]), at most
+/// [`MAX_REVIEWERS`] of them: when full, the one that reviewed longest ago is forgotten. Pure:
+/// the clock is passed in.
+#[derive(Debug)]
+pub struct Reviewers {
+    last_review: HashMap<IpAddr, Instant>,
+    max: usize,
+    remembered: Duration,
+}
+
+impl Default for Reviewers {
+    fn default() -> Reviewers {
+        Reviewers::new(MAX_REVIEWERS, REVIEWERS_REMEMBERED)
+    }
+}
+
+impl Reviewers {
+    /// At most `max` sources, each remembered for `remembered` after its last review.
+    pub fn new(max: usize, remembered: Duration) -> Reviewers {
+        Reviewers { last_review: HashMap::new(), max: max.max(1), remembered }
+    }
+
+    /// `source` sent a genuine review at `now`.
+    pub fn reviewed(&mut self, source: IpAddr, now: Instant) {
+        if let Some(at) = self.last_review.get_mut(&source) {
+            // A clock that goes backwards does not make a review older.
+            *at = (*at).max(now);
+            return;
+        }
+        if self.last_review.len() >= self.max {
+            let oldest = self.last_review.iter().min_by_key(|(_, at)| **at).map(|(source, _)| *source);
+            if let Some(oldest) = oldest {
+                self.last_review.remove(&oldest);
+            }
+        }
+        self.last_review.insert(source, now);
+    }
+
+    /// Whether `source` sent a genuine review within [`REVIEWERS_REMEMBERED`] of `now`.
+    pub fn reviewing(&self, source: IpAddr, now: Instant) -> bool {
+        self.last_review.get(&source).is_some_and(|at| now.saturating_duration_since(*at) <= self.remembered)
+    }
+
+    /// Sources remembered now.
+    pub fn len(&self) -> usize {
+        self.last_review.len()
+    }
+
+    /// Whether no source is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.last_review.is_empty()
+    }
+}
+
+/// Whether a connection's source had sent a genuine review recently when it was accepted
+/// ([`Reviewers`]): which places it may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// Any free place.
+    Reviewing,
+    /// Only places not kept for reviewing sources.
+    Other,
+}
+
+/// Counts of open connections, in all, of non-reviewing sources, and per source. Pure.
 #[derive(Debug, Default)]
 pub struct OpenConnections {
     total: usize,
+    /// Connections accepted while their source was not reviewing ([`Class::Other`]).
+    others: usize,
     by_source: HashMap<IpAddr, usize>,
     /// The most open at once since [`OpenConnections::take_peak`] was last called.
     peak: usize,
 }
 
 impl OpenConnections {
-    /// Takes a place for a connection from `source`, or says why there is none.
-    pub fn open(&mut self, source: IpAddr, limits: &Bounds) -> Result<(), Crowded> {
+    /// Takes a place for a connection of `class` from `source`, or says why there is none.
+    pub fn open(&mut self, source: IpAddr, class: Class, limits: &Bounds) -> Result<(), Crowded> {
         let from_source = self.by_source.get(&source).copied().unwrap_or(0);
-        // The last quarter of the places is for sources with few connections open.
-        let shared = limits.max_connections - limits.max_connections / 4;
-        let cap = if from_source < FEW_CONNECTIONS { limits.max_connections } else { shared };
-        if self.total >= cap {
-            return Err(Crowded::Total);
-        }
         if from_source >= limits.max_connections_per_source {
             return Err(Crowded::Source);
+        }
+        if self.total >= limits.max_connections {
+            return Err(Crowded::Total);
+        }
+        // A share of the places is kept for reviewing sources: the others together hold at most
+        // the rest.
+        let shared = limits.max_connections - limits.max_connections / RESERVE_DIVISOR;
+        if class == Class::Other && self.others >= shared {
+            return Err(Crowded::Reserved);
         }
         let from_source = self.by_source.entry(source).or_insert(0);
         *from_source += 1;
         self.total += 1;
+        if class == Class::Other {
+            self.others += 1;
+        }
         self.peak = self.peak.max(self.total);
         Ok(())
     }
 
-    /// Gives back the place of a closed connection from `source`.
-    pub fn close(&mut self, source: IpAddr) {
+    /// Gives back the place of a closed connection of `class` from `source`.
+    pub fn close(&mut self, source: IpAddr, class: Class) {
         if let Some(n) = self.by_source.get_mut(&source) {
             *n -= 1;
             self.total -= 1;
+            if class == Class::Other {
+                self.others = self.others.saturating_sub(1);
+            }
             if *n == 0 {
                 self.by_source.remove(&source);
             }
@@ -168,6 +288,7 @@ impl OpenConnections {
 pub struct ConnectionGate {
     limits: Bounds,
     open: Arc<Mutex<OpenConnections>>,
+    reviewers: Arc<Mutex<Reviewers>>,
     failures: Option<Arc<Mutex<FailureBudget>>>,
     metrics: ConnectionMetrics,
 }
@@ -175,7 +296,7 @@ pub struct ConnectionGate {
 impl ConnectionGate {
     pub fn new(limits: Bounds, metrics: ConnectionMetrics) -> ConnectionGate {
         let failures = limits.failed_connections_per_source.map(|n| Arc::new(Mutex::new(FailureBudget::new(n))));
-        ConnectionGate { limits, open: Arc::default(), failures, metrics }
+        ConnectionGate { limits, open: Arc::default(), reviewers: Arc::default(), failures, metrics }
     }
 
     /// The bounds it was made with.
@@ -199,11 +320,13 @@ impl ConnectionGate {
                 }
             },
         };
+        let reviewing = self.reviewers.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).reviewing(source, now);
+        let class = if reviewing { Class::Reviewing } else { Class::Other };
         let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match open.open(source, &self.limits) {
+        match open.open(source, class, &self.limits) {
             Ok(()) => {
                 self.metrics.open.set(open.total() as i64);
-                Ok(Ticket { gate: self.clone(), source, paid })
+                Ok(Ticket { gate: self.clone(), source, class, paid })
             }
             Err(crowded) => {
                 drop(open);
@@ -212,10 +335,26 @@ impl ConnectionGate {
                     Crowded::Total => self.metrics.refused_total.inc(),
                     Crowded::Source => self.metrics.refused_source.inc(),
                     Crowded::Failing => self.metrics.refused_failing.inc(),
+                    Crowded::Reserved => self.metrics.refused_reserved.inc(),
                 };
                 Err(crowded)
             }
         }
+    }
+
+    /// `source` sent a genuine review (an AdmissionReview that was decoded and judged): its new
+    /// connections may take the places kept for reviewing sources.
+    pub fn reviewed(&self, source: IpAddr) {
+        self.reviewed_at(source, Instant::now());
+    }
+
+    fn reviewed_at(&self, source: IpAddr, now: Instant) {
+        self.reviewers.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).reviewed(source, now);
+    }
+
+    /// Whether `source` sent a genuine review recently.
+    fn reviewing(&self, source: IpAddr) -> bool {
+        self.reviewers.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).reviewing(source, Instant::now())
     }
 
     /// Connections open now.
@@ -244,13 +383,14 @@ impl ConnectionGate {
 pub struct Ticket {
     gate: ConnectionGate,
     source: IpAddr,
+    class: Class,
     paid: Paid,
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut open = self.gate.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        open.close(self.source);
+        open.close(self.source, self.class);
         self.gate.metrics.open.set(open.total() as i64);
     }
 }
@@ -282,29 +422,122 @@ impl FailureReport {
     }
 }
 
-/// A stream that holds its connection's [`Ticket`] for as long as it lives.
+/// A stream that holds its connection's [`Ticket`] for as long as it lives, and, for a
+/// connection of a source that sent no review, its idle deadline ([`IDLE_WITHOUT_REVIEW`]).
 #[derive(Debug)]
 pub struct Admitted<S> {
     inner: S,
     ticket: Ticket,
+    idle: Option<IdleDeadline>,
+}
+
+/// The idle deadline of a connection of a source that sent no review, checked lazily: a byte
+/// read or written only sets `active`; when the timer fires, an active connection gets another
+/// period, an idle one is closed — unless its source has sent a genuine review since.
+#[derive(Debug)]
+struct IdleDeadline {
+    after: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    active: bool,
+}
+
+/// What an idle connection's deadline says when it fires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdleCheck {
+    /// Bytes moved in the last period: another one.
+    Rearm,
+    /// Its source has sent a genuine review since it was accepted: no deadline of its own.
+    Lift,
+    /// Idle a whole period from a source that sent no review: closed.
+    Close,
+}
+
+impl IdleCheck {
+    /// What the deadline of a connection that was `active` in the last period, from a source
+    /// `reviewing` now, says. Pure.
+    pub fn decide(active: bool, reviewing: bool) -> IdleCheck {
+        match (reviewing, active) {
+            (true, _) => IdleCheck::Lift,
+            (false, true) => IdleCheck::Rearm,
+            (false, false) => IdleCheck::Close,
+        }
+    }
 }
 
 impl<S> Admitted<S> {
+    fn new(inner: S, ticket: Ticket) -> Admitted<S> {
+        let idle = match ticket.class {
+            Class::Reviewing => None,
+            Class::Other => {
+                let after = ticket.gate.limits.idle_without_review;
+                Some(IdleDeadline { after, timer: Box::pin(tokio::time::sleep(after)), active: false })
+            }
+        };
+        Admitted { inner, ticket, idle }
+    }
+
     /// Where to report that this connection failed.
     pub fn failure_report(&self) -> FailureReport {
         self.ticket.failure_report()
+    }
+
+    /// Bytes moved: the connection is not idle.
+    fn moved(&mut self) {
+        if let Some(idle) = &mut self.idle {
+            idle.active = true;
+        }
+    }
+
+    /// Whether the connection, waiting, has been idle past its deadline (registering `cx` to be
+    /// woken at the deadline otherwise).
+    fn idle_past_deadline(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            let Some(idle) = &mut self.idle else { return false };
+            if idle.timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            let reviewing = self.ticket.gate.reviewing(self.ticket.source);
+            match IdleCheck::decide(idle.active, reviewing) {
+                IdleCheck::Close => return true,
+                IdleCheck::Lift => self.idle = None,
+                IdleCheck::Rearm => {
+                    idle.active = false;
+                    let next = tokio::time::Instant::now() + idle.after;
+                    idle.timer.as_mut().reset(next);
+                    // Polled again: the timer wakes this task at the next deadline.
+                }
+            }
+        }
     }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Admitted<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    self.moved();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(err)) => Poll::Ready(Err(err)),
+            Poll::Pending if self.idle_past_deadline(cx) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "closing a connection idle past its deadline: its source sent no review",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Admitted<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let written = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -316,7 +549,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Admitted<S> {
     }
 
     fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -365,7 +602,7 @@ impl axum_server::AddrListener<Admitted<TcpStream>, GatedAddr> for GatedListener
                 Ok(ticket) => {
                     // The API server sends a review at once and waits for the verdict: no batching.
                     let _ = stream.set_nodelay(true);
-                    return Ok((Admitted { inner: stream, ticket }, GatedAddr(peer)));
+                    return Ok((Admitted::new(stream, ticket), GatedAddr(peer)));
                 }
                 // Dropped here: closed at once.
                 Err(crowded) => tracing::debug!(%peer, ?crowded, "connection closed at once: too many open"),
@@ -485,52 +722,196 @@ mod tests {
         failed_connections_per_source: None,
         quorum_reads_per_namespace: None,
         keep_alive_idle: KEEP_ALIVE_IDLE,
+        idle_without_review: IDLE_WITHOUT_REVIEW,
     };
 
     #[test]
     fn connections_are_bounded_in_all_and_per_source() {
         let limits = Bounds { max_connections: 5, max_connections_per_source: 3, ..UNBUDGETED };
         let mut open = OpenConnections::default();
-        assert_eq!((0..10).filter(|_| open.open(ip(66), &limits).is_ok()).count(), 3);
-        assert_eq!(open.open(ip(66), &limits), Err(Crowded::Source));
-        assert_eq!(open.open(ip(1), &limits), Ok(()), "another source still gets a place");
-        assert_eq!(open.open(ip(2), &limits), Ok(()));
-        assert_eq!(open.open(ip(3), &limits), Err(Crowded::Total));
-        open.close(ip(66));
-        assert_eq!(open.open(ip(3), &limits), Ok(()), "a closed connection's place is free again");
+        let reviewing = Class::Reviewing;
+        assert_eq!((0..10).filter(|_| open.open(ip(66), reviewing, &limits).is_ok()).count(), 3);
+        assert_eq!(open.open(ip(66), reviewing, &limits), Err(Crowded::Source));
+        assert_eq!(open.open(ip(1), reviewing, &limits), Ok(()), "another source still gets a place");
+        assert_eq!(open.open(ip(2), reviewing, &limits), Ok(()));
+        assert_eq!(open.open(ip(3), reviewing, &limits), Err(Crowded::Total));
+        open.close(ip(66), reviewing);
+        assert_eq!(open.open(ip(3), reviewing, &limits), Ok(()), "a closed connection's place is free again");
         assert_eq!(open.take_peak(), (5, 5));
         for source in [66, 66, 1, 2, 3] {
-            open.close(ip(source));
+            open.close(ip(source), reviewing);
         }
         assert_eq!(open.total(), 0);
         assert!(open.by_source.is_empty(), "sources without connections are forgotten");
         assert_eq!(open.take_peak(), (5, 0));
         assert_eq!(open.take_peak(), (0, 0));
         // Closing what was never opened changes nothing.
-        open.close(ip(9));
-        assert_eq!(open.total(), 0);
+        open.close(ip(9), Class::Other);
+        assert_eq!((open.total(), open.others), (0, 0));
+    }
+
+    /// A source of 172.16.x.y, the `n`th.
+    fn many(n: usize) -> IpAddr {
+        IpAddr::from([172, 16, (n >> 8) as u8, n as u8])
     }
 
     #[test]
-    fn the_last_quarter_of_the_places_is_kept_for_sources_with_few_connections() {
+    fn the_places_kept_for_reviewing_sources_are_taken_by_no_other() {
+        // 40 places, 10 of them kept; 16 per source. The red team's floods, scaled down: many
+        // sources with a few connections each (300 × 7 of 2,048), a few with their bound each
+        // (3 × 512), both far beyond every place. Then a reviewing source asks for 16.
         let limits = Bounds { max_connections: 40, max_connections_per_source: 16, ..UNBUDGETED };
+        // (what floods, sources, connections each tried, others admitted, the reviewing source's admitted)
+        let table: [(&str, usize, usize, usize, usize); 5] = [
+            ("many sources, few connections each", 60, 7, 30, 10),
+            ("few sources, their bound each", 3, 16, 30, 10),
+            ("one source", 1, 100, 16, 16),
+            ("nobody", 0, 0, 0, 16),
+            ("many sources, one connection each", 1_000, 1, 30, 10),
+        ];
+        for (case, sources, each, others, reviewer) in table {
+            let mut open = OpenConnections::default();
+            let mut refused = HashMap::<Crowded, usize>::new();
+            for source in 0..sources {
+                for _ in 0..each {
+                    if let Err(crowded) = open.open(many(source), Class::Other, &limits) {
+                        *refused.entry(crowded).or_default() += 1;
+                    }
+                }
+            }
+            assert_eq!(open.total(), others, "{case}: admitted from the flood");
+            assert_eq!(refused.get(&Crowded::Total), None, "{case}: the flood never reaches the bound in all");
+            if others == 30 {
+                assert_eq!(open.open(many(9_999), Class::Other, &limits), Err(Crowded::Reserved), "{case}");
+            }
+            let admitted = (0..16).filter(|_| open.open(ip(1), Class::Reviewing, &limits).is_ok()).count();
+            assert_eq!(admitted, reviewer, "{case}: the reviewing source's places");
+            assert!(open.total() <= limits.max_connections, "{case}");
+        }
+    }
+
+    #[test]
+    fn a_reviewing_source_may_take_any_free_place_and_the_others_then_fewer() {
+        let limits = Bounds { max_connections: 40, max_connections_per_source: 32, ..UNBUDGETED };
         let mut open = OpenConnections::default();
-        // Sources with many connections fill the shared three quarters (30), then each its
-        // first FEW_CONNECTIONS more from the rest: 16, 14 (8 + 6 to 30), 8.
-        let many: Vec<usize> = [66, 67, 68].iter().map(|s| (0..16).filter(|_| open.open(ip(*s), &limits).is_ok()).count()).collect();
-        assert_eq!(many, [16, 14, FEW_CONNECTIONS]);
-        assert_eq!(open.open(ip(67), &limits), Err(Crowded::Total), "a source with many open is kept out of the last quarter");
-        // A source with few open still gets a place.
-        assert_eq!(open.open(ip(1), &limits), Ok(()));
-        assert_eq!(open.open(ip(2), &limits), Ok(()));
-        assert_eq!(open.total(), 40);
-        assert_eq!(open.open(ip(4), &limits), Err(Crowded::Total), "never more than the bound in all");
+        // The API server, busy, holds 32 places, the kept 10 and 22 more.
+        assert_eq!((0..32).filter(|_| open.open(ip(1), Class::Reviewing, &limits).is_ok()).count(), 32);
+        // The others get what is left of all places: 8, refused then for the bound in all.
+        assert_eq!((0..20).filter(|_| open.open(many(7), Class::Other, &limits).is_ok()).count(), 8);
+        assert_eq!(open.open(many(8), Class::Other, &limits), Err(Crowded::Total));
+        // As the API server's connections close, the others' share grows back to 30, no further.
+        for _ in 0..32 {
+            open.close(ip(1), Class::Reviewing);
+        }
+        assert_eq!((0..40).filter(|n| open.open(many(10 + n), Class::Other, &limits).is_ok()).count(), 22);
+        assert_eq!(open.others, 30);
+        // A connection counted as another's gives its place back as one.
+        open.close(many(7), Class::Other);
+        assert_eq!(open.open(many(100), Class::Other, &limits), Ok(()));
+    }
+
+    #[test]
+    fn reviewing_sources_are_remembered_for_a_while_and_boundedly() {
+        let start = Instant::now();
+        let mut reviewers = Reviewers::new(4, Duration::from_secs(60));
+        assert!(!reviewers.reviewing(ip(1), start), "a source that never reviewed");
+        reviewers.reviewed(ip(1), start);
+        // (when, reviewing)
+        let table = [(0, true), (59, true), (60, true), (61, false)];
+        for (after, reviewing) in table {
+            assert_eq!(reviewers.reviewing(ip(1), start + Duration::from_secs(after)), reviewing, "{after} s after its review");
+        }
+        // A later review renews; a clock that goes backwards does not make it older.
+        reviewers.reviewed(ip(1), start + Duration::from_secs(100));
+        reviewers.reviewed(ip(1), start + Duration::from_secs(50));
+        assert!(reviewers.reviewing(ip(1), start + Duration::from_secs(150)));
+        // Bounded: 1,000 sources reviewing once each leave at most 4 remembered, the latest kept.
+        for n in 0..1_000 {
+            reviewers.reviewed(many(n), start + Duration::from_secs(100) + Duration::from_millis(n as u64));
+        }
+        assert_eq!(reviewers.len(), 4);
+        assert!(reviewers.reviewing(many(999), start + Duration::from_secs(101)));
+        assert!(!reviewers.reviewing(many(0), start + Duration::from_secs(101)), "the one that reviewed longest ago is forgotten");
+        // A source that keeps reviewing stays among them.
+        let mut reviewers = Reviewers::new(4, Duration::from_secs(60));
+        for n in 0..1_000 {
+            let at = start + Duration::from_millis(10 * n as u64);
+            reviewers.reviewed(many(n), at);
+            reviewers.reviewed(ip(1), at);
+        }
+        assert!(reviewers.reviewing(ip(1), start + Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn a_gate_keeps_the_reserve_for_sources_that_reviewed() {
+        let metrics = ConnectionMetrics::default();
+        let gate = ConnectionGate::new(Bounds { max_connections: 8, max_connections_per_source: 8, ..UNBUDGETED }, metrics.clone());
+        let now = Instant::now();
+        // The API server's first connection, before it sent a review, is one of the others.
+        let first = gate.admit_at(ip(1), now).expect("a place");
+        gate.reviewed_at(ip(1), now);
+        // Others fill their share (6 of 8; the first took one of them).
+        let flood: Vec<_> = (0..20).filter_map(|n| gate.admit_at(many(n), now).ok()).collect();
+        assert_eq!(flood.len(), 5);
+        assert_eq!(metrics.refused_reserved.get(), 15);
+        // The API server gets the two kept places, and its first connection's place comes back as
+        // one of the others' share.
+        let kept: Vec<_> = (0..2).map(|_| gate.admit_at(ip(1), now).expect("a kept place")).collect();
+        assert_eq!(gate.admit_at(ip(1), now).map(|_| ()), Err(Crowded::Total));
+        drop(first);
+        let _late = gate.admit_at(many(50), now).expect("the first connection was counted among the others");
+        assert_eq!(gate.open(), 8);
+        drop(kept);
+        assert_eq!(gate.admit_at(many(51), now).map(|_| ()), Err(Crowded::Reserved), "the kept places stay kept");
+        assert_eq!(gate.open(), 6);
+    }
+
+    #[test]
+    fn an_idle_deadline_rearms_for_an_active_connection_and_lifts_for_a_reviewing_source() {
+        // (bytes moved in the last period, its source reviewing now, what the deadline says)
+        let table = [
+            (false, false, IdleCheck::Close),
+            (true, false, IdleCheck::Rearm),
+            (false, true, IdleCheck::Lift),
+            (true, true, IdleCheck::Lift),
+        ];
+        for (active, reviewing, check) in table {
+            assert_eq!(IdleCheck::decide(active, reviewing), check, "active {active}, reviewing {reviewing}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_of_a_source_that_sent_no_review_is_closed() {
+        use tokio::io::AsyncReadExt;
+        let limits =
+            Bounds { max_connections: 8, max_connections_per_source: 8, idle_without_review: Duration::from_millis(20), ..UNBUDGETED };
+        let gate = ConnectionGate::new(limits, ConnectionMetrics::default());
+        let mut buf = [0u8; 8];
+        // A source that sent no review: its idle connection is closed (errors) at its deadline.
+        let (_client, server) = tokio::io::duplex(64);
+        let mut other = Admitted::new(server, gate.admit(ip(66)).expect("a place"));
+        let read = tokio::time::timeout(Duration::from_secs(60), other.read(&mut buf)).await.expect("closed at its deadline");
+        assert_eq!(read.map_err(|e| e.kind()), Err(io::ErrorKind::TimedOut));
+        // A reviewing source's connection has no deadline of its own (the server's keep-alive).
+        gate.reviewed(ip(1));
+        let (_client, server) = tokio::io::duplex(64);
+        assert!(Admitted::new(server, gate.admit(ip(1)).expect("a place")).idle.is_none());
+        // Accepted before its source reviewed: the deadline lifts when it fires.
+        let (_client, server) = tokio::io::duplex(64);
+        let mut early = Admitted::new(server, gate.admit(ip(2)).expect("a place"));
+        assert!(early.idle.is_some());
+        gate.reviewed(ip(2));
+        let waited = tokio::time::timeout(Duration::from_millis(200), early.read(&mut buf)).await;
+        assert!(waited.is_err(), "still open: {waited:?}");
+        assert!(early.idle.is_none(), "the deadline lifted");
     }
 
     #[test]
     fn a_gate_gives_a_place_back_when_its_ticket_is_dropped() {
         let metrics = ConnectionMetrics::default();
         let gate = ConnectionGate::new(Bounds { max_connections: 2, max_connections_per_source: 2, ..UNBUDGETED }, metrics.clone());
+        gate.reviewed(ip(1));
+        gate.reviewed(ip(2));
         let a = gate.admit(ip(1)).expect("a place");
         let _b = gate.admit(ip(1)).expect("a place");
         assert_eq!(gate.admit(ip(2)).map(|_| ()), Err(Crowded::Total));
@@ -540,7 +921,6 @@ mod tests {
         assert!(gate.admit(ip(2)).is_ok());
         assert_eq!(metrics.refused_total.get(), 1);
     }
-
     #[test]
     fn a_source_whose_connections_fail_is_refused_until_its_bucket_refills() {
         let mut failures = FailureBudget::new(1);

@@ -6,7 +6,9 @@
 //! HTTP/1.1 only (what its ALPN advertises; an HTTP/2 connection has no idle deadline), the
 //! connections open at once are bounded in all and per source, a source whose connections fail
 //! (a failed handshake, bytes without a request) is refused new ones beyond a budget
-//! (`super::bounds`, `super::failures`), the TLS
+//! (`super::bounds`, `super::failures`), a quarter of the places is kept for sources that sent
+//! genuine reviews recently (the API server: `remember_reviewers`) and the connections of other
+//! sources are closed after `super::bounds::IDLE_WITHOUT_REVIEW` without a byte, the TLS
 //! handshake, the first request, the headers of every later request (idle time included: longer
 //! than the API server keeps an idle connection, so it is the one that closes it) and the body
 //! each have a deadline, a body is at most [`MAX_BODY_BYTES`], and all
@@ -23,6 +25,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
@@ -93,7 +96,10 @@ impl Webhook {
         let answer = review::response(&request, &verdict).to_vec();
         self.metrics.decided(&verdict, started.elapsed().as_secs_f64());
         self.report(peer, &request, &facts, sent, &verdict);
-        json(answer)
+        let mut answered = json(answer);
+        // A genuine review was judged: its source may take the places kept for reviewing sources.
+        answered.extensions_mut().insert(Reviewed);
+        answered
     }
 
     /// The answer to a body that is not a readable AdmissionReview.
@@ -209,6 +215,24 @@ async fn validate_writer(State(webhook): State<Arc<Webhook>>, ConnectInfo(peer):
     }
 }
 
+/// Marks the answer to a genuine review (an AdmissionReview decoded and judged), for
+/// [`remember_reviewers`].
+#[derive(Clone, Copy, Debug)]
+struct Reviewed;
+
+/// Tells `gate` which sources' requests were genuine reviews (`super::bounds::Reviewers`): their
+/// new connections may take the places kept for reviewing sources.
+async fn remember_reviewers(State(gate): State<ConnectionGate>, request: Request, next: Next) -> Response {
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|ConnectInfo(peer)| peer.ip());
+    let response = next.run(request).await;
+    if let Some(peer) = peer
+        && response.extensions().get::<Reviewed>().is_some()
+    {
+        gate.reviewed(peer);
+    }
+    response
+}
+
 /// A JSON response body.
 fn json(body: Vec<u8>) -> Response {
     ([(http::header::CONTENT_TYPE, "application/json")], body).into_response()
@@ -249,6 +273,8 @@ pub async fn serve(
     // source's budget of failed connections (`super::failures`).
     let acceptor = Watching::new(RustlsAcceptor::new(tls).handshake_timeout(HANDSHAKE_TIMEOUT));
     let listener = GatedListener::new(listener, gate.clone())?;
+    // Sources whose requests are genuine reviews get the places kept for them.
+    let router = router.layer(axum::middleware::from_fn_with_state(gate.clone(), remember_reviewers));
     let server = axum_server::Server::<GatedAddr>::from_listener(listener)
         .acceptor(acceptor)
         .handle(handle)
