@@ -319,7 +319,7 @@ pub async fn run(client: Client, options: StatusOptions, metrics: Metrics, stop:
         events,
         metrics,
     });
-    tracing::info!(namespace = ns.unwrap_or("<all>"), configuration = %context.writers, "FencedController status controller running");
+    tracing::debug!(namespace = ns.unwrap_or("<all>"), configuration = %context.writers, "FencedController status controller running");
     let config = runtime::Config::default().concurrency(MAX_CONCURRENT_RECONCILES);
     let running = runtime::applier(|f, ctx| Box::pin(reconcile(f, ctx)), error_policy, context, fences, queue, config).for_each(
         |result| async move {
