@@ -73,17 +73,19 @@ impl LeaseDirectory {
         self.client.clone()
     }
 
-    /// Whether both caches have been filled once (what `/readyz` waits for).
+    /// Whether the lease cache has been filled once (what `/readyz` waits for). The fence cache is
+    /// not waited for: a webhook whose fences are not known yet refuses the fenced writers' writes
+    /// (503, fail closed) and judges everything else, so a cluster without the FencedController
+    /// CRD (`helm upgrade` does not install new CRDs) or an RBAC without it (an older chart) keeps
+    /// a ready webhook.
     pub fn is_ready(&self) -> bool {
         // A store that is not ready yet has not seen its initial list.
-        let ready = |store: &Store<_>| futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok());
-        ready(&self.store) && ready_fences(&self.fences)
+        futures::FutureExt::now_or_never(self.store.wait_until_ready()).is_some_and(|r| r.is_ok())
     }
 
-    /// Waits until both caches have been filled once, at most `timeout`; whether they were.
+    /// Waits until the lease cache has been filled once, at most `timeout`; whether it was.
     pub async fn wait_ready(&self, timeout: std::time::Duration) -> bool {
-        let both = async { self.store.wait_until_ready().await.is_ok() && self.fences.wait_until_ready().await.is_ok() };
-        matches!(tokio::time::timeout(timeout, both).await, Ok(true))
+        matches!(tokio::time::timeout(timeout, self.store.wait_until_ready()).await, Ok(Ok(())))
     }
 
     /// The fences of the FencedControllers that name `user` (a ServiceAccount's username), as the
