@@ -329,6 +329,28 @@ enum Writes {
     EverythingUnfenced,
 }
 
+/// The example controller's two objects bound to its Lease (the ConfigMap and the Widget, created
+/// by the exempt setup user), and a directory with a kubeconfig per Pod of `pods` carrying that
+/// Pod's bound token (`<pod>.kubeconfig`, what [`Replica::start`] runs a replica with).
+async fn labelled_objects_and_kubeconfigs(f: &Fixture, widgets: &kube::api::ApiResource, pods: &[Pod]) -> tempfile::TempDir {
+    let setup = common::identity::client_as(SETUP).await;
+    let labelled = json!({LEADER_LEASE_LABEL: leader::LEASE});
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": leader::CONFIGMAP, "labels": labelled}})).unwrap();
+    common::accepted(Api::<ConfigMap>::namespaced(setup.clone(), &f.ns).create(&PostParams::default(), &cm).await);
+    let widget: DynamicObject = serde_json::from_value(json!({"apiVersion": "example.kubefence.io/v1", "kind": "Widget",
+        "metadata": {"name": leader::WIDGET, "labels": labelled}, "spec": {}}))
+    .unwrap();
+    common::accepted(Api::<DynamicObject>::namespaced_with(setup, &f.ns, widgets).create(&PostParams::default(), &widget).await);
+    let dir = tempfile::tempdir().expect("temp dir");
+    for pod in pods {
+        let token = common::identity::pod_token(&f.client, &f.ns, "ctl", pod).await;
+        let kubeconfig = common::identity::kubeconfig_with_token(&token).await;
+        let yaml = serde_yaml::to_string(&kubeconfig).expect("kubeconfig yaml");
+        std::fs::write(dir.path().join(format!("{}.kubeconfig", pod.name_any())), yaml).expect("write kubeconfig");
+    }
+    dir
+}
+
 /// Runs two replicas of examples/leader-go as processes authenticated with their Pods' bound
 /// tokens through `cycles` pause cycles, and returns what the cycles and the watch found.
 async fn leader_go_cycles(test: &str, writes: Writes, cycles: usize) -> (leader::Run, leader::Seen, usize) {
@@ -361,22 +383,7 @@ async fn leader_go_cycles(test: &str, writes: Writes, cycles: usize) -> (leader:
         })
         .await;
     }
-    let setup = common::identity::client_as(SETUP).await;
-    let labelled = json!({LEADER_LEASE_LABEL: leader::LEASE});
-    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": leader::CONFIGMAP, "labels": labelled}})).unwrap();
-    common::accepted(Api::<ConfigMap>::namespaced(setup.clone(), &f.ns).create(&PostParams::default(), &cm).await);
-    let widget: DynamicObject = serde_json::from_value(json!({"apiVersion": "example.kubefence.io/v1", "kind": "Widget",
-        "metadata": {"name": leader::WIDGET, "labels": labelled}, "spec": {}}))
-    .unwrap();
-    common::accepted(Api::<DynamicObject>::namespaced_with(setup, &f.ns, &widgets).create(&PostParams::default(), &widget).await);
-
-    let dir = tempfile::tempdir().expect("temp dir");
-    for pod in &pods {
-        let token = common::identity::pod_token(&f.client, &f.ns, "ctl", pod).await;
-        let kubeconfig = common::identity::kubeconfig_with_token(&token).await;
-        let yaml = serde_yaml::to_string(&kubeconfig).expect("kubeconfig yaml");
-        std::fs::write(dir.path().join(format!("{}.kubeconfig", pod.name_any())), yaml).expect("write kubeconfig");
-    }
+    let dir = labelled_objects_and_kubeconfigs(&f, &widgets, &pods).await;
     let seen = std::sync::Arc::new(std::sync::Mutex::new(leader::Seen::default()));
     let recorder = leader::record(&f.client, &f.ns, &widgets, seen.clone());
     let env: &[(&str, &str)] = if writes == Writes::Labelled { &[] } else { &[("CREATE_OBJECTS", "1"), ("PATCH_NAMESPACE", "1")] };
@@ -640,20 +647,7 @@ async fn a_running_client_go_controller_is_fenced_in_audit_then_enforced_then_re
     let widgets = leader::install_widget_crd(&f.client).await;
     let pods = controller_pods(&f, &["p1", "p2"]).await;
     leader::may_patch_namespace(&f.client, &f.ns, "ctl").await;
-    let labelled = json!({LEADER_LEASE_LABEL: leader::LEASE});
-    let setup = common::identity::client_as(SETUP).await;
-    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": leader::CONFIGMAP, "labels": labelled}})).unwrap();
-    common::accepted(Api::<ConfigMap>::namespaced(setup.clone(), &f.ns).create(&PostParams::default(), &cm).await);
-    let widget: DynamicObject = serde_json::from_value(json!({"apiVersion": "example.kubefence.io/v1", "kind": "Widget",
-        "metadata": {"name": leader::WIDGET, "labels": labelled}, "spec": {}}))
-    .unwrap();
-    common::accepted(Api::<DynamicObject>::namespaced_with(setup, &f.ns, &widgets).create(&PostParams::default(), &widget).await);
-    let dir = tempfile::tempdir().expect("temp dir");
-    for pod in &pods {
-        let token = common::identity::pod_token(&f.client, &f.ns, "ctl", pod).await;
-        let kubeconfig = common::identity::kubeconfig_with_token(&token).await;
-        std::fs::write(dir.path().join(format!("{}.kubeconfig", pod.name_any())), serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
-    }
+    let dir = labelled_objects_and_kubeconfigs(&f, &widgets, &pods).await;
 
     // The controller runs first: client-go creates its Lease, with no kube-fence label.
     let env = [("CREATE_OBJECTS", "1"), ("PATCH_NAMESPACE", "1")];

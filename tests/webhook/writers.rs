@@ -46,6 +46,18 @@ fn fences(f: &Fixture) -> Api<FencedController> {
 /// its Lease `ctl` (created as client-go would, no kube-fence label) held by p1. Then the admin
 /// fences it (`exempt`, `mode`), and once the writer webhook judges `ctl`'s writes, returns.
 async fn fenced_controller(f: &Fixture, exempt: &[&str], mode: FenceMode) -> (Client, Client, Vec<Pod>) {
+    let (p1, p2, made) = running_controller(f).await;
+    fences(f).create(&PostParams::default(), &fence(f, exempt, mode)).await.expect("the admin fences the controller");
+    match mode {
+        FenceMode::Enforce => wait_writer_fenced(f, &p2).await,
+        FenceMode::Audit => wait_writer_audited(f, &p2).await,
+    }
+    (p1, p2, made)
+}
+
+/// Pods p1 and p2 of ServiceAccount `ctl`, clients for both, and the controller running: its
+/// Lease `ctl` created by p1 (as client-go would, no kube-fence label) and held by p1.
+async fn running_controller(f: &Fixture) -> (Client, Client, Vec<Pod>) {
     let made = controller_pods(f, &["p1", "p2"]).await;
     common::leader::may_patch_namespace(&f.client, &f.ns, "ctl").await;
     let p1 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[0]).await;
@@ -53,11 +65,6 @@ async fn fenced_controller(f: &Fixture, exempt: &[&str], mode: FenceMode) -> (Cl
     let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": LEASE}, "spec": {}})).unwrap();
     Api::<LeaderLease>::namespaced(p1.clone(), &f.ns).create(&PostParams::default(), &lease).await.expect("p1 creates its Lease");
     elect(&p1, &f.ns, LEASE, "p1_1111", AT, 1).await.expect("p1 acquires");
-    fences(f).create(&PostParams::default(), &fence(f, exempt, mode)).await.expect("the admin fences the controller");
-    match mode {
-        FenceMode::Enforce => wait_writer_fenced(f, &p2).await,
-        FenceMode::Audit => wait_writer_audited(f, &p2).await,
-    }
     (p1, p2, made)
 }
 
@@ -270,13 +277,7 @@ async fn a_fence_in_another_namespace_fences_nothing_here() {
 #[tokio::test]
 async fn a_thousand_fences_at_once_are_routed_and_a_fence_made_meanwhile_is_enforced() {
     let f = Fixture::new("writers-flood").await;
-    let made = controller_pods(&f, &["p1", "p2"]).await;
-    common::leader::may_patch_namespace(&f.client, &f.ns, "ctl").await;
-    let p1 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[0]).await;
-    let p2 = common::identity::client_as_pod(&f.client, &f.ns, "ctl", &made[1]).await;
-    let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": LEASE}, "spec": {}})).unwrap();
-    Api::<LeaderLease>::namespaced(p1.clone(), &f.ns).create(&PostParams::default(), &lease).await.expect("p1 creates its Lease");
-    elect(&p1, &f.ns, LEASE, "p1_1111", AT, 1).await.expect("p1 acquires");
+    let (p1, p2, _) = running_controller(&f).await;
 
     let started = Instant::now();
     let flood = |range: std::ops::Range<usize>| {
