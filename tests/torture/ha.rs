@@ -160,6 +160,9 @@ pub struct Availability {
     pub refused: u64,
     /// Failed closed or unavailable (timeouts, 5xx, webhook unreachable).
     pub failed: u64,
+    /// Of the attempts, those sent through the API server the fault was aimed at (when it was).
+    pub via_target: u64,
+    pub via_target_failed: u64,
 }
 
 #[derive(Default)]
@@ -169,7 +172,8 @@ struct Stats {
     /// Per fault kind: time from its heal to the first admitted genuine write.
     recovery: Mutex<BTreeMap<HaFault, Vec<Duration>>>,
     faults: Mutex<BTreeMap<HaFault, u64>>,
-    current: Mutex<Option<HaFault>>,
+    /// The fault in place and the API server it is aimed at (if any).
+    current: Mutex<Option<(HaFault, Option<usize>)>>,
     healed: Mutex<Option<(HaFault, Instant)>>,
     delayed_refused: AtomicU64,
     delayed_accepted: AtomicU64,
@@ -178,9 +182,20 @@ struct Stats {
 }
 
 impl Stats {
-    fn count(&self, during: Option<HaFault>, f: impl FnOnce(&mut Availability)) {
+    fn count(&self, during: Option<(HaFault, Option<usize>)>, f: impl Fn(&mut Availability) -> &mut u64) {
         if let Ok(mut a) = self.availability.lock() {
-            f(a.entry(during).or_default());
+            *f(a.entry(during.map(|d| d.0)).or_default()) += 1;
+        }
+    }
+    fn count_via(&self, during: Option<(HaFault, Option<usize>)>, via: usize, failed: bool) {
+        if during.is_some_and(|d| d.1 == Some(via))
+            && let Ok(mut a) = self.availability.lock()
+        {
+            let entry = a.entry(during.map(|d| d.0)).or_default();
+            entry.via_target += 1;
+            if failed {
+                entry.via_target_failed += 1;
+            }
         }
     }
     fn admitted(&self) {
@@ -191,7 +206,7 @@ impl Stats {
             r.entry(fault).or_default().push(at.elapsed());
         }
     }
-    fn current(&self) -> Option<HaFault> {
+    fn current(&self) -> Option<(HaFault, Option<usize>)> {
         self.current.lock().ok().and_then(|c| *c)
     }
 }
@@ -250,23 +265,25 @@ impl fmt::Display for HaReport {
         writeln!(f)?;
         writeln!(
             f,
-            "| fault | injected | genuine writes attempted | admitted | refused stale | failed closed / unavailable | heal → first admitted write, median / max s |"
+            "| fault | injected | genuine writes attempted | admitted | refused stale | failed closed / unavailable | through the API server aimed at: sent / failed | heal → first admitted write, median / max s |"
         )?;
-        writeln!(f, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")?;
+        writeln!(f, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")?;
         let none = self.availability.get(&None).copied().unwrap_or_default();
-        writeln!(f, "| (none in place) | – | {} | {} | {} | {} | – |", none.attempted, none.admitted, none.refused, none.failed)?;
+        writeln!(f, "| (none in place) | – | {} | {} | {} | {} | – | – |", none.attempted, none.admitted, none.refused, none.failed)?;
         for fault in HaFault::ALL {
             let a = self.availability.get(&Some(fault)).copied().unwrap_or_default();
             let r = self.recovery.get(&fault).map(Vec::as_slice).unwrap_or(&[]);
             writeln!(
                 f,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} / {} | {} |",
                 fault.describe(),
                 self.fault(fault),
                 a.attempted,
                 a.admitted,
                 a.refused,
                 a.failed,
+                a.via_target,
+                a.via_target_failed,
                 seconds(r)
             )?;
         }
@@ -499,22 +516,26 @@ impl World {
                     }
                     let object = object_name(lease, j);
                     let during = self.stats.current();
-                    self.stats.count(during, |a| a.attempted += 1);
+                    let count = |f: fn(&mut Availability) -> &mut u64| self.stats.count(during, f);
+                    count(|a| &mut a.attempted);
                     let Some(Ok(read)) = bounded(self.objects(via_write).get(&object)).await else {
-                        self.stats.count(during, |a| a.failed += 1);
+                        count(|a| &mut a.failed);
+                        self.stats.count_via(during, via_write, true);
                         break;
                     };
-                    match self.write(via_write, &grant, &object, &read, "normal").await {
+                    let wrote = self.write(via_write, &grant, &object, &read, "normal").await;
+                    self.stats.count_via(during, via_write, matches!(wrote, Wrote::Failed));
+                    match wrote {
                         Wrote::Accepted => {
-                            self.stats.count(during, |a| a.admitted += 1);
+                            count(|a| &mut a.admitted);
                             self.stats.admitted();
                         }
                         Wrote::Stale => {
-                            self.stats.count(during, |a| a.refused += 1);
+                            count(|a| &mut a.refused);
                             break;
                         }
                         Wrote::Failed => {
-                            self.stats.count(during, |a| a.failed += 1);
+                            count(|a| &mut a.failed);
                             break;
                         }
                     }
@@ -566,8 +587,12 @@ fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationTok
 async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault: HaFault, rng: &mut Rng) {
     let api = rng.below(2) as usize;
     let hold = rng.millis(world.config.hold_ms.0, world.config.hold_ms.1);
+    let aimed = match fault {
+        HaFault::EtcdMemberIsolated | HaFault::EtcdLeaderKilled => None,
+        _ => Some(api),
+    };
     if let Ok(mut c) = world.stats.current.lock() {
-        *c = Some(fault);
+        *c = Some((fault, aimed));
     }
     let cut =
         |p: Partition| async move { plane.call(move |ha| ha.partition(p).map_err(|e| format!("{e:#}"))).await.expect("make the cut") };
@@ -756,12 +781,20 @@ pub async fn run(config: HaConfig) -> HaReport {
     let workers: Vec<JoinHandle<()>> = (0..config.workers).map(|id| tokio::spawn(world.clone().worker(id))).collect();
     let mut rng = Rng(config.seed ^ 0x4A_FA17);
     let mut last_note = Instant::now();
+    let mut round: Vec<HaFault> = Vec::new();
     for n in 0..config.faults {
         if started.elapsed() >= config.max_duration {
             eprintln!("[ha] time bound reached after {n} faults");
             break;
         }
-        let fault = HaFault::ALL[rng.below(HaFault::ALL.len() as u64) as usize];
+        // Rounds of every kind once, each round in a seeded order.
+        if round.is_empty() {
+            round = HaFault::ALL.to_vec();
+            for i in (1..round.len()).rev() {
+                round.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+        }
+        let fault = round.pop().expect("a fault in the round");
         tokio::time::sleep(rng.millis(300, 1_500)).await;
         inject(&plane, &mut replicas, &world, fault, &mut rng).await;
         if last_note.elapsed() > Duration::from_secs(30) {
