@@ -35,8 +35,8 @@ use kube_fence::admission::http::server::Metrics as WebhookMetrics;
 use kube_fence::admission::http::tls::SelfSigned;
 use kube_fence::admission::local::{LocalOptions, LocalWebhook};
 use kube_fence::client::{self as fence, AcquireOptions, Grant, Leases};
-use kube_fence_api::names::LEASE_LABEL;
-use kube_fence_api::{Lease, LeaseSpec, Phase};
+use kube_fence_api::names::{HOLDER_ONLY, LEASE_LABEL, WRITER_LABEL};
+use kube_fence_api::{HolderIdentity, Lease, LeaseSpec, Phase};
 use kube_fence_test_support::history::{self, Observation, Violation};
 use kube_fence_testenv::ha::{HaCluster, HaOptions, Partition, Source, WEBHOOK_PORT, api_letter};
 use prometheus_client::registry::Registry;
@@ -163,6 +163,9 @@ pub struct Availability {
     /// Of the attempts, those sent through the API server the fault was aimed at (when it was).
     pub via_target: u64,
     pub via_target_failed: u64,
+    /// The slowest admitted genuine write (read + write), in milliseconds: how long a write sent
+    /// into the fault was held before it landed.
+    pub slowest_admitted_ms: u64,
 }
 
 #[derive(Default)]
@@ -179,12 +182,19 @@ struct Stats {
     delayed_accepted: AtomicU64,
     delayed_failed: AtomicU64,
     acquire_errors: AtomicU64,
+    not_holder: AtomicU64,
 }
 
 impl Stats {
     fn count(&self, during: Option<(HaFault, Option<usize>)>, f: impl Fn(&mut Availability) -> &mut u64) {
         if let Ok(mut a) = self.availability.lock() {
             *f(a.entry(during.map(|d| d.0)).or_default()) += 1;
+        }
+    }
+    fn slowest(&self, during: Option<(HaFault, Option<usize>)>, millis: u64) {
+        if let Ok(mut a) = self.availability.lock() {
+            let entry = a.entry(during.map(|d| d.0)).or_default();
+            entry.slowest_admitted_ms = entry.slowest_admitted_ms.max(millis);
         }
     }
     fn count_via(&self, during: Option<(HaFault, Option<usize>)>, via: usize, failed: bool) {
@@ -224,6 +234,8 @@ pub struct HaReport {
     pub delayed_accepted: u64,
     pub delayed_failed: u64,
     pub acquire_errors: u64,
+    /// Writes to holder-only objects refused because the writer no longer held the lease.
+    pub not_holder: u64,
     /// The scripted stale write: `Some(true)` accepted, `Some(false)` refused, `None` never sent.
     pub planted_accepted: Option<bool>,
     pub observations: usize,
@@ -265,17 +277,25 @@ impl fmt::Display for HaReport {
         writeln!(f)?;
         writeln!(
             f,
-            "| fault | injected | genuine writes attempted | admitted | refused stale | failed closed / unavailable | through the API server aimed at: sent / failed | heal → first admitted write, median / max s |"
+            "| fault | injected | genuine writes attempted | admitted | refused stale | failed closed / unavailable | through the API server aimed at: sent / failed | slowest admitted, s | heal → first admitted write, median / max s |"
         )?;
-        writeln!(f, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")?;
+        writeln!(f, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")?;
         let none = self.availability.get(&None).copied().unwrap_or_default();
-        writeln!(f, "| (none in place) | – | {} | {} | {} | {} | – | – |", none.attempted, none.admitted, none.refused, none.failed)?;
+        writeln!(
+            f,
+            "| (none in place) | – | {} | {} | {} | {} | – | {:.2} | – |",
+            none.attempted,
+            none.admitted,
+            none.refused,
+            none.failed,
+            none.slowest_admitted_ms as f64 / 1000.0
+        )?;
         for fault in HaFault::ALL {
             let a = self.availability.get(&Some(fault)).copied().unwrap_or_default();
             let r = self.recovery.get(&fault).map(Vec::as_slice).unwrap_or(&[]);
             writeln!(
                 f,
-                "| {} | {} | {} | {} | {} | {} | {} / {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} / {} | {:.2} | {} |",
                 fault.describe(),
                 self.fault(fault),
                 a.attempted,
@@ -284,6 +304,7 @@ impl fmt::Display for HaReport {
                 a.failed,
                 a.via_target,
                 a.via_target_failed,
+                a.slowest_admitted_ms as f64 / 1000.0,
                 seconds(r)
             )?;
         }
@@ -297,6 +318,7 @@ impl fmt::Display for HaReport {
         writeln!(f, "| delayed writes accepted (no newer write in between) | {} |", self.delayed_accepted)?;
         writeln!(f, "| delayed writes failed closed / unavailable | {} |", self.delayed_failed)?;
         writeln!(f, "| acquires failed or timed out (retried) | {} |", self.acquire_errors)?;
+        writeln!(f, "| writes to holder-only objects refused (409 NotHolder; counted as refused above) | {} |", self.not_holder)?;
         let planted = match self.planted_accepted {
             Some(true) => "accepted",
             Some(false) => "refused",
@@ -419,6 +441,28 @@ impl Replica {
     }
 }
 
+/// `World::clients` index of the admin's clients.
+const ADMIN: usize = 0;
+
+/// Leases 1, 3, 5…: `identity: User`, their objects holder-only (`kubefence.io/writer: holder`).
+/// Lease 0 (the scripted stale write's) is token-guarded only.
+fn holder_only(lease: usize) -> bool {
+    lease % 2 == 1
+}
+
+/// An accepted version of a guarded object: its token, and for a holder-only object also who
+/// wrote it (the worker names itself in `data.writer`; admission checked it is the holder).
+fn record_object(recorder: &Recorder, cm: &ConfigMap) {
+    recorder.write(cm);
+    let holder_only = cm.labels().get(WRITER_LABEL).is_some_and(|v| v == HOLDER_ONLY);
+    let writer = cm.data.as_ref().and_then(|d| d.get("writer")).cloned();
+    let lease = cm.labels().get(LEASE_LABEL).cloned();
+    let rv = cm.resource_version().and_then(|rv| rv.parse::<u64>().ok());
+    if let (true, Some(holder), Some(lease), Some(resource_version)) = (holder_only, writer, lease, rv) {
+        recorder.push(Observation::HolderWrite { object: cm.name_any(), lease, holder, resource_version });
+    }
+}
+
 fn lease_name(i: usize) -> String {
     format!("ha-work-{i}")
 }
@@ -427,8 +471,10 @@ fn object_name(lease: usize, j: usize) -> String {
 }
 
 struct World {
-    /// Workers' clients for API server A and B.
-    clients: [Client; 2],
+    /// Clients for API server A and B: `[ADMIN]` the admin's (setup, the scripted write), `[1 + id]`
+    /// worker `id`'s (the admin's credentials impersonating user `worker-<id>`: its holder name,
+    /// which leases with `identity: User` bind to who asks).
+    clients: Vec<[Client; 2]>,
     ns: String,
     config: HaConfig,
     stats: Stats,
@@ -449,18 +495,18 @@ async fn bounded<T>(f: impl Future<Output = T>) -> Option<T> {
 }
 
 impl World {
-    fn leases(&self, api: usize) -> Leases {
-        Leases::new(self.clients[api].clone(), &self.ns)
+    fn leases(&self, who: usize, api: usize) -> Leases {
+        Leases::new(self.clients[who][api].clone(), &self.ns)
     }
-    fn objects(&self, api: usize) -> Api<ConfigMap> {
-        Api::namespaced(self.clients[api].clone(), &self.ns)
+    fn objects(&self, who: usize, api: usize) -> Api<ConfigMap> {
+        Api::namespaced(self.clients[who][api].clone(), &self.ns)
     }
     fn acquire_options(&self) -> AcquireOptions {
         AcquireOptions::default().duration(Duration::from_secs(u64::from(self.config.lease_seconds))).timeout(Duration::from_secs(10))
     }
 
-    async fn acquire(&self, api: usize, lease: &str, holder: &str) -> Option<Grant> {
-        match bounded(self.leases(api).acquire(lease, holder, self.acquire_options())).await {
+    async fn acquire(&self, who: usize, api: usize, lease: &str, holder: &str) -> Option<Grant> {
+        match bounded(self.leases(who, api).acquire(lease, holder, self.acquire_options())).await {
             Some(Ok(grant)) => {
                 self.recorder.grant(&grant);
                 Some(grant)
@@ -473,15 +519,19 @@ impl World {
     }
 
     /// A fenced merge patch without a resourceVersion precondition (fencing alone decides).
-    async fn write(&self, api: usize, grant: &Grant, object: &str, read: &ConfigMap, note: &str) -> Wrote {
+    async fn write(&self, who: usize, api: usize, grant: &Grant, object: &str, read: &ConfigMap, note: &str) -> Wrote {
         let seq = read.data.as_ref().and_then(|d| d.get("seq")).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0) + 1;
         let patch = json!({"data": {"seq": seq.to_string(), "writer": grant.holder, "note": note, "via": api_letter(api).to_string()}});
-        match bounded(grant.patch(&self.objects(api), object, &PatchParams::default(), Patch::Merge(patch))).await {
+        match bounded(grant.patch(&self.objects(who, api), object, &PatchParams::default(), Patch::Merge(patch))).await {
             Some(Ok(written)) => {
-                self.recorder.write(&written);
+                record_object(&self.recorder, &written);
                 Wrote::Accepted
             }
             Some(Err(fence::Error::StaleToken { .. })) => Wrote::Stale,
+            Some(Err(fence::Error::NotHolder { .. })) => {
+                self.stats.not_holder.fetch_add(1, Ordering::Relaxed);
+                Wrote::Stale
+            }
             _ => Wrote::Failed,
         }
     }
@@ -489,19 +539,20 @@ impl World {
     async fn worker(self: Arc<World>, id: usize) {
         let mut rng = Rng(self.config.seed ^ (id as u64).wrapping_mul(0xA24B_AED4_963E_E407));
         let holder = format!("worker-{id}");
+        let me = id + 1;
         while !self.stop.is_cancelled() {
             let lease = rng.below(self.config.leases as u64) as usize;
             // Acquire through one API server, write through either.
             let (via_lease, via_write) = (rng.below(2) as usize, rng.below(2) as usize);
-            let Some(grant) = self.acquire(via_lease, &lease_name(lease), &holder).await else {
+            let Some(grant) = self.acquire(me, via_lease, &lease_name(lease), &holder).await else {
                 tokio::time::sleep(rng.millis(100, 500)).await;
                 continue;
             };
             if rng.percent(self.config.pause_percent) {
                 let object = object_name(lease, rng.below(self.config.objects_per_lease as u64) as usize);
-                if let Some(Ok(read)) = bounded(self.objects(via_write).get(&object)).await {
+                if let Some(Ok(read)) = bounded(self.objects(me, via_write).get(&object)).await {
                     tokio::time::sleep(Duration::from_secs(u64::from(self.config.lease_seconds)) + rng.millis(300, 1_500)).await;
-                    let counter = match self.write(via_write, &grant, &object, &read, "delayed").await {
+                    let counter = match self.write(me, via_write, &grant, &object, &read, "delayed").await {
                         Wrote::Accepted => &self.stats.delayed_accepted,
                         Wrote::Stale => &self.stats.delayed_refused,
                         Wrote::Failed => &self.stats.delayed_failed,
@@ -509,25 +560,28 @@ impl World {
                     counter.fetch_add(1, Ordering::Relaxed);
                 }
             } else {
-                let keep_alive = self.leases(via_lease).keep_alive(&grant);
+                let keep_alive = self.leases(me, via_lease).keep_alive(&grant);
                 for j in 0..self.config.objects_per_lease {
                     if !matches!(keep_alive.holding(), fence::Holding::Held { .. }) {
                         break;
                     }
                     let object = object_name(lease, j);
                     let during = self.stats.current();
+                    let sent = Instant::now();
                     let count = |f: fn(&mut Availability) -> &mut u64| self.stats.count(during, f);
                     count(|a| &mut a.attempted);
-                    let Some(Ok(read)) = bounded(self.objects(via_write).get(&object)).await else {
+                    let Some(Ok(read)) = bounded(self.objects(me, via_write).get(&object)).await else {
                         count(|a| &mut a.failed);
                         self.stats.count_via(during, via_write, true);
                         break;
                     };
-                    let wrote = self.write(via_write, &grant, &object, &read, "normal").await;
+                    let wrote = self.write(me, via_write, &grant, &object, &read, "normal").await;
+                    let took = sent.elapsed().as_millis() as u64;
                     self.stats.count_via(during, via_write, matches!(wrote, Wrote::Failed));
                     match wrote {
                         Wrote::Accepted => {
                             count(|a| &mut a.admitted);
+                            self.stats.slowest(during, took);
                             self.stats.admitted();
                         }
                         Wrote::Stale => {
@@ -542,7 +596,7 @@ impl World {
                 }
                 keep_alive.stop().await;
             }
-            let _ = bounded(self.leases(via_lease).release(&grant)).await;
+            let _ = bounded(self.leases(me, via_lease).release(&grant)).await;
             tokio::time::sleep(rng.millis(0, 50)).await;
         }
     }
@@ -573,7 +627,7 @@ fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationTok
             let event = tokio::select! { _ = s2.cancelled() => return, e = events.next() => e };
             let Some(event) = event else { return };
             if let Ok(Event::Apply(cm) | Event::InitApply(cm)) = event {
-                r2.write(&cm);
+                record_object(&r2, &cm);
                 if let Some(rv) = cm.resource_version().and_then(|rv| rv.parse::<u64>().ok()) {
                     r2.watched.fetch_max(rv, Ordering::Relaxed);
                 }
@@ -674,28 +728,28 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
 /// goes to A. `Some(true)`: accepted (a violation the checker must report).
 async fn planted(plane: &Plane, world: &World) -> Option<bool> {
     let (lease, object) = (lease_name(0), object_name(0, 0));
-    let old = world.acquire(0, &lease, "planted-old").await?;
-    let read = bounded(world.objects(0).get(&object)).await?.ok()?;
+    let old = world.acquire(ADMIN, 0, &lease, "planted-old").await?;
+    let read = bounded(world.objects(ADMIN, 0).get(&object)).await?.ok()?;
     plane.call(|ha| ha.partition(Partition::ClientFromApi { api: 0, source: Source::Workers }).map_err(|e| format!("{e:#}"))).await.ok()?;
     // The successor is granted once the controller expired `old`'s lease (acquire waits for that).
     let deadline = Instant::now() + Duration::from_secs(60);
     let new = loop {
-        if let Some(g) = world.acquire(1, &lease, "planted-new").await {
+        if let Some(g) = world.acquire(ADMIN, 1, &lease, "planted-new").await {
             break g;
         }
         if Instant::now() > deadline {
             return None;
         }
     };
-    let fresh = bounded(world.objects(1).get(&object)).await?.ok()?;
-    let newer = world.write(1, &new, &object, &fresh, "planted-successor").await;
-    let _ = bounded(world.leases(1).release(&new)).await;
+    let fresh = bounded(world.objects(ADMIN, 1).get(&object)).await?.ok()?;
+    let newer = world.write(ADMIN, 1, &new, &object, &fresh, "planted-successor").await;
+    let _ = bounded(world.leases(ADMIN, 1).release(&new)).await;
     plane.call(|ha| ha.heal().map_err(|e| format!("{e:#}"))).await.ok()?;
     plane.whole(Duration::from_secs(60)).await.ok()?;
     if !matches!(newer, Wrote::Accepted) {
         return None;
     }
-    match world.write(0, &old, &object, &read, "planted-stale").await {
+    match world.write(ADMIN, 0, &old, &object, &read, "planted-stale").await {
         Wrote::Accepted => Some(true),
         Wrote::Stale => Some(false),
         Wrote::Failed => None,
@@ -743,8 +797,18 @@ pub async fn run(config: HaConfig) -> HaReport {
         }
     }
 
+    // The workers act as users of their own, with what a worker ordinarily may do in the namespace.
+    let mut all_clients = vec![clients.clone()];
+    for id in 0..config.workers {
+        let user = format!("worker-{id}");
+        kube_fence_test_support::identity::grant_worker_rbac(&clients[0], &ns, &user).await;
+        all_clients.push([
+            kube_fence_test_support::identity::client_as(&plane.kubeconfigs[0], &user).await,
+            kube_fence_test_support::identity::client_as(&plane.kubeconfigs[1], &user).await,
+        ]);
+    }
     let world = Arc::new(World {
-        clients: clients.clone(),
+        clients: all_clients,
         ns: ns.clone(),
         config: config.clone(),
         stats: Stats::default(),
@@ -757,19 +821,25 @@ pub async fn run(config: HaConfig) -> HaReport {
 
     let leases: Api<Lease> = Api::namespaced(clients[0].clone(), &ns);
     for i in 0..config.leases {
-        let spec = LeaseSpec { lease_duration_seconds: Some(config.lease_seconds), ..Default::default() };
+        let mut spec = LeaseSpec { lease_duration_seconds: Some(config.lease_seconds), ..Default::default() };
+        if holder_only(i) {
+            spec.identity = Some(HolderIdentity::User);
+        }
         leases.create(&PostParams::default(), &Lease::new(&lease_name(i), spec)).await.expect("create a lease");
-        let grant = world.acquire(0, &lease_name(i), "setup").await.expect("first grant");
+        // Under `identity: User` the holder is who asks: the admin.
+        let first = if holder_only(i) { "admin" } else { "setup" };
+        let grant = world.acquire(ADMIN, 0, &lease_name(i), first).await.expect("first grant");
         for j in 0..config.objects_per_lease {
+            let labels = holder_only(i).then(|| [(WRITER_LABEL.to_string(), HOLDER_ONLY.to_string())].into());
             let cm = ConfigMap {
-                metadata: ObjectMeta { name: Some(object_name(i, j)), ..Default::default() },
+                metadata: ObjectMeta { name: Some(object_name(i, j)), labels, ..Default::default() },
                 data: Some([("seq".to_string(), "0".to_string())].into()),
                 ..Default::default()
             };
-            let created = grant.create(&world.objects(0), &cm).await.expect("create a guarded object");
-            world.recorder.write(&created);
+            let created = grant.create(&world.objects(ADMIN, 0), &cm).await.expect("create a guarded object");
+            record_object(&world.recorder, &created);
         }
-        let _ = world.leases(0).release(&grant).await;
+        let _ = world.leases(ADMIN, 0).release(&grant).await;
     }
     let planted_accepted = planted(&plane, &world).await;
     eprintln!(
@@ -863,6 +933,7 @@ pub async fn run(config: HaConfig) -> HaReport {
         delayed_accepted: s.delayed_accepted.load(Ordering::Relaxed),
         delayed_failed: s.delayed_failed.load(Ordering::Relaxed),
         acquire_errors: s.acquire_errors.load(Ordering::Relaxed),
+        not_holder: s.not_holder.load(Ordering::Relaxed),
         planted_accepted,
         observations: observations.len(),
         violations,
