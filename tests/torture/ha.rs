@@ -122,10 +122,13 @@ pub enum HaFault {
     ApiServerKilled,
     /// A kube-fence webhook replica crashed and started again (its API server fails closed meanwhile).
     WebhookReplicaKilled,
+    /// A kube-fence replica's lease controller killed (its task aborted mid-flight) and started
+    /// again; the other replica's controller keeps granting.
+    ControllerReplicaKilled,
 }
 
 impl HaFault {
-    pub const ALL: [HaFault; 9] = [
+    pub const ALL: [HaFault; 10] = [
         HaFault::WorkersCutFromApi,
         HaFault::KubeFenceCutFromApi,
         HaFault::ApiCutFromEtcdMinority,
@@ -135,6 +138,7 @@ impl HaFault {
         HaFault::EtcdLeaderKilled,
         HaFault::ApiServerKilled,
         HaFault::WebhookReplicaKilled,
+        HaFault::ControllerReplicaKilled,
     ];
     fn describe(self) -> &'static str {
         match self {
@@ -147,6 +151,7 @@ impl HaFault {
             HaFault::EtcdLeaderKilled => "etcd leader killed (-9), restarted",
             HaFault::ApiServerKilled => "an API server killed (-9), restarted",
             HaFault::WebhookReplicaKilled => "a webhook replica crashed, restarted",
+            HaFault::ControllerReplicaKilled => "a lease controller replica killed, restarted",
         }
     }
 }
@@ -697,6 +702,14 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
             if world.config.fenced {
                 replica.serve().await;
             }
+        }
+        HaFault::ControllerReplicaKilled => {
+            let replica = &mut replicas[api];
+            if let Some(c) = replica.controller.take() {
+                c.kill();
+            }
+            tokio::time::sleep(hold).await;
+            replica.start_controller();
         }
     }
     if matches!(
