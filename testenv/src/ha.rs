@@ -730,3 +730,30 @@ impl Drop for HaCluster {
         self.stop();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_place_has_its_own_namespace_and_address_in_the_subnet() {
+        let mut names: Vec<String> = Place::ALL.iter().map(|p| p.ns()).collect();
+        let mut ips: Vec<Ipv4Addr> = Place::ALL.iter().map(|p| p.ip()).chain([KUBE_FENCE_IP]).collect();
+        assert!(names.iter().all(|n| n.starts_with(NS_PREFIX) && n.len() <= 15), "{names:?}");
+        assert!(ips.iter().all(|ip| ip.octets()[..3] == [10, 97, 0]), "{ips:?}");
+        names.sort();
+        names.dedup();
+        ips.sort();
+        ips.dedup();
+        assert_eq!(names.len(), Place::ALL.len());
+        assert_eq!(ips.len(), Place::ALL.len() + 1);
+        assert!(!names.contains(&BRIDGE_NS.to_string()));
+    }
+
+    #[test]
+    fn a_partition_says_what_it_cuts() {
+        assert_eq!(Partition::ClientFromApi { api: 1, source: Source::KubeFence }.to_string(), "KubeFence cut from kube-apiserver b");
+        assert_eq!(Partition::ApiFromEtcd { api: 0, members: vec![0, 2] }.to_string(), "kube-apiserver a cut from etcd m1,m3");
+        assert_eq!(Partition::EtcdIsolated { member: 1 }.to_string(), "etcd m2 isolated");
+    }
+}
