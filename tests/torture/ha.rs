@@ -188,12 +188,24 @@ struct Stats {
     delayed_failed: AtomicU64,
     acquire_errors: AtomicU64,
     not_holder: AtomicU64,
+    /// Failed genuine writes by fault, by which API server they went through, and by cause.
+    causes: Mutex<BTreeMap<(Option<HaFault>, &'static str, String), u64>>,
 }
 
 impl Stats {
     fn count(&self, during: Option<(HaFault, Option<usize>)>, f: impl Fn(&mut Availability) -> &mut u64) {
         if let Ok(mut a) = self.availability.lock() {
             *f(a.entry(during.map(|d| d.0)).or_default()) += 1;
+        }
+    }
+    fn cause(&self, during: Option<(HaFault, Option<usize>)>, via: usize, why: String) {
+        let aimed = match during {
+            Some((_, Some(api))) if api == via => "through it",
+            Some((_, Some(_))) => "through the other",
+            _ => "",
+        };
+        if let Ok(mut c) = self.causes.lock() {
+            *c.entry((during.map(|d| d.0), aimed, why)).or_default() += 1;
         }
     }
     fn slowest(&self, during: Option<(HaFault, Option<usize>)>, millis: u64) {
@@ -241,6 +253,8 @@ pub struct HaReport {
     pub acquire_errors: u64,
     /// Writes to holder-only objects refused because the writer no longer held the lease.
     pub not_holder: u64,
+    /// Failed genuine writes by fault, by the API server they went through, and by cause.
+    pub causes: BTreeMap<(Option<HaFault>, &'static str, String), u64>,
     /// The scripted stale write: `Some(true)` accepted, `Some(false)` refused, `None` never sent.
     pub planted_accepted: Option<bool>,
     pub observations: usize,
@@ -332,6 +346,13 @@ impl fmt::Display for HaReport {
         writeln!(f, "| scripted stale write across the API servers | {planted} |")?;
         writeln!(f, "| observations checked | {} |", self.observations)?;
         writeln!(f, "| **violations** | **{}** |", self.violations.len())?;
+        writeln!(f)?;
+        writeln!(f, "Failed genuine writes by cause:")?;
+        for ((fault, aimed, why), n) in &self.causes {
+            let during = fault.map(HaFault::describe).unwrap_or("(none in place)");
+            let aimed = if aimed.is_empty() { String::new() } else { format!(", {aimed}") };
+            writeln!(f, "- {during}{aimed}: {why} × {n}")?;
+        }
         for v in self.violations.iter().take(20) {
             writeln!(f, "  - {v}")?;
         }
@@ -490,7 +511,36 @@ struct World {
 enum Wrote {
     Accepted,
     Stale,
-    Failed,
+    /// Not accepted, and why (for the table of causes).
+    Failed(String),
+}
+
+/// Why a call failed, in few words: the client's timeout, a kube-fence denial's reason, an HTTP
+/// status, or a transport error.
+fn cause_of(e: Option<&fence::Error>) -> String {
+    match e {
+        None => "client timeout (8 s)".into(),
+        Some(fence::Error::Fenced(d)) => format!("denied: {}", d.reason),
+        Some(fence::Error::Kube(kube::Error::Api(s))) => format!("HTTP {} {}: {}", s.code, s.reason, short(&s.message)),
+        Some(fence::Error::Kube(_)) => "transport error".into(),
+        Some(other) => format!("{other}").split(':').next().unwrap_or_default().to_string(),
+    }
+}
+
+/// The head of an API error's message, with numbers (tokens, versions) blanked so that equal
+/// causes count together.
+fn short(message: &str) -> String {
+    let head: String = message.chars().take(140).collect();
+    head.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect()
+}
+
+fn read_cause(r: Option<Result<ConfigMap, kube::Error>>) -> String {
+    match r {
+        None => "read: client timeout (8 s)".into(),
+        Some(Err(kube::Error::Api(s))) => format!("read: HTTP {} {}: {}", s.code, s.reason, short(&s.message)),
+        Some(Err(_)) => "read: transport error".into(),
+        Some(Ok(_)) => "read: ok".into(),
+    }
 }
 
 /// Every API call of a worker is bounded: a call that hangs in a cut is given up (its bytes may
@@ -537,7 +587,8 @@ impl World {
                 self.stats.not_holder.fetch_add(1, Ordering::Relaxed);
                 Wrote::Stale
             }
-            _ => Wrote::Failed,
+            Some(Err(e)) => Wrote::Failed(cause_of(Some(&e))),
+            None => Wrote::Failed(cause_of(None)),
         }
     }
 
@@ -560,7 +611,7 @@ impl World {
                     let counter = match self.write(me, via_write, &grant, &object, &read, "delayed").await {
                         Wrote::Accepted => &self.stats.delayed_accepted,
                         Wrote::Stale => &self.stats.delayed_refused,
-                        Wrote::Failed => &self.stats.delayed_failed,
+                        Wrote::Failed(_) => &self.stats.delayed_failed,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
                 }
@@ -575,14 +626,18 @@ impl World {
                     let sent = Instant::now();
                     let count = |f: fn(&mut Availability) -> &mut u64| self.stats.count(during, f);
                     count(|a| &mut a.attempted);
-                    let Some(Ok(read)) = bounded(self.objects(me, via_write).get(&object)).await else {
-                        count(|a| &mut a.failed);
-                        self.stats.count_via(during, via_write, true);
-                        break;
+                    let read = match bounded(self.objects(me, via_write).get(&object)).await {
+                        Some(Ok(read)) => read,
+                        other => {
+                            count(|a| &mut a.failed);
+                            self.stats.count_via(during, via_write, true);
+                            self.stats.cause(during, via_write, read_cause(other));
+                            break;
+                        }
                     };
                     let wrote = self.write(me, via_write, &grant, &object, &read, "normal").await;
                     let took = sent.elapsed().as_millis() as u64;
-                    self.stats.count_via(during, via_write, matches!(wrote, Wrote::Failed));
+                    self.stats.count_via(during, via_write, matches!(wrote, Wrote::Failed(_)));
                     match wrote {
                         Wrote::Accepted => {
                             count(|a| &mut a.admitted);
@@ -593,8 +648,9 @@ impl World {
                             count(|a| &mut a.refused);
                             break;
                         }
-                        Wrote::Failed => {
+                        Wrote::Failed(why) => {
                             count(|a| &mut a.failed);
+                            self.stats.cause(during, via_write, why);
                             break;
                         }
                     }
@@ -765,7 +821,7 @@ async fn planted(plane: &Plane, world: &World) -> Option<bool> {
     match world.write(ADMIN, 0, &old, &object, &read, "planted-stale").await {
         Wrote::Accepted => Some(true),
         Wrote::Stale => Some(false),
-        Wrote::Failed => None,
+        Wrote::Failed(_) => None,
     }
 }
 
@@ -947,6 +1003,7 @@ pub async fn run(config: HaConfig) -> HaReport {
         delayed_failed: s.delayed_failed.load(Ordering::Relaxed),
         acquire_errors: s.acquire_errors.load(Ordering::Relaxed),
         not_holder: s.not_holder.load(Ordering::Relaxed),
+        causes: s.causes.lock().map(|c| c.clone()).unwrap_or_default(),
         planted_accepted,
         observations: observations.len(),
         violations,
