@@ -173,6 +173,9 @@ pub struct Availability {
     pub slowest_admitted_ms: u64,
 }
 
+/// Failed genuine writes counted by (fault in place, "through it" / "through the other" / "", cause).
+pub type Causes = BTreeMap<(Option<HaFault>, &'static str, String), u64>;
+
 #[derive(Default)]
 struct Stats {
     /// `None`: no fault in place.
@@ -189,7 +192,7 @@ struct Stats {
     acquire_errors: AtomicU64,
     not_holder: AtomicU64,
     /// Failed genuine writes by fault, by which API server they went through, and by cause.
-    causes: Mutex<BTreeMap<(Option<HaFault>, &'static str, String), u64>>,
+    causes: Mutex<Causes>,
 }
 
 impl Stats {
@@ -254,7 +257,7 @@ pub struct HaReport {
     /// Writes to holder-only objects refused because the writer no longer held the lease.
     pub not_holder: u64,
     /// Failed genuine writes by fault, by the API server they went through, and by cause.
-    pub causes: BTreeMap<(Option<HaFault>, &'static str, String), u64>,
+    pub causes: Causes,
     /// The scripted stale write: `Some(true)` accepted, `Some(false)` refused, `None` never sent.
     pub planted_accepted: Option<bool>,
     pub observations: usize,
