@@ -8,12 +8,18 @@
 //! - `faults_long` (ignored; `hack/torture.sh`): the long version, sized by `KF_TORTURE_*`
 //!   (default ≥ 10,000 accepted writes, ≥ 1,000 pause cycles, 5 rounds of control-plane faults).
 //!
-//! Both start a control plane of their own whatever `KUBECONFIG` says: they restart its
+//! - `faults_ha_short` / `faults_ha_unfenced` / `faults_ha_long` (ignored; `hack/torture.sh
+//!   --ha`): the same checker on the HA topology (issue 36, [`torture::ha`]): three etcd members,
+//!   two API servers, two kube-fence replicas, partitions and kills; the unfenced run (webhook
+//!   never registered) must report violations, or the checker proves nothing on this topology.
+//!
+//! All start a control plane of their own whatever `KUBECONFIG` says: they restart its
 //! kube-apiserver and etcd, which no shared cluster may suffer.
 
 mod common;
 mod torture;
 
+use torture::ha::{HaConfig, HaFault, HaReport};
 use torture::{Config, Fault, Report};
 
 fn assert_proven(report: &Report, config: &Config) {
@@ -44,4 +50,54 @@ async fn faults_long() {
         let _ = std::fs::write(&path, report.to_string());
     }
     assert_proven(&report, &config);
+}
+
+fn write_report(text: &str) {
+    if let Ok(path) = std::env::var("KF_TORTURE_REPORT") {
+        let _ = std::fs::write(&path, text);
+    }
+}
+
+fn assert_ha_proven(report: &HaReport, config: &HaConfig) {
+    println!("{report}");
+    write_report(&report.to_string());
+    assert!(report.violations.is_empty(), "the history has violations:\n{report}");
+    assert_eq!(report.planted_accepted, Some(false), "the scripted stale write across the API servers was not refused:\n{report}");
+    assert_eq!(report.injected(), config.faults, "fewer faults than asked (the run hit its time bound):\n{report}");
+    if config.faults >= 2 * HaFault::ALL.len() as u64 {
+        for fault in HaFault::ALL {
+            assert!(report.fault(fault) >= 1, "fault {fault:?} was never injected:\n{report}");
+        }
+    }
+    assert!(report.writes_accepted > 0, "no write was accepted:\n{report}");
+}
+
+/// The HA topology, 20 faults (`hack/torture.sh --ha --short`). Needs root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes long, needs root: run with hack/torture.sh --ha --short"]
+async fn faults_ha_short() {
+    let config = HaConfig::short();
+    let report = torture::ha::run(config.clone()).await;
+    assert_ha_proven(&report, &config);
+}
+
+/// The planted fault: the same run with kube-fence's webhook never registered. The scripted stale
+/// write is accepted and the checker must say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes long, needs root: run with hack/torture.sh --ha --short"]
+async fn faults_ha_unfenced() {
+    let config = HaConfig { fenced: false, faults: 4, ..HaConfig::short() };
+    let report = torture::ha::run(config.clone()).await;
+    println!("{report}");
+    assert_eq!(report.planted_accepted, Some(true), "without the webhook the scripted stale write must be accepted:\n{report}");
+    assert!(!report.violations.is_empty(), "the checker missed the accepted stale write(s):\n{report}");
+}
+
+/// The long run on the HA topology (`hack/torture.sh --ha`; `KF_HA_FAULTS`, default 2,000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "hours long, needs root: run with hack/torture.sh --ha"]
+async fn faults_ha_long() {
+    let config = HaConfig::long_from_env();
+    let report = torture::ha::run(config.clone()).await;
+    assert_ha_proven(&report, &config);
 }

@@ -31,11 +31,25 @@ pub struct LocalOptions {
     /// Register the policy path too (`super::policy_path`); its parameters are kept by a lease
     /// controller running with `ControllerOptions::policy_params`.
     pub policy_path: bool,
+    /// The CA and serving certificate to serve with (default: made here, for 127.0.0.1). Replicas
+    /// that share one registration share it: the API server trusts one CA bundle per webhook.
+    pub tls: Option<SelfSigned>,
+    /// The address registered in `clientConfig.url` (default: where this process listens). An API
+    /// server that reaches this replica through a relay (another network namespace, a proxy)
+    /// calls the relay's address; the serving certificate must name its IP.
+    pub advertise: Option<SocketAddr>,
 }
 
 impl LocalOptions {
     pub fn new(configuration_name: impl Into<String>) -> LocalOptions {
-        LocalOptions { port: 0, webhook: WebhookConfig::new(configuration_name), extra_object_labels: BTreeMap::new(), policy_path: false }
+        LocalOptions {
+            port: 0,
+            webhook: WebhookConfig::new(configuration_name),
+            extra_object_labels: BTreeMap::new(),
+            policy_path: false,
+            tls: None,
+            advertise: None,
+        }
     }
 }
 
@@ -72,7 +86,10 @@ impl LocalWebhook {
         let listener =
             TcpListener::bind((Ipv4Addr::LOCALHOST, options.port)).map_err(|source| LocalError::Bind { port: options.port, source })?;
         let addr = listener.local_addr().map_err(|source| LocalError::Bind { port: options.port, source })?;
-        let made = SelfSigned::generate(&["localhost".to_string()], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
+        let made = match options.tls {
+            Some(tls) => tls,
+            None => SelfSigned::generate(&["localhost".to_string()], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?,
+        };
         let tls = RustlsConfig::from_config(made.server_config()?);
 
         // Who runs local mode is its admin: it writes Lease status as the controller, is exempt
@@ -83,7 +100,8 @@ impl LocalWebhook {
 
         // The configuration is registered by URL, with the scope's name, timeout and namespaces
         // (the writer webhooks `start` keeps in step carry the same).
-        let mut registration = Registration::scoped(&config.scope, Endpoint::Url(format!("https://{addr}{PATH}")));
+        let mut registration =
+            Registration::scoped(&config.scope, Endpoint::Url(format!("https://{}{PATH}", options.advertise.unwrap_or(addr))));
         registration.ca_bundle = Some(made.ca_cert.clone());
         registration.extra_object_labels = options.extra_object_labels;
         registration.policy_path = options.policy_path;

@@ -13,6 +13,7 @@
 //!   control plane started on first use and stopped when the test process exits — however it
 //!   exits: its processes are bound to the test process with `PR_SET_PDEATHSIG`.
 
+pub mod ha;
 pub mod node;
 mod pki;
 mod template;

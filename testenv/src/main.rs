@@ -7,6 +7,9 @@
 //! kf-env up --node             a whole single-node cluster (kubelet, containerd, kube-proxy,
 //!                              kube-scheduler too) in a network namespace of its own; also
 //!                              prints CONTAINERD_ADDRESS/CONTAINERD_NAMESPACE for `ctr images import`
+//! kf-env up --ha             three etcd members and two kube-apiservers (+ kube-controller-manager),
+//!                              each in a network namespace of its own (partitions for tests); prints
+//!                              a kubeconfig per API server (KF_HA_KUBECONFIG_A/B) and the webhook ports
 //! kf-env import IMAGE.tar      load an image tarball into the running node
 //! kf-env env                   print the exports again
 //! kf-env down                  stop it and remove its files
@@ -20,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use kube_fence_testenv::ha::{HaCluster, HaOptions};
 use kube_fence_testenv::{ControlPlane, Options, binaries_for, write_env, write_node_env};
 
 /// A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) on loopback,
@@ -52,8 +56,12 @@ enum Cmd {
         no_controller_manager: bool,
         /// Run a real node: kubelet, containerd, kube-proxy and kube-scheduler as well, all in a
         /// network namespace with no route out, so Pods and Services run (needs root).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "ha")]
         node: bool,
+        /// The HA topology: etcd m1–m3 and kube-apiservers A and B (+ kube-controller-manager),
+        /// each in a network namespace of its own joined by veth links (needs root).
+        #[arg(long)]
+        ha: bool,
     },
     /// Import an image tarball (docker-archive or OCI) into the running node's containerd.
     Import { tarball: PathBuf },
@@ -86,12 +94,17 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", binaries_for(node)?.display());
             Ok(())
         }
-        Cmd::Up { foreground: true, no_controller_manager, node } => foreground(&dir, !no_controller_manager, node),
-        Cmd::Up { foreground: false, no_controller_manager, node } => background(&dir, !no_controller_manager, node),
+        Cmd::Up { foreground: true, no_controller_manager, node: _, ha: true } => foreground_ha(&dir, !no_controller_manager),
+        Cmd::Up { foreground: true, no_controller_manager, node, ha: false } => foreground(&dir, !no_controller_manager, node),
+        Cmd::Up { foreground: false, no_controller_manager, node, ha } => background(&dir, !no_controller_manager, node, ha),
         Cmd::Env => {
             let kubeconfig = dir.join("kubeconfig");
             if !dir.join("ready").exists() {
                 bail!("no control plane is running in {} (start one with `kf-env up`)", dir.display());
+            }
+            if let Ok(env) = fs::read_to_string(dir.join("ha.env")) {
+                print!("{env}");
+                return Ok(());
             }
             let bin_dir = PathBuf::from(fs::read_to_string(dir.join("bin-dir"))?.trim());
             match fs::read_to_string(dir.join("containerd-address")) {
@@ -167,6 +180,42 @@ fn foreground(dir: &Path, controller_manager: bool, node: bool) -> Result<()> {
     Ok(())
 }
 
+/// [`foreground`] for the HA topology.
+fn foreground_ha(dir: &Path, controller_manager: bool) -> Result<()> {
+    if dir.join("supervisor.pid").exists() && alive(&dir.join("supervisor.pid")) {
+        bail!("a control plane is already running in {} (stop it with `kf-env down`)", dir.display());
+    }
+    kube_fence_testenv::ha::cleanup_stale(true)?;
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir)?;
+    fs::write(dir.join("supervisor.pid"), std::process::id().to_string())?;
+    let set = stop_signals();
+    // SAFETY: plain signal-mask calls on this thread.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    let options = HaOptions { bin_dir: Some(binaries_for(false)?), state_dir: Some(dir.to_path_buf()), controller_manager, verbose: true };
+    let mut ha = match HaCluster::start(options) {
+        Ok(ha) => ha,
+        Err(e) => {
+            let _ = fs::write(dir.join("failed"), format!("{e:#}"));
+            return Err(e);
+        }
+    };
+    let mut env = Vec::new();
+    ha.write_env(&mut env)?;
+    fs::write(dir.join("ha.env"), &env)?;
+    fs::write(dir.join("ready"), "")?;
+    print!("{}", String::from_utf8_lossy(&env));
+    eprintln!("[ha] running; stop with Ctrl-C or `kf-env down`");
+    let mut sig: libc::c_int = 0;
+    // SAFETY: sigwait on a set we blocked above.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    eprintln!("[ha] signal {sig}: stopping");
+    ha.stop();
+    drop(ha);
+    fs::remove_dir_all(dir).ok();
+    Ok(())
+}
+
 fn stop_signals() -> libc::sigset_t {
     // SAFETY: sigset manipulation on a local value.
     unsafe {
@@ -180,7 +229,7 @@ fn stop_signals() -> libc::sigset_t {
 }
 
 /// Starts `kf-env up --foreground` detached (its own session) and waits until it is ready.
-fn background(dir: &Path, controller_manager: bool, node: bool) -> Result<()> {
+fn background(dir: &Path, controller_manager: bool, node: bool, ha: bool) -> Result<()> {
     if dir.join("ready").exists() && alive(&dir.join("supervisor.pid")) {
         eprintln!("[control plane] already running in {}", dir.display());
         return run(Cli { state_dir: dir.to_path_buf(), command: Cmd::Env });
@@ -205,6 +254,10 @@ fn background(dir: &Path, controller_manager: bool, node: bool) -> Result<()> {
     }
     if node {
         cmd.arg("--node");
+    }
+    if ha {
+        kube_fence_testenv::ha::cleanup_stale(true)?;
+        cmd.arg("--ha");
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
     // SAFETY: setsid is async-signal-safe; detaches the supervisor from this terminal.
@@ -269,6 +322,8 @@ fn down(dir: &Path) -> Result<()> {
         bail!("could not undo everything the node changed: {}", problems.join("; "));
     }
     let result = down_supervisor(dir);
+    // An HA control plane whose supervisor was killed left its namespaces behind.
+    kube_fence_testenv::ha::cleanup_stale(true)?;
     if result.is_ok() {
         let _ = fs::remove_file(supervisor_log(dir));
     }

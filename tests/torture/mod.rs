@@ -49,6 +49,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common;
 
+pub mod ha;
+
 /// How big a run is. Every loop is bounded by count and by `max_duration`.
 #[derive(Clone, Debug)]
 pub struct Config {

@@ -28,7 +28,7 @@ mod cgroups;
 mod containerd;
 mod control_plane;
 mod kubelet;
-mod netns;
+pub(crate) mod netns;
 mod teardown;
 
 use std::fs;
@@ -103,7 +103,7 @@ fn say(opts: &Options, msg: &str) {
     }
 }
 
-fn run(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
         bail!("{cmd:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());

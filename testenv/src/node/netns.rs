@@ -19,20 +19,40 @@ use crate::{ControlPlane, Options};
 /// that process dies, and it leaves no file behind.
 const LOCK_NAME: &[u8] = b"kube-fence-node.lock";
 
-pub(super) fn ip(args: &[&str]) -> Result<()> {
+pub(crate) fn ip(args: &[&str]) -> Result<()> {
     run(Command::new("ip").args(args))
 }
 
 /// Takes the one-node lock; fails when another node runs on this machine.
 pub(super) fn lock() -> Result<std::os::unix::net::UnixListener> {
+    lock_named(LOCK_NAME, "kube-fence node")
+}
+
+/// Takes the machine-wide lock `name` (an abstract unix socket: released by the kernel when the
+/// holder dies, no file left behind); fails when another process holds it. `what` names the
+/// thing the lock guards, for the error.
+pub(crate) fn lock_named(name: &[u8], what: &str) -> Result<std::os::unix::net::UnixListener> {
     use std::os::linux::net::SocketAddrExt as _;
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(LOCK_NAME)?;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
     std::os::unix::net::UnixListener::bind_addr(&addr).map_err(|e| {
         anyhow::anyhow!(
-            "another kube-fence node is running on this machine (it holds the abstract socket @{}: {e}); stop it first with `kf-env down`",
-            String::from_utf8_lossy(LOCK_NAME)
+            "another {what} is running on this machine (it holds the abstract socket @{}: {e}); stop it first with `kf-env down`",
+            String::from_utf8_lossy(name)
         )
     })
+}
+
+/// Makes `cmd` enter the network namespace open as `fd` between fork and exec.
+pub(crate) fn enter_on_exec(cmd: &mut Command, fd: std::os::fd::RawFd) {
+    // SAFETY: setns(2) is async-signal-safe; the descriptor stays open across fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// Creates the namespace with its node IP and Service route, and no route out; returns it open.
@@ -51,7 +71,12 @@ pub(super) fn create() -> Result<fs::File> {
 
 /// PIDs of every process in the node's network namespace (components, shims, hostNetwork pods).
 pub fn netns_pids() -> BTreeSet<u32> {
-    let Ok(ns) = fs::metadata(Path::new("/run/netns").join(NETNS)) else { return BTreeSet::new() };
+    pids_in(NETNS)
+}
+
+/// PIDs of every process (but this one) in the named network namespace (`/run/netns/<ns>`).
+pub(crate) fn pids_in(ns: &str) -> BTreeSet<u32> {
+    let Ok(ns) = fs::metadata(Path::new("/run/netns").join(ns)) else { return BTreeSet::new() };
     let (dev, ino) = (ns.dev(), ns.ino());
     let me = std::process::id();
     let mut pids = BTreeSet::new();

@@ -1,0 +1,1016 @@
+//! The fault driver on the HA topology (issue 36): three etcd members and two kube-apiservers in
+//! network namespaces of their own ([`kube_fence_testenv::ha`]), two kube-fence replicas (lease
+//! controller + webhook) each talking to a different API server, workers acquiring and writing
+//! through either, and a nemesis cutting links and killing members on a seeded schedule — every
+//! fault healed (and the cluster seen whole again) before the next. The history, recorded by
+//! watches through both API servers and by the workers' committed responses, is judged by
+//! [`kube_fence_test_support::history::check`].
+//!
+//! The two replicas share one webhook registration, as two Pods behind one Service do: the API
+//! servers call `https://127.0.0.1:9443` in their own namespaces, which A relays to replica A and
+//! B to replica B (both serve one certificate, the registration trusts its CA). Replica A's lease
+//! cache and controller watch through API server A, replica B's through B.
+//!
+//! Before the schedule, a scripted stale write: a holder reads, a cut keeps it from its API server
+//! past its lease, a successor is granted through the other API server and writes, the cut heals
+//! and the old holder's delayed write goes out. Fenced, it is refused; with `fenced: false` (no
+//! webhook registered) it is accepted and the checker must report it — the proof the checker
+//! catches violations on this topology.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, ResourceExt};
+use kube_fence::admission::http::server::Metrics as WebhookMetrics;
+use kube_fence::admission::http::tls::SelfSigned;
+use kube_fence::admission::local::{LocalOptions, LocalWebhook};
+use kube_fence::client::{self as fence, AcquireOptions, Grant, Leases};
+use kube_fence_api::names::{HOLDER_ONLY, LEASE_LABEL, WRITER_LABEL};
+use kube_fence_api::{HolderIdentity, Lease, LeaseSpec, Phase};
+use kube_fence_test_support::history::{self, Observation, Violation};
+use kube_fence_testenv::ha::{HaCluster, HaOptions, Partition, Source, WEBHOOK_PORT, api_letter};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::{ControllerReplica, Recorder, Rng};
+use crate::common;
+
+/// How big a run is.
+#[derive(Clone, Debug)]
+pub struct HaConfig {
+    pub workers: usize,
+    pub leases: usize,
+    pub objects_per_lease: usize,
+    pub lease_seconds: u32,
+    /// Faults the nemesis injects (each healed before the next).
+    pub faults: u64,
+    /// How long a fault is held, in milliseconds (from, to): past the lease, so successors are granted.
+    pub hold_ms: (u64, u64),
+    pub max_duration: Duration,
+    /// Chance that a worker's cycle is a pause cycle (read, stop past the lease, delayed write).
+    pub pause_percent: u64,
+    /// kube-fence's webhook registered (false: the planted fault, the checker must report).
+    pub fenced: bool,
+    pub seed: u64,
+}
+
+impl HaConfig {
+    /// What `hack/torture.sh --ha --short` runs: 20 faults.
+    pub fn short() -> HaConfig {
+        HaConfig {
+            workers: 6,
+            leases: 3,
+            objects_per_lease: 2,
+            lease_seconds: 2,
+            faults: 20,
+            hold_ms: (2_500, 4_000),
+            max_duration: Duration::from_secs(900),
+            pause_percent: 25,
+            fenced: true,
+            seed: super::seed_from_env(),
+        }
+    }
+
+    /// The long run; sizes from `KF_HA_*` environment variables (default 2,000 faults).
+    pub fn long_from_env() -> HaConfig {
+        let n = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+        HaConfig {
+            workers: n("KF_HA_WORKERS", 8) as usize,
+            leases: n("KF_HA_LEASES", 4) as usize,
+            objects_per_lease: n("KF_HA_OBJECTS", 2) as usize,
+            lease_seconds: n("KF_HA_LEASE_SECONDS", 2) as u32,
+            faults: n("KF_HA_FAULTS", 2_000),
+            hold_ms: (n("KF_HA_HOLD_MIN_MS", 2_500), n("KF_HA_HOLD_MAX_MS", 4_000)),
+            max_duration: Duration::from_secs(n("KF_HA_MAX_SECONDS", 6 * 3600)),
+            pause_percent: n("KF_HA_PAUSE_PERCENT", 25),
+            fenced: n("KF_HA_FENCED", 1) == 1,
+            seed: super::seed_from_env(),
+        }
+    }
+}
+
+/// What the nemesis does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HaFault {
+    /// Workers cut from one API server (their requests there hang; queued bytes arrive after the heal).
+    WorkersCutFromApi,
+    /// A kube-fence replica's watches and controller cut from its API server (its cache goes stale).
+    KubeFenceCutFromApi,
+    /// An API server cut from one etcd member.
+    ApiCutFromEtcdMinority,
+    /// An API server cut from two etcd members.
+    ApiCutFromEtcdMajority,
+    /// An API server cut from all three.
+    ApiCutFromEtcd,
+    /// One etcd member (the leader half the time) cut from everything.
+    EtcdMemberIsolated,
+    /// The etcd leader killed (-9), a new one elected, the old one started again.
+    EtcdLeaderKilled,
+    /// An API server killed (-9) and started again.
+    ApiServerKilled,
+    /// A kube-fence webhook replica crashed and started again (its API server fails closed meanwhile).
+    WebhookReplicaKilled,
+    /// A kube-fence replica's lease controller killed (its task aborted mid-flight) and started
+    /// again; the other replica's controller keeps granting.
+    ControllerReplicaKilled,
+}
+
+impl HaFault {
+    pub const ALL: [HaFault; 10] = [
+        HaFault::WorkersCutFromApi,
+        HaFault::KubeFenceCutFromApi,
+        HaFault::ApiCutFromEtcdMinority,
+        HaFault::ApiCutFromEtcdMajority,
+        HaFault::ApiCutFromEtcd,
+        HaFault::EtcdMemberIsolated,
+        HaFault::EtcdLeaderKilled,
+        HaFault::ApiServerKilled,
+        HaFault::WebhookReplicaKilled,
+        HaFault::ControllerReplicaKilled,
+    ];
+    fn describe(self) -> &'static str {
+        match self {
+            HaFault::WorkersCutFromApi => "workers cut from one API server",
+            HaFault::KubeFenceCutFromApi => "a kube-fence replica cut from its API server",
+            HaFault::ApiCutFromEtcdMinority => "an API server cut from 1 etcd member",
+            HaFault::ApiCutFromEtcdMajority => "an API server cut from 2 etcd members",
+            HaFault::ApiCutFromEtcd => "an API server cut from all of etcd",
+            HaFault::EtcdMemberIsolated => "one etcd member isolated",
+            HaFault::EtcdLeaderKilled => "etcd leader killed (-9), restarted",
+            HaFault::ApiServerKilled => "an API server killed (-9), restarted",
+            HaFault::WebhookReplicaKilled => "a webhook replica crashed, restarted",
+            HaFault::ControllerReplicaKilled => "a lease controller replica killed, restarted",
+        }
+    }
+}
+
+/// Genuine writes (a current holder's, in a normal cycle) by what was going on when they were sent.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Availability {
+    pub attempted: u64,
+    pub admitted: u64,
+    /// Refused as stale (the lease was lost meanwhile: renewals could not get through).
+    pub refused: u64,
+    /// Failed closed or unavailable (timeouts, 5xx, webhook unreachable).
+    pub failed: u64,
+    /// Of the attempts, those sent through the API server the fault was aimed at (when it was).
+    pub via_target: u64,
+    pub via_target_failed: u64,
+    /// The slowest admitted genuine write (read + write), in milliseconds: how long a write sent
+    /// into the fault was held before it landed.
+    pub slowest_admitted_ms: u64,
+}
+
+/// Failed genuine writes counted by (fault in place, "through it" / "through the other" / "", cause).
+pub type Causes = BTreeMap<(Option<HaFault>, &'static str, String), u64>;
+
+#[derive(Default)]
+struct Stats {
+    /// `None`: no fault in place.
+    availability: Mutex<BTreeMap<Option<HaFault>, Availability>>,
+    /// Per fault kind: time from its heal to the first admitted genuine write.
+    recovery: Mutex<BTreeMap<HaFault, Vec<Duration>>>,
+    faults: Mutex<BTreeMap<HaFault, u64>>,
+    /// The fault in place and the API server it is aimed at (if any).
+    current: Mutex<Option<(HaFault, Option<usize>)>>,
+    healed: Mutex<Option<(HaFault, Instant)>>,
+    delayed_refused: AtomicU64,
+    delayed_accepted: AtomicU64,
+    delayed_failed: AtomicU64,
+    acquire_errors: AtomicU64,
+    not_holder: AtomicU64,
+    /// Failed genuine writes by fault, by which API server they went through, and by cause.
+    causes: Mutex<Causes>,
+}
+
+impl Stats {
+    fn count(&self, during: Option<(HaFault, Option<usize>)>, f: impl Fn(&mut Availability) -> &mut u64) {
+        if let Ok(mut a) = self.availability.lock() {
+            *f(a.entry(during.map(|d| d.0)).or_default()) += 1;
+        }
+    }
+    fn cause(&self, during: Option<(HaFault, Option<usize>)>, via: usize, why: String) {
+        let aimed = match during {
+            Some((_, Some(api))) if api == via => "through it",
+            Some((_, Some(_))) => "through the other",
+            _ => "",
+        };
+        if let Ok(mut c) = self.causes.lock() {
+            *c.entry((during.map(|d| d.0), aimed, why)).or_default() += 1;
+        }
+    }
+    fn slowest(&self, during: Option<(HaFault, Option<usize>)>, millis: u64) {
+        if let Ok(mut a) = self.availability.lock() {
+            let entry = a.entry(during.map(|d| d.0)).or_default();
+            entry.slowest_admitted_ms = entry.slowest_admitted_ms.max(millis);
+        }
+    }
+    fn count_via(&self, during: Option<(HaFault, Option<usize>)>, via: usize, failed: bool) {
+        if during.is_some_and(|d| d.1 == Some(via))
+            && let Ok(mut a) = self.availability.lock()
+        {
+            let entry = a.entry(during.map(|d| d.0)).or_default();
+            entry.via_target += 1;
+            if failed {
+                entry.via_target_failed += 1;
+            }
+        }
+    }
+    fn admitted(&self) {
+        let healed = self.healed.lock().ok().and_then(|mut h| h.take());
+        if let Some((fault, at)) = healed
+            && let Ok(mut r) = self.recovery.lock()
+        {
+            r.entry(fault).or_default().push(at.elapsed());
+        }
+    }
+    fn current(&self) -> Option<(HaFault, Option<usize>)> {
+        self.current.lock().ok().and_then(|c| *c)
+    }
+}
+
+/// The outcome of a run.
+pub struct HaReport {
+    pub config: HaConfig,
+    pub elapsed: Duration,
+    pub writes_accepted: u64,
+    pub grants: u64,
+    pub faults: BTreeMap<HaFault, u64>,
+    pub availability: BTreeMap<Option<HaFault>, Availability>,
+    pub recovery: BTreeMap<HaFault, Vec<Duration>>,
+    pub delayed_refused: u64,
+    pub delayed_accepted: u64,
+    pub delayed_failed: u64,
+    pub acquire_errors: u64,
+    /// Writes to holder-only objects refused because the writer no longer held the lease.
+    pub not_holder: u64,
+    /// Failed genuine writes by fault, by the API server they went through, and by cause.
+    pub causes: Causes,
+    /// The scripted stale write: `Some(true)` accepted, `Some(false)` refused, `None` never sent.
+    pub planted_accepted: Option<bool>,
+    pub observations: usize,
+    pub violations: Vec<Violation>,
+}
+
+impl HaReport {
+    pub fn fault(&self, fault: HaFault) -> u64 {
+        self.faults.get(&fault).copied().unwrap_or(0)
+    }
+    pub fn injected(&self) -> u64 {
+        self.faults.values().sum()
+    }
+}
+
+fn seconds(d: &[Duration]) -> String {
+    if d.is_empty() {
+        return "–".into();
+    }
+    let mut v: Vec<f64> = d.iter().map(Duration::as_secs_f64).collect();
+    v.sort_by(f64::total_cmp);
+    format!("{:.2} / {:.2}", v[v.len() / 2], v[v.len() - 1])
+}
+
+impl fmt::Display for HaReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        writeln!(
+            f,
+            "kube-fence on the HA topology (etcd x3, kube-apiserver x2, kube-fence x2{}): {} workers, {} leases x {} objects, lease {} s, seed {}, {:.0} s",
+            if c.fenced { "" } else { ", WEBHOOK UNREGISTERED" },
+            c.workers,
+            c.leases,
+            c.objects_per_lease,
+            c.lease_seconds,
+            c.seed,
+            self.elapsed.as_secs_f64()
+        )?;
+        writeln!(f)?;
+        writeln!(
+            f,
+            "| fault | injected | genuine writes attempted | admitted | refused stale | failed closed / unavailable | through the API server aimed at: sent / failed | slowest admitted, s | heal → first admitted write, median / max s |"
+        )?;
+        writeln!(f, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")?;
+        let none = self.availability.get(&None).copied().unwrap_or_default();
+        writeln!(
+            f,
+            "| (none in place) | – | {} | {} | {} | {} | – | {:.2} | – |",
+            none.attempted,
+            none.admitted,
+            none.refused,
+            none.failed,
+            none.slowest_admitted_ms as f64 / 1000.0
+        )?;
+        for fault in HaFault::ALL {
+            let a = self.availability.get(&Some(fault)).copied().unwrap_or_default();
+            let r = self.recovery.get(&fault).map(Vec::as_slice).unwrap_or(&[]);
+            writeln!(
+                f,
+                "| {} | {} | {} | {} | {} | {} | {} / {} | {:.2} | {} |",
+                fault.describe(),
+                self.fault(fault),
+                a.attempted,
+                a.admitted,
+                a.refused,
+                a.failed,
+                a.via_target,
+                a.via_target_failed,
+                a.slowest_admitted_ms as f64 / 1000.0,
+                seconds(r)
+            )?;
+        }
+        writeln!(f)?;
+        writeln!(f, "| measure | count |")?;
+        writeln!(f, "| --- | ---: |")?;
+        writeln!(f, "| faults injected | {} |", self.injected())?;
+        writeln!(f, "| writes accepted (distinct versions) | {} |", self.writes_accepted)?;
+        writeln!(f, "| grants | {} |", self.grants)?;
+        writeln!(f, "| delayed writes after a pause refused (409 StaleToken) | {} |", self.delayed_refused)?;
+        writeln!(f, "| delayed writes accepted (no newer write in between) | {} |", self.delayed_accepted)?;
+        writeln!(f, "| delayed writes failed closed / unavailable | {} |", self.delayed_failed)?;
+        writeln!(f, "| acquires failed or timed out (retried) | {} |", self.acquire_errors)?;
+        writeln!(f, "| writes to holder-only objects refused (409 NotHolder; counted as refused above) | {} |", self.not_holder)?;
+        let planted = match self.planted_accepted {
+            Some(true) => "accepted",
+            Some(false) => "refused",
+            None => "not sent",
+        };
+        writeln!(f, "| scripted stale write across the API servers | {planted} |")?;
+        writeln!(f, "| observations checked | {} |", self.observations)?;
+        writeln!(f, "| **violations** | **{}** |", self.violations.len())?;
+        writeln!(f)?;
+        writeln!(f, "Failed genuine writes by cause:")?;
+        for ((fault, aimed, why), n) in &self.causes {
+            let during = fault.map(HaFault::describe).unwrap_or("(none in place)");
+            let aimed = if aimed.is_empty() { String::new() } else { format!(", {aimed}") };
+            writeln!(f, "- {during}{aimed}: {why} × {n}")?;
+        }
+        for v in self.violations.iter().take(20) {
+            writeln!(f, "  - {v}")?;
+        }
+        Ok(())
+    }
+}
+
+type Job = Box<dyn FnOnce(&mut HaCluster) + Send>;
+
+/// The HA control plane, owned by one long-lived thread (its processes die with that thread,
+/// `PR_SET_PDEATHSIG`, and are restarted from it); the driver sends it jobs.
+struct Plane {
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    kubeconfigs: [PathBuf; 2],
+    fence_kubeconfigs: [PathBuf; 2],
+    webhook_ports: [u16; 2],
+}
+
+impl Plane {
+    fn start() -> Result<Plane, String> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("kube-fence-ha-plane".into())
+            .spawn(move || {
+                let mut ha = match HaCluster::start(HaOptions { verbose: true, ..Default::default() }) {
+                    Ok(ha) => ha,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(format!("{e:#}")));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok((ha.kubeconfigs.clone(), ha.fence_kubeconfigs.clone(), ha.webhook_ports)));
+                while let Ok(job) = rx.recv() {
+                    job(&mut ha);
+                }
+                ha.stop();
+            })
+            .map_err(|e| e.to_string())?;
+        let (kubeconfigs, fence_kubeconfigs, webhook_ports) = ready_rx.recv().map_err(|e| e.to_string())??;
+        Ok(Plane { jobs: Some(tx), thread: Some(thread), kubeconfigs, fence_kubeconfigs, webhook_ports })
+    }
+
+    /// Runs `f` on the plane's thread.
+    async fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut HaCluster) -> R + Send + 'static) -> R {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |ha| {
+            let _ = tx.send(f(ha));
+        });
+        self.jobs.as_ref().expect("the plane runs").send(job).expect("the plane thread runs");
+        rx.await.expect("the plane thread answers")
+    }
+
+    /// Waits until the cluster is whole: every etcd member healthy with a leader, both API servers ready.
+    async fn whole(&self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let whole =
+                self.call(|ha| (0..3).all(|m| ha.etcd_healthy(m)) && ha.etcd_leader().is_some() && (0..2).all(|a| ha.api_ready(a))).await;
+            if whole {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("the cluster was not whole again within {limit:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+impl Drop for Plane {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One kube-fence replica: a lease controller and a webhook, both talking to one API server.
+struct Replica {
+    client: Client,
+    ns: String,
+    name: String,
+    controller: Option<ControllerReplica>,
+    webhook: Option<LocalWebhook>,
+    options: LocalOptions,
+}
+
+impl Replica {
+    async fn serve(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let mut registry = Registry::default();
+            let metrics = WebhookMetrics::register(&mut registry);
+            match LocalWebhook::start(self.client.clone(), self.options.clone(), metrics, Arc::new(registry)).await {
+                Ok(w) => {
+                    self.webhook = Some(w);
+                    return;
+                }
+                Err(err) if Instant::now() < deadline => {
+                    eprintln!("[ha] webhook {} start failed ({err}); retrying", self.name);
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(err) => panic!("webhook {} did not start within 120 s: {err}", self.name),
+            }
+        }
+    }
+    fn start_controller(&mut self) {
+        self.controller = Some(ControllerReplica::start(&self.client, &self.ns, &format!("controller-{}", self.name)));
+    }
+}
+
+/// `World::clients` index of the admin's clients.
+const ADMIN: usize = 0;
+
+/// Leases 1, 3, 5…: `identity: User`, their objects holder-only (`kubefence.io/writer: holder`).
+/// Lease 0 (the scripted stale write's) is token-guarded only.
+fn holder_only(lease: usize) -> bool {
+    lease % 2 == 1
+}
+
+/// An accepted version of a guarded object: its token, and for a holder-only object also who
+/// wrote it (the worker names itself in `data.writer`; admission checked it is the holder).
+fn record_object(recorder: &Recorder, cm: &ConfigMap) {
+    recorder.write(cm);
+    let holder_only = cm.labels().get(WRITER_LABEL).is_some_and(|v| v == HOLDER_ONLY);
+    let writer = cm.data.as_ref().and_then(|d| d.get("writer")).cloned();
+    let lease = cm.labels().get(LEASE_LABEL).cloned();
+    let rv = cm.resource_version().and_then(|rv| rv.parse::<u64>().ok());
+    if let (true, Some(holder), Some(lease), Some(resource_version)) = (holder_only, writer, lease, rv) {
+        recorder.push(Observation::HolderWrite { object: cm.name_any(), lease, holder, resource_version });
+    }
+}
+
+fn lease_name(i: usize) -> String {
+    format!("ha-work-{i}")
+}
+fn object_name(lease: usize, j: usize) -> String {
+    format!("ha-state-{lease}-{j}")
+}
+
+struct World {
+    /// Clients for API server A and B: `[ADMIN]` the admin's (setup, the scripted write), `[1 + id]`
+    /// worker `id`'s (the admin's credentials impersonating user `worker-<id>`: its holder name,
+    /// which leases with `identity: User` bind to who asks).
+    clients: Vec<[Client; 2]>,
+    ns: String,
+    config: HaConfig,
+    stats: Stats,
+    recorder: Recorder,
+    stop: CancellationToken,
+}
+
+enum Wrote {
+    Accepted,
+    Stale,
+    /// Not accepted, and why (for the table of causes).
+    Failed(String),
+}
+
+/// Why a call failed, in few words: the client's timeout, a kube-fence denial's reason, an HTTP
+/// status, or a transport error.
+fn cause_of(e: Option<&fence::Error>) -> String {
+    match e {
+        None => "client timeout (8 s)".into(),
+        Some(fence::Error::Fenced(d)) => format!("denied: {}", d.reason),
+        Some(fence::Error::Kube(kube::Error::Api(s))) => format!("HTTP {} {}: {}", s.code, s.reason, short(&s.message)),
+        Some(fence::Error::Kube(_)) => "transport error".into(),
+        Some(other) => format!("{other}").split(':').next().unwrap_or_default().to_string(),
+    }
+}
+
+/// The head of an API error's message, with numbers (tokens, versions) blanked so that equal
+/// causes count together.
+fn short(message: &str) -> String {
+    let head: String = message.chars().take(140).collect();
+    head.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect()
+}
+
+fn read_cause(r: Option<Result<ConfigMap, kube::Error>>) -> String {
+    match r {
+        None => "read: client timeout (8 s)".into(),
+        Some(Err(kube::Error::Api(s))) => format!("read: HTTP {} {}: {}", s.code, s.reason, short(&s.message)),
+        Some(Err(_)) => "read: transport error".into(),
+        Some(Ok(_)) => "read: ok".into(),
+    }
+}
+
+/// Every API call of a worker is bounded: a call that hangs in a cut is given up (its bytes may
+/// still arrive after the heal: that is the point).
+async fn bounded<T>(f: impl Future<Output = T>) -> Option<T> {
+    tokio::time::timeout(Duration::from_secs(8), f).await.ok()
+}
+
+impl World {
+    fn leases(&self, who: usize, api: usize) -> Leases {
+        Leases::new(self.clients[who][api].clone(), &self.ns)
+    }
+    fn objects(&self, who: usize, api: usize) -> Api<ConfigMap> {
+        Api::namespaced(self.clients[who][api].clone(), &self.ns)
+    }
+    fn acquire_options(&self) -> AcquireOptions {
+        AcquireOptions::default().duration(Duration::from_secs(u64::from(self.config.lease_seconds))).timeout(Duration::from_secs(10))
+    }
+
+    async fn acquire(&self, who: usize, api: usize, lease: &str, holder: &str) -> Option<Grant> {
+        match bounded(self.leases(who, api).acquire(lease, holder, self.acquire_options())).await {
+            Some(Ok(grant)) => {
+                self.recorder.grant(&grant);
+                Some(grant)
+            }
+            _ => {
+                self.stats.acquire_errors.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// A fenced merge patch without a resourceVersion precondition (fencing alone decides).
+    async fn write(&self, who: usize, api: usize, grant: &Grant, object: &str, read: &ConfigMap, note: &str) -> Wrote {
+        let seq = read.data.as_ref().and_then(|d| d.get("seq")).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0) + 1;
+        let patch = json!({"data": {"seq": seq.to_string(), "writer": grant.holder, "note": note, "via": api_letter(api).to_string()}});
+        match bounded(grant.patch(&self.objects(who, api), object, &PatchParams::default(), Patch::Merge(patch))).await {
+            Some(Ok(written)) => {
+                record_object(&self.recorder, &written);
+                Wrote::Accepted
+            }
+            Some(Err(fence::Error::StaleToken { .. })) => Wrote::Stale,
+            Some(Err(fence::Error::NotHolder { .. })) => {
+                self.stats.not_holder.fetch_add(1, Ordering::Relaxed);
+                Wrote::Stale
+            }
+            Some(Err(e)) => Wrote::Failed(cause_of(Some(&e))),
+            None => Wrote::Failed(cause_of(None)),
+        }
+    }
+
+    async fn worker(self: Arc<World>, id: usize) {
+        let mut rng = Rng(self.config.seed ^ (id as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+        let holder = format!("worker-{id}");
+        let me = id + 1;
+        while !self.stop.is_cancelled() {
+            let lease = rng.below(self.config.leases as u64) as usize;
+            // Acquire through one API server, write through either.
+            let (via_lease, via_write) = (rng.below(2) as usize, rng.below(2) as usize);
+            let Some(grant) = self.acquire(me, via_lease, &lease_name(lease), &holder).await else {
+                tokio::time::sleep(rng.millis(100, 500)).await;
+                continue;
+            };
+            if rng.percent(self.config.pause_percent) {
+                let object = object_name(lease, rng.below(self.config.objects_per_lease as u64) as usize);
+                if let Some(Ok(read)) = bounded(self.objects(me, via_write).get(&object)).await {
+                    tokio::time::sleep(Duration::from_secs(u64::from(self.config.lease_seconds)) + rng.millis(300, 1_500)).await;
+                    let counter = match self.write(me, via_write, &grant, &object, &read, "delayed").await {
+                        Wrote::Accepted => &self.stats.delayed_accepted,
+                        Wrote::Stale => &self.stats.delayed_refused,
+                        Wrote::Failed(_) => &self.stats.delayed_failed,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            } else {
+                let keep_alive = self.leases(me, via_lease).keep_alive(&grant);
+                for j in 0..self.config.objects_per_lease {
+                    if !matches!(keep_alive.holding(), fence::Holding::Held { .. }) {
+                        break;
+                    }
+                    let object = object_name(lease, j);
+                    let during = self.stats.current();
+                    let sent = Instant::now();
+                    let count = |f: fn(&mut Availability) -> &mut u64| self.stats.count(during, f);
+                    count(|a| &mut a.attempted);
+                    let read = match bounded(self.objects(me, via_write).get(&object)).await {
+                        Some(Ok(read)) => read,
+                        other => {
+                            count(|a| &mut a.failed);
+                            self.stats.count_via(during, via_write, true);
+                            self.stats.cause(during, via_write, read_cause(other));
+                            break;
+                        }
+                    };
+                    let wrote = self.write(me, via_write, &grant, &object, &read, "normal").await;
+                    let took = sent.elapsed().as_millis() as u64;
+                    self.stats.count_via(during, via_write, matches!(wrote, Wrote::Failed(_)));
+                    match wrote {
+                        Wrote::Accepted => {
+                            count(|a| &mut a.admitted);
+                            self.stats.slowest(during, took);
+                            self.stats.admitted();
+                        }
+                        Wrote::Stale => {
+                            count(|a| &mut a.refused);
+                            break;
+                        }
+                        Wrote::Failed(why) => {
+                            count(|a| &mut a.failed);
+                            self.stats.cause(during, via_write, why);
+                            break;
+                        }
+                    }
+                }
+                keep_alive.stop().await;
+            }
+            let _ = bounded(self.leases(me, via_lease).release(&grant)).await;
+            tokio::time::sleep(rng.millis(0, 50)).await;
+        }
+    }
+}
+
+/// Records every Lease status showing a holder and every version of a guarded object, through `client`.
+fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationToken) -> Vec<JoinHandle<()>> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let (r1, r2, s1, s2) = (recorder.clone(), recorder.clone(), stop.clone(), stop.clone());
+    let lease_task = tokio::spawn(async move {
+        let mut events = watcher::watcher(leases, watcher::Config::default()).default_backoff().boxed();
+        loop {
+            let event = tokio::select! { _ = s1.cancelled() => return, e = events.next() => e };
+            let Some(event) = event else { return };
+            if let Ok(Event::Apply(lease) | Event::InitApply(lease)) = event {
+                let status = lease.status.clone().unwrap_or_default();
+                let rv = lease.resource_version().and_then(|rv| rv.parse::<u64>().ok());
+                if let (Phase::Held, Some(holder), Some(token), Some(resource_version)) = (status.phase, status.holder, status.token, rv) {
+                    r1.push(Observation::Grant { lease: lease.name_any(), holder, token, resource_version });
+                }
+            }
+        }
+    });
+    let object_task = tokio::spawn(async move {
+        let mut events = watcher::watcher(cms, watcher::Config::default().labels(LEASE_LABEL)).default_backoff().boxed();
+        loop {
+            let event = tokio::select! { _ = s2.cancelled() => return, e = events.next() => e };
+            let Some(event) = event else { return };
+            if let Ok(Event::Apply(cm) | Event::InitApply(cm)) = event {
+                record_object(&r2, &cm);
+                if let Some(rv) = cm.resource_version().and_then(|rv| rv.parse::<u64>().ok()) {
+                    r2.watched.fetch_max(rv, Ordering::Relaxed);
+                }
+            }
+        }
+    });
+    vec![lease_task, object_task]
+}
+
+/// The nemesis: one fault, held, healed, and the cluster seen whole again.
+async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault: HaFault, rng: &mut Rng) {
+    let api = rng.below(2) as usize;
+    let hold = rng.millis(world.config.hold_ms.0, world.config.hold_ms.1);
+    let aimed = match fault {
+        HaFault::EtcdMemberIsolated | HaFault::EtcdLeaderKilled => None,
+        _ => Some(api),
+    };
+    if let Ok(mut c) = world.stats.current.lock() {
+        *c = Some((fault, aimed));
+    }
+    let cut =
+        |p: Partition| async move { plane.call(move |ha| ha.partition(p).map_err(|e| format!("{e:#}"))).await.expect("make the cut") };
+    match fault {
+        HaFault::WorkersCutFromApi => cut(Partition::ClientFromApi { api, source: Source::Workers }).await,
+        HaFault::KubeFenceCutFromApi => cut(Partition::ClientFromApi { api, source: Source::KubeFence }).await,
+        HaFault::ApiCutFromEtcdMinority => cut(Partition::ApiFromEtcd { api, members: vec![rng.below(3) as usize] }).await,
+        HaFault::ApiCutFromEtcdMajority => {
+            let spared = rng.below(3) as usize;
+            cut(Partition::ApiFromEtcd { api, members: (0..3).filter(|m| *m != spared).collect() }).await
+        }
+        HaFault::ApiCutFromEtcd => cut(Partition::ApiFromEtcd { api, members: vec![0, 1, 2] }).await,
+        HaFault::EtcdMemberIsolated => {
+            let leader = plane.call(|ha| ha.etcd_leader()).await;
+            let member = match leader {
+                Some(l) if rng.percent(50) => l,
+                _ => rng.below(3) as usize,
+            };
+            cut(Partition::EtcdIsolated { member }).await
+        }
+        HaFault::EtcdLeaderKilled => {
+            let leader = plane.call(|ha| ha.etcd_leader()).await.unwrap_or(0);
+            let name = format!("etcd-m{}", leader + 1);
+            let n = name.clone();
+            plane.call(move |ha| ha.kill(&n).map_err(|e| format!("{e:#}"))).await.expect("kill the etcd leader");
+            // Wait for the condition (a new leader among the other two), not a timer.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while plane.call(move |ha| ha.etcd_leader()).await.is_none_or(|l| l == leader) {
+                assert!(Instant::now() < deadline, "no new etcd leader within 60 s");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            tokio::time::sleep(hold).await;
+            plane.call(move |ha| ha.start_again(&name).map_err(|e| format!("{e:#}"))).await.expect("start etcd again");
+        }
+        HaFault::ApiServerKilled => {
+            let name = format!("kube-apiserver-{}", api_letter(api));
+            let n = name.clone();
+            plane.call(move |ha| ha.kill(&n).map_err(|e| format!("{e:#}"))).await.expect("kill an API server");
+            tokio::time::sleep(hold).await;
+            plane.call(move |ha| ha.start_again(&name).map_err(|e| format!("{e:#}"))).await.expect("start the API server again");
+        }
+        HaFault::WebhookReplicaKilled => {
+            let replica = &mut replicas[api];
+            if let Some(w) = replica.webhook.take() {
+                w.crash().await;
+            }
+            tokio::time::sleep(hold).await;
+            if world.config.fenced {
+                replica.serve().await;
+            }
+        }
+        HaFault::ControllerReplicaKilled => {
+            let replica = &mut replicas[api];
+            if let Some(c) = replica.controller.take() {
+                c.kill();
+            }
+            tokio::time::sleep(hold).await;
+            replica.start_controller();
+        }
+    }
+    if matches!(
+        fault,
+        HaFault::WorkersCutFromApi
+            | HaFault::KubeFenceCutFromApi
+            | HaFault::ApiCutFromEtcdMinority
+            | HaFault::ApiCutFromEtcdMajority
+            | HaFault::ApiCutFromEtcd
+            | HaFault::EtcdMemberIsolated
+    ) {
+        tokio::time::sleep(hold).await;
+        plane.call(|ha| ha.heal().map_err(|e| format!("{e:#}"))).await.expect("heal");
+    }
+    plane.whole(Duration::from_secs(180)).await.expect("the cluster is whole again after the fault");
+    if let Ok(mut f) = world.stats.faults.lock() {
+        *f.entry(fault).or_default() += 1;
+    }
+    if let Ok(mut c) = world.stats.current.lock() {
+        *c = None;
+    }
+    if let Ok(mut h) = world.stats.healed.lock() {
+        *h = Some((fault, Instant::now()));
+    }
+}
+
+/// The scripted stale write: holder `old` reads through A, is cut from A past its lease while
+/// `new` is granted through B and writes through B, then the cut heals and `old`'s delayed write
+/// goes to A. `Some(true)`: accepted (a violation the checker must report).
+async fn planted(plane: &Plane, world: &World) -> Option<bool> {
+    let (lease, object) = (lease_name(0), object_name(0, 0));
+    let old = world.acquire(ADMIN, 0, &lease, "planted-old").await?;
+    let read = bounded(world.objects(ADMIN, 0).get(&object)).await?.ok()?;
+    plane.call(|ha| ha.partition(Partition::ClientFromApi { api: 0, source: Source::Workers }).map_err(|e| format!("{e:#}"))).await.ok()?;
+    // The successor is granted once the controller expired `old`'s lease (acquire waits for that).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let new = loop {
+        if let Some(g) = world.acquire(ADMIN, 1, &lease, "planted-new").await {
+            break g;
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+    };
+    let fresh = bounded(world.objects(ADMIN, 1).get(&object)).await?.ok()?;
+    let newer = world.write(ADMIN, 1, &new, &object, &fresh, "planted-successor").await;
+    let _ = bounded(world.leases(ADMIN, 1).release(&new)).await;
+    plane.call(|ha| ha.heal().map_err(|e| format!("{e:#}"))).await.ok()?;
+    plane.whole(Duration::from_secs(60)).await.ok()?;
+    if !matches!(newer, Wrote::Accepted) {
+        return None;
+    }
+    match world.write(ADMIN, 0, &old, &object, &read, "planted-stale").await {
+        Wrote::Accepted => Some(true),
+        Wrote::Stale => Some(false),
+        Wrote::Failed(_) => None,
+    }
+}
+
+/// Runs the HA driver: its own HA control plane, two kube-fence replicas, workers, the nemesis,
+/// then the checker.
+pub async fn run(config: HaConfig) -> HaReport {
+    let started = Instant::now();
+    eprintln!("[ha] starting the HA control plane (seed {}, fenced {})", config.seed, config.fenced);
+    let plane = tokio::task::spawn_blocking(Plane::start).await.expect("plane thread").expect("start the HA control plane");
+    let clients = [common::client_for(&plane.kubeconfigs[0]).await, common::client_for(&plane.kubeconfigs[1]).await];
+    common::install_crds(clients[0].clone()).await;
+    let ns = "ha".to_string();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(clients[0].clone());
+    let namespace = k8s_openapi::api::core::v1::Namespace {
+        metadata: ObjectMeta { name: Some(ns.clone()), ..Default::default() },
+        ..Default::default()
+    };
+    namespaces.create(&PostParams::default(), &namespace).await.expect("create the namespace");
+
+    // Two replicas, one registration: the same certificate, the URL the relays serve.
+    let tls = SelfSigned::generate(&["localhost".to_string()], &[Ipv4Addr::LOCALHOST.into()]).expect("a webhook certificate");
+    let mut replicas = Vec::new();
+    for i in 0..2 {
+        let client = common::client_for(&plane.fence_kubeconfigs[i]).await;
+        let mut options = LocalOptions::new("kf-ha");
+        options.webhook.scope.only_namespaces = Some(vec![ns.clone()]);
+        options.policy_path = common::policy_path();
+        options.port = plane.webhook_ports[i];
+        options.tls = Some(tls.clone());
+        options.advertise = Some(SocketAddr::from((Ipv4Addr::LOCALHOST, WEBHOOK_PORT)));
+        let mut r = Replica { client, ns: ns.clone(), name: api_letter(i).to_string(), controller: None, webhook: None, options };
+        r.start_controller();
+        if config.fenced {
+            r.serve().await;
+        }
+        replicas.push(r);
+    }
+    let mut replicas: [Replica; 2] = replicas.try_into().ok().expect("two replicas");
+    if config.fenced {
+        for c in &clients {
+            common::wait_fenced(c, &ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(60)).await;
+        }
+    }
+
+    // The workers act as users of their own, with what a worker ordinarily may do in the namespace.
+    let mut all_clients = vec![clients.clone()];
+    for id in 0..config.workers {
+        let user = format!("worker-{id}");
+        kube_fence_test_support::identity::grant_worker_rbac(&clients[0], &ns, &user).await;
+        all_clients.push([
+            kube_fence_test_support::identity::client_as(&plane.kubeconfigs[0], &user).await,
+            kube_fence_test_support::identity::client_as(&plane.kubeconfigs[1], &user).await,
+        ]);
+    }
+    let world = Arc::new(World {
+        clients: all_clients,
+        ns: ns.clone(),
+        config: config.clone(),
+        stats: Stats::default(),
+        recorder: Recorder::default(),
+        stop: CancellationToken::new(),
+    });
+    let watch_stop = CancellationToken::new();
+    let mut watchers = record(&clients[0], &ns, &world.recorder, &watch_stop);
+    watchers.extend(record(&clients[1], &ns, &world.recorder, &watch_stop));
+
+    let leases: Api<Lease> = Api::namespaced(clients[0].clone(), &ns);
+    for i in 0..config.leases {
+        let mut spec = LeaseSpec { lease_duration_seconds: Some(config.lease_seconds), ..Default::default() };
+        if holder_only(i) {
+            spec.identity = Some(HolderIdentity::User);
+        }
+        leases.create(&PostParams::default(), &Lease::new(&lease_name(i), spec)).await.expect("create a lease");
+        // Under `identity: User` the holder is who asks: the admin.
+        let first = if holder_only(i) { "admin" } else { "setup" };
+        let grant = world.acquire(ADMIN, 0, &lease_name(i), first).await.expect("first grant");
+        for j in 0..config.objects_per_lease {
+            let labels = holder_only(i).then(|| [(WRITER_LABEL.to_string(), HOLDER_ONLY.to_string())].into());
+            let cm = ConfigMap {
+                metadata: ObjectMeta { name: Some(object_name(i, j)), labels, ..Default::default() },
+                data: Some([("seq".to_string(), "0".to_string())].into()),
+                ..Default::default()
+            };
+            let created = grant.create(&world.objects(ADMIN, 0), &cm).await.expect("create a guarded object");
+            record_object(&world.recorder, &created);
+        }
+        let _ = world.leases(ADMIN, 0).release(&grant).await;
+    }
+    let planted_accepted = planted(&plane, &world).await;
+    eprintln!(
+        "[ha] set up in {:.1}s; scripted stale write: {planted_accepted:?}; {} workers start",
+        started.elapsed().as_secs_f64(),
+        config.workers
+    );
+
+    let workers: Vec<JoinHandle<()>> = (0..config.workers).map(|id| tokio::spawn(world.clone().worker(id))).collect();
+    let mut rng = Rng(config.seed ^ 0x4A_FA17);
+    let mut last_note = Instant::now();
+    let mut round: Vec<HaFault> = Vec::new();
+    for n in 0..config.faults {
+        if started.elapsed() >= config.max_duration {
+            eprintln!("[ha] time bound reached after {n} faults");
+            break;
+        }
+        // Rounds of every kind once, each round in a seeded order.
+        if round.is_empty() {
+            round = HaFault::ALL.to_vec();
+            for i in (1..round.len()).rev() {
+                round.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+        }
+        let fault = round.pop().expect("a fault in the round");
+        tokio::time::sleep(rng.millis(300, 1_500)).await;
+        inject(&plane, &mut replicas, &world, fault, &mut rng).await;
+        if last_note.elapsed() > Duration::from_secs(30) {
+            let a = world.stats.availability.lock().map(|a| a.values().map(|v| v.admitted).sum::<u64>()).unwrap_or(0);
+            eprintln!("[ha] {:.0}s: {} faults, {a} genuine writes admitted", started.elapsed().as_secs_f64(), n + 1);
+            last_note = Instant::now();
+        }
+    }
+
+    world.stop.cancel();
+    for w in workers {
+        if tokio::time::timeout(Duration::from_secs(60), w).await.is_err() {
+            eprintln!("[ha] a worker did not finish its cycle within 60 s");
+        }
+    }
+    // Bytes queued in a cut arrive after the heal: give them the time TCP takes to retransmit.
+    let newest_write = world
+        .recorder
+        .snapshot()
+        .iter()
+        .filter_map(|o| if let Observation::Write { resource_version, .. } = o { Some(*resource_version) } else { None })
+        .max()
+        .unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline && world.recorder.watched.load(Ordering::Relaxed) < newest_write {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    watch_stop.cancel();
+    for w in watchers {
+        let _ = w.await;
+    }
+    for r in replicas {
+        if let Some(c) = r.controller {
+            c.kill();
+        }
+        if let Some(w) = r.webhook {
+            w.crash().await;
+        }
+    }
+
+    let observations = world.recorder.snapshot();
+    let violations = history::check(&observations, |_| false);
+    let mut writes = HashSet::new();
+    let mut grants = HashSet::new();
+    for o in &observations {
+        match o {
+            Observation::Write { object, resource_version, .. } | Observation::HolderWrite { object, resource_version, .. } => {
+                writes.insert((object.clone(), *resource_version));
+            }
+            Observation::Grant { lease, token, .. } => {
+                grants.insert((lease.clone(), *token));
+            }
+        }
+    }
+    let s = &world.stats;
+    let report = HaReport {
+        config,
+        elapsed: started.elapsed(),
+        writes_accepted: writes.len() as u64,
+        grants: grants.len() as u64,
+        faults: s.faults.lock().map(|f| f.clone()).unwrap_or_default(),
+        availability: s.availability.lock().map(|a| a.clone()).unwrap_or_default(),
+        recovery: s.recovery.lock().map(|r| r.clone()).unwrap_or_default(),
+        delayed_refused: s.delayed_refused.load(Ordering::Relaxed),
+        delayed_accepted: s.delayed_accepted.load(Ordering::Relaxed),
+        delayed_failed: s.delayed_failed.load(Ordering::Relaxed),
+        acquire_errors: s.acquire_errors.load(Ordering::Relaxed),
+        not_holder: s.not_holder.load(Ordering::Relaxed),
+        causes: s.causes.lock().map(|c| c.clone()).unwrap_or_default(),
+        planted_accepted,
+        observations: observations.len(),
+        violations,
+    };
+    drop(plane);
+    report
+}
