@@ -43,6 +43,11 @@ cargo test --workspace --all-targets --locked --no-fail-fast "$@"
 say "running the documentation examples"
 cargo test --workspace --doc --locked
 
+# The HA topology (3 etcd members, 2 API servers, 2 kube-fence replicas, a nemesis): a short
+# fault run, then the same with the webhook unregistered, which must report stale writes.
+say "running the short HA fault run (hack/torture.sh --ha --short)"
+hack/torture.sh --ha --short
+
 # kube-fence installed for real: the chart on a real node, its Pods called through their Service.
 say "running the in-cluster suite on a real node (hack/e2e-node.sh)"
 KUBE_FENCE_IMAGE_PROFILE=${KUBE_FENCE_IMAGE_PROFILE:-debug} hack/e2e-node.sh

@@ -242,6 +242,9 @@ async fn sections(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::
     if args.runs("apiserver") {
         guarded_vs_unguarded(args, table, bench).await?;
     }
+    if !args.runs("apiserver") && args.only.iter().any(|s| s == "fenced") {
+        fenced_only(args, table, bench).await?;
+    }
     if args.runs("policy") {
         crate::policy::run(args, table, bench).await?;
     }
@@ -496,6 +499,51 @@ async fn guarded_vs_unguarded_registered(args: &Args, table: &mut Table, bench: 
 /// updating a ConfigMap labelled `kubefence.io/leader-lease` — judged by a quorum read of the
 /// Lease's holder — interleaved with updates of an unlabelled one.
 async fn leader_guarded(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
+    let cms = leader_holder(bench).await?;
+    eprintln!("[3] leader-lease guarded vs unguarded ConfigMap updates by the Lease's holder ({} each, 1 writer)", args.updates() / 2);
+    let (mut g, mut p) = (Samples::default(), Samples::default());
+    for i in 0..(args.updates() / 2) {
+        let patch = json!({"data": {"seq": i.to_string()}});
+        for (name, samples) in [("leader-guarded", &mut g), ("leader-plain", &mut p)] {
+            let t = Instant::now();
+            cms.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            samples.push(t.elapsed());
+        }
+    }
+    let added99 = g.p99().saturating_sub(p.p99());
+    table.add(
+        "3",
+        "… leader-lease guard (quorum read of the holder), 1 writer: p50 / p99 (added)",
+        format!("{} / {}", ms(g.p50()), ms(g.p99())),
+        format!("{} / {}", ms(p.p50()), ms(p.p99())),
+        format!("+{} / +{}", ms(g.p50().saturating_sub(p.p50())), ms(added99)),
+        "",
+        Met::Info,
+    );
+    writer_fenced(args, table, bench, &cms).await
+}
+
+/// `--only fenced`: the writer fence's rows of section 3 alone (issue 35), registered as
+/// section 3 registers the webhook.
+async fn fenced_only(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
+    let client = bench.client.clone();
+    let mut registration = Registration::new(format!("kf-bench-{}", bench.ns_hook), Endpoint::Url(bench.webhook_url.clone()));
+    registration.ca_bundle = Some(bench.ca_pem.clone());
+    registration.only_namespaces = Some(vec![bench.ns_hook.clone()]);
+    registration.apply(&client).await?;
+    let result = async {
+        let cms = leader_holder(bench).await?;
+        writer_fenced(args, table, bench, &cms).await
+    }
+    .await;
+    registration.remove(&client).await?;
+    result
+}
+
+/// The holder of the leader-election Lease `leader` of the bench namespace: ServiceAccount
+/// `leader`, Pod `leader-0` (a bound token), allowed every ConfigMap verb; with the ConfigMaps
+/// `leader-guarded` (labelled with the Lease) and `leader-plain` made as it.
+async fn leader_holder(bench: &mut Bench) -> anyhow::Result<Api<ConfigMap>> {
     use k8s_openapi::api::coordination::v1::Lease as LeaderLease;
     use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -531,27 +579,7 @@ async fn leader_guarded(args: &Args, table: &mut Table, bench: &mut Bench) -> an
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    eprintln!("[3] leader-lease guarded vs unguarded ConfigMap updates by the Lease's holder ({} each, 1 writer)", args.updates() / 2);
-    let (mut g, mut p) = (Samples::default(), Samples::default());
-    for i in 0..(args.updates() / 2) {
-        let patch = json!({"data": {"seq": i.to_string()}});
-        for (name, samples) in [("leader-guarded", &mut g), ("leader-plain", &mut p)] {
-            let t = Instant::now();
-            cms.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-            samples.push(t.elapsed());
-        }
-    }
-    let added99 = g.p99().saturating_sub(p.p99());
-    table.add(
-        "3",
-        "… leader-lease guard (quorum read of the holder), 1 writer: p50 / p99 (added)",
-        format!("{} / {}", ms(g.p50()), ms(g.p99())),
-        format!("{} / {}", ms(p.p50()), ms(p.p99())),
-        format!("+{} / +{}", ms(g.p50().saturating_sub(p.p50())), ms(added99)),
-        "",
-        Met::Info,
-    );
-    writer_fenced(args, table, bench, &cms).await
+    Ok(cms)
 }
 
 /// Section 3, the writer fence: the same holder's updates of the unlabelled ConfigMap with its
@@ -766,7 +794,9 @@ async fn fenced_throughput(
             set_fenced(false).await?;
             let (plain_rate, plain, _) = holder_updates(holder, workers, per_worker).await?;
             set_fenced(true).await?;
+            let before = Timings::scrape(bench).await?;
             let (fenced_rate, fenced, refused) = holder_updates(holder, workers, per_worker).await?;
+            let spent = Timings::scrape(bench).await?.since(&before);
             let during = if flood { ", a tenant flooding" } else { "" };
             let ratio = fenced_rate / plain_rate.max(f64::MIN_POSITIVE);
             let target = if workers == 8 { 0.8 } else { 0.6 };
@@ -778,6 +808,15 @@ async fn fenced_throughput(
                 format!("{ratio:.2}×, +{} p50", ms(fenced.p50().saturating_sub(plain.p50()))),
                 format!("≥ {target}×, 0 refused"),
                 met(ratio >= target && refused == 0),
+            );
+            table.add(
+                "3",
+                format!("… of which, mean per fenced write{during} ({workers} writer(s)): API server calling the webhook / the webhook judging (its quorum read included)"),
+                format!("{} / {}", ms(spent.calls), ms(spent.judging)),
+                ms(fenced.mean().saturating_sub(plain.mean())),
+                "(added mean)",
+                "",
+                Met::Info,
             );
             if workers == 1 && !flood {
                 let added = fenced.p50().saturating_sub(plain.p50());
@@ -803,6 +842,53 @@ async fn fenced_throughput(
     }
     let _ = Api::<Namespace>::all(admin).delete(&tenant, &DeleteParams::default()).await;
     Ok(())
+}
+
+/// Where a fenced write's time goes, from the API server's and the webhook's own metrics: the
+/// API server's `apiserver_admission_webhook_admission_duration_seconds` for the writer webhooks
+/// (its call, round trip included) and the webhook's `decision_duration_seconds` (body received
+/// to response, the quorum read included); sums and counts.
+struct Timings {
+    calls: (f64, f64),
+    judging: (f64, f64),
+}
+
+/// Mean durations between two [`Timings`].
+struct Spent {
+    calls: Duration,
+    judging: Duration,
+}
+
+impl Timings {
+    async fn scrape(bench: &Bench) -> anyhow::Result<Timings> {
+        let api = bench.client.request_text(http::Request::get("/metrics").body(Vec::new())?).await?;
+        let url = bench.webhook_url.replace("/validate", "/metrics");
+        let (_, webhook) = load::request(&bench.https, http::Method::GET, &url, Bytes::new()).await?;
+        let webhook = String::from_utf8_lossy(&webhook);
+        Ok(Timings {
+            calls: sum_count(&api, "apiserver_admission_webhook_admission_duration_seconds", "name=\"writers"),
+            judging: sum_count(&webhook, "kube_fence_webhook_decision_duration_seconds", ""),
+        })
+    }
+
+    fn since(&self, before: &Timings) -> Spent {
+        let mean = |(s, c): (f64, f64), (s0, c0): (f64, f64)| {
+            if c > c0 { Duration::from_secs_f64((s - s0) / (c - c0)) } else { Duration::ZERO }
+        };
+        Spent { calls: mean(self.calls, before.calls), judging: mean(self.judging, before.judging) }
+    }
+}
+
+/// The sum of `metric`'s `_sum` and `_count` samples whose labels contain `labels`.
+fn sum_count(text: &str, metric: &str, labels: &str) -> (f64, f64) {
+    let total = |suffix: &str| -> f64 {
+        let name = format!("{metric}{suffix}");
+        text.lines()
+            .filter(|l| l.starts_with(&name) && l[name.len()..].starts_with(['{', ' ']) && l.contains(labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    (total("_sum"), total("_count"))
 }
 
 pub(crate) fn meta(name: &str, lease: Option<&str>, token: Option<u64>) -> ObjectMeta {

@@ -56,9 +56,9 @@ pub struct Args {
     #[arg(long)]
     quick: bool,
     /// Sections to run (decision, webhook, apiserver, policy, acquire, scale, holder,
-    /// connections); default all.
+    /// connections; `fenced`: the writer fence's rows of apiserver alone); default all.
     #[arg(long, value_delimiter = ',')]
-    only: Vec<String>,
+    pub only: Vec<String>,
     /// Seconds per object size for the in-process decision.
     #[arg(long)]
     decision_secs: Option<f64>,
