@@ -143,6 +143,9 @@ pub(crate) struct Bench {
     pub(crate) webhook: Proc,
     pub(crate) webhook_url: String,
     pub(crate) https: load::Https,
+    /// The bench's own API server and etcd processes (their CPU), when found.
+    apiserver: Option<u32>,
+    etcd: Option<u32>,
 }
 
 pub async fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
@@ -164,7 +167,10 @@ pub async fn run(args: &Args, table: &mut Table) -> anyhow::Result<()> {
 
     let https = load::client(&made.ca_cert, args.concurrency)?;
     let (webhook, port) = spawn_webhook(&https, &kubeconfig, dir.path(), &cert, &key, &ns_hook).await?;
+    let (apiserver, etcd) = control_plane(&kubeconfig);
     let mut bench = Bench {
+        apiserver,
+        etcd,
         client,
         kubeconfig,
         dir,
@@ -792,7 +798,9 @@ async fn fenced_throughput(
                 if flood { ", tenant flooding" } else { "" }
             );
             set_fenced(false).await?;
+            let before = Timings::scrape(bench).await?;
             let (plain_rate, plain, _) = holder_updates(holder, workers, per_worker).await?;
+            let plain_spent = Timings::scrape(bench).await?.since(&before);
             set_fenced(true).await?;
             let before = Timings::scrape(bench).await?;
             let (fenced_rate, fenced, refused) = holder_updates(holder, workers, per_worker).await?;
@@ -811,13 +819,40 @@ async fn fenced_throughput(
             );
             table.add(
                 "3",
-                format!("… of which, mean per fenced write{during} ({workers} writer(s)): API server calling the webhook / the webhook judging (its quorum read included)"),
-                format!("{} / {}", ms(spent.calls), ms(spent.judging)),
+                format!("… of which, mean per fenced write{during} ({workers} writer(s)): API server calling the webhook / the webhook judging / its quorum read"),
+                format!("{} / {} / {}", ms(spent.calls), ms(spent.judging), ms(spent.read)),
                 ms(fenced.mean().saturating_sub(plain.mean())),
                 "(added mean)",
                 "",
                 Met::Info,
             );
+            let n = (fenced.len().max(1) as u32, plain.len().max(1) as u32);
+            table.add(
+                "3",
+                format!("… CPU per write{during} ({workers} writer(s)): API server / etcd / webhook; quorum reads per fenced write"),
+                format!(
+                    "{} / {} / {}; {:.2}",
+                    us(spent.cpu[0] / n.0),
+                    us(spent.cpu[1] / n.0),
+                    us(spent.cpu[2] / n.0),
+                    spent.reads as f64 / f64::from(n.0)
+                ),
+                format!("{} / {} / {}", us(plain_spent.cpu[0] / n.1), us(plain_spent.cpu[1] / n.1), us(plain_spent.cpu[2] / n.1)),
+                "",
+                "",
+                Met::Info,
+            );
+            if let (Some(dir), false) = (&args.profile_apiserver, flood) {
+                // Where the API server's added CPU goes: 10 s profiles of the same writes, fenced
+                // and not (`go tool pprof -top -diff_base PLAIN FENCED`).
+                std::fs::create_dir_all(dir)?;
+                for on in [false, true] {
+                    set_fenced(on).await?;
+                    let file = dir.join(format!("apiserver-fenced-controller-{}-{workers}w.pprof", if on { "fenced" } else { "plain" }));
+                    let writes = profile_while(&bench.client, &file, async || Ok(holder_updates(holder, workers, per_worker).await?.1.len())).await?;
+                    eprintln!("[3] kube-apiserver CPU profile over {writes} writes: {}", file.display());
+                }
+            }
             if workers == 1 && !flood {
                 let added = fenced.p50().saturating_sub(plain.p50());
                 table.add(
@@ -844,6 +879,29 @@ async fn fenced_throughput(
     Ok(())
 }
 
+/// Writes the kube-apiserver's CPU profile over 10 s into `file`, running `work` again and again
+/// meanwhile; how many writes it made.
+async fn profile_while(client: &Client, file: &Path, work: impl AsyncFn() -> anyhow::Result<usize>) -> anyhow::Result<usize> {
+    const PROFILE_SECS: u64 = 10;
+    let request = http::Request::get(format!("/debug/pprof/profile?seconds={PROFILE_SECS}")).body(Vec::new())?;
+    let profile = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            use futures::AsyncReadExt;
+            let mut bytes = Vec::new();
+            client.request_stream(request).await?.read_to_end(&mut bytes).await?;
+            anyhow::Ok(bytes)
+        })
+    };
+    let stop = Instant::now() + Duration::from_secs(PROFILE_SECS + 1);
+    let mut writes = 0;
+    while Instant::now() < stop {
+        writes += work().await?;
+    }
+    std::fs::write(file, profile.await??)?;
+    Ok(writes)
+}
+
 /// Where a fenced write's time goes, from the API server's and the webhook's own metrics: the
 /// API server's `apiserver_admission_webhook_admission_duration_seconds` for the writer webhooks
 /// (its call, round trip included) and the webhook's `decision_duration_seconds` (body received
@@ -851,12 +909,48 @@ async fn fenced_throughput(
 struct Timings {
     calls: (f64, f64),
     judging: (f64, f64),
+    read: (f64, f64),
+    /// The webhook's quorum reads.
+    reads: f64,
+    /// CPU of every kube-apiserver, every etcd and the webhook.
+    cpu: [Duration; 3],
 }
 
-/// Mean durations between two [`Timings`].
+/// Mean durations, reads and CPU between two [`Timings`].
 struct Spent {
     calls: Duration,
     judging: Duration,
+    read: Duration,
+    reads: u64,
+    cpu: [Duration; 3],
+}
+
+/// The command line of every process named `comm`, by pid (arguments NUL-separated).
+fn processes(comm: &str) -> Vec<(u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm))
+        .filter_map(|pid| Some((pid, String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?).into_owned())))
+        .collect()
+}
+
+/// The bench's own API server (by the port of its kubeconfig) and etcd (by the client URL that
+/// API server was given) — not another engineer's on the same machine.
+fn control_plane(kubeconfig: &Path) -> (Option<u32>, Option<u32>) {
+    let port = kube::config::Kubeconfig::read_from(kubeconfig)
+        .ok()
+        .and_then(|k| k.clusters.first()?.cluster.as_ref()?.server.clone())
+        .and_then(|server| server.parse::<http::Uri>().ok()?.port_u16());
+    let Some(port) = port else { return (None, None) };
+    let Some((apiserver, line)) = processes("kube-apiserver").into_iter().find(|(_, l)| l.contains(&format!("--secure-port\0{port}\0")))
+    else {
+        return (None, None);
+    };
+    let etcd_url = line.split('\0').skip_while(|a| *a != "--etcd-servers").nth(1).unwrap_or("").split(',').next().unwrap_or("").to_string();
+    let etcd = processes("etcd").into_iter().find(|(_, l)| !etcd_url.is_empty() && l.contains(&etcd_url)).map(|(pid, _)| pid);
+    (Some(apiserver), etcd)
 }
 
 impl Timings {
@@ -868,6 +962,13 @@ impl Timings {
         Ok(Timings {
             calls: sum_count(&api, "apiserver_admission_webhook_admission_duration_seconds", "name=\"writers"),
             judging: sum_count(&webhook, "kube_fence_webhook_decision_duration_seconds", ""),
+            read: sum_count(&webhook, "kube_fence_webhook_quorum_read_duration_seconds", ""),
+            reads: webhook
+                .lines()
+                .filter(|l| l.starts_with("kube_fence_webhook_lease_reads_total") && l.contains("linearizable"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum(),
+            cpu: [bench.apiserver.map(cpu).unwrap_or_default(), bench.etcd.map(cpu).unwrap_or_default(), cpu(bench.webhook.pid())],
         })
     }
 
@@ -875,7 +976,13 @@ impl Timings {
         let mean = |(s, c): (f64, f64), (s0, c0): (f64, f64)| {
             if c > c0 { Duration::from_secs_f64((s - s0) / (c - c0)) } else { Duration::ZERO }
         };
-        Spent { calls: mean(self.calls, before.calls), judging: mean(self.judging, before.judging) }
+        Spent {
+            calls: mean(self.calls, before.calls),
+            judging: mean(self.judging, before.judging),
+            read: mean(self.read, before.read),
+            reads: (self.reads - before.reads).max(0.0) as u64,
+            cpu: [0, 1, 2].map(|i| self.cpu[i].saturating_sub(before.cpu[i])),
+        }
     }
 }
 

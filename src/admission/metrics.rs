@@ -79,6 +79,8 @@ pub struct Metrics {
     linearizable_reads: Counter,
     refusals: Family<RefusalLabels, Counter>,
     latency: Histogram,
+    /// How long each quorum read of a lease took (once per read, however many reviews share it).
+    quorum_read: Histogram,
     /// Rejection Events not published: the requester's source used up its budget, or too many
     /// Events were in flight (counted by `crate::events::Publisher`).
     pub events_suppressed: Counter,
@@ -115,6 +117,7 @@ impl Metrics {
             linearizable_reads,
             refusals: Family::default(),
             latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            quorum_read: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             events_suppressed: Counter::default(),
             tls_reloads: Counter::default(),
             connections,
@@ -125,6 +128,11 @@ impl Metrics {
         r.register("lease_reads", "Lease reads by kind (cache, linearizable)", lease_reads);
         r.register("refused_requests", "Requests refused before judging, by cause (too_large, busy, slow_body)", m.refusals.clone());
         r.register("decision_duration_seconds", "Time to judge one AdmissionReview, from body received to response", m.latency.clone());
+        r.register(
+            "quorum_read_duration_seconds",
+            "Time of one quorum read of a lease through the API server (shared by the reviews that wait for it)",
+            m.quorum_read.clone(),
+        );
         r.register(
             "events_suppressed",
             "Rejection Events not published: the source's Event budget was used up, or too many were in flight",
@@ -160,6 +168,11 @@ impl Metrics {
             LeaseReadKind::Cache => self.cache_reads.inc(),
             LeaseReadKind::Linearizable => self.linearizable_reads.inc(),
         };
+    }
+
+    /// One quorum read ended after `seconds`.
+    pub fn quorum_read(&self, seconds: f64) {
+        self.quorum_read.observe(seconds);
     }
 
     pub fn refused(&self, refusal: Refusal) {

@@ -156,7 +156,10 @@ impl SourceReads<'_> {
             .read(key, move || async move {
                 charge(budget.as_ref(), &metrics, source, &namespace)?;
                 metrics.lease_read(LeaseReadKind::Linearizable);
-                read(leases, namespace, name).await.map_err(|e| ReadError::Failed(Arc::new(e)))
+                let started = Instant::now();
+                let read = read(leases, namespace, name).await.map_err(|e| ReadError::Failed(Arc::new(e)));
+                metrics.quorum_read(started.elapsed().as_secs_f64());
+                read
             })
             .await
     }
