@@ -603,3 +603,53 @@ fn the_chart_declares_fenced_controllers_as_fenced_controller_objects() {
         assert!(!out.status.success(), "values {bad} must be rejected by values.schema.json");
     }
 }
+
+/// The FlowSchema of `apiPriority`: the API server classifies the webhook's reads of Leases
+/// (coordination.k8s.io and kubefence.io, any namespace) into kube-fence's own priority level,
+/// and nobody else's requests — another ServiceAccount's reads of the same Leases, the
+/// webhook's own writes — into it. Threat case: a tenant (or a busy fenced controller) whose
+/// requests fill `workload-low` cannot queue the reads fenced writes wait on. Read from the
+/// `X-Kubernetes-PF-FlowSchema-UID` header the API server puts on each classified response.
+#[tokio::test]
+async fn the_webhooks_lease_reads_have_a_priority_level_of_their_own() {
+    use k8s_openapi::api::flowcontrol::v1::FlowSchema;
+    let client = common::client().await;
+    let ns = common::namespace(&client, "chart-apf").await;
+    let mut args: Vec<String> = ["install", "apf", CHART, "-n", &ns].iter().map(|s| s.to_string()).collect();
+    args.extend(isolated(&ns));
+    ok("helm", &args.iter().map(String::as_str).collect::<Vec<_>>(), None);
+    let ours = Api::<FlowSchema>::all(client.clone()).get("apf-kube-fence-lease-reads").await.expect("the chart's FlowSchema");
+    let ours = ours.metadata.uid.expect("a uid");
+
+    let webhook = common::identity::client_as(&format!("system:serviceaccount:{ns}:apf-kube-fence")).await;
+    let other = common::identity::client_as(&format!("system:serviceaccount:{ns}:default")).await;
+    // The FlowSchema the API server classified one request as (its header, whatever the status).
+    let classified = async |client: &kube::Client, method: &str, path: &str| -> String {
+        let request = http::Request::builder().method(method).uri(path).body(Vec::new()).expect("a request");
+        let response = client.send(request.map(kube::client::Body::from)).await.expect("a response");
+        response
+            .headers()
+            .get("X-Kubernetes-PF-FlowSchema-UID")
+            .map(|v| v.to_str().unwrap_or_default().to_string())
+            .unwrap_or_default()
+    };
+    // The API server may take a moment to see the new FlowSchema.
+    let elsewhere = common::namespace(&client, "chart-apf-other").await;
+    let reads = [
+        format!("/apis/coordination.k8s.io/v1/namespaces/{elsewhere}/leases/any"),
+        format!("/apis/kubefence.io/v1alpha1/namespaces/kube-system/leases/any"),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for read in &reads {
+        while classified(&webhook, "GET", read).await != ours {
+            assert!(Instant::now() < deadline, "the webhook's GET {read} is not classified by the chart's FlowSchema");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    assert_ne!(classified(&other, "GET", &reads[0]).await, ours, "another ServiceAccount's read of a Lease is not ours");
+    let list = format!("/apis/coordination.k8s.io/v1/namespaces/{elsewhere}/leases");
+    assert_ne!(classified(&webhook, "GET", &list).await, ours, "the webhook's lists (its watch caches) are not the quorum reads");
+    let status = format!("/apis/kubefence.io/v1alpha1/namespaces/{elsewhere}/leases/any/status");
+    assert_ne!(classified(&webhook, "PATCH", &status).await, ours, "its writes are not reads");
+    ok("helm", &["uninstall", "apf", "-n", &ns], None);
+}
