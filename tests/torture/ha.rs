@@ -47,6 +47,9 @@ use tokio_util::sync::CancellationToken;
 use super::{ControllerReplica, Recorder, Rng};
 use crate::common;
 
+mod elected;
+pub use elected::Path;
+
 /// How big a run is.
 #[derive(Clone, Debug)]
 pub struct HaConfig {
@@ -63,6 +66,8 @@ pub struct HaConfig {
     pub pause_percent: u64,
     /// kube-fence's webhook registered (false: the planted fault, the checker must report).
     pub fenced: bool,
+    /// Pods of each client-go Lease path ([`Path`]): the leader-Lease path and the fenced controller.
+    pub elected_pods: usize,
     pub seed: u64,
 }
 
@@ -79,6 +84,7 @@ impl HaConfig {
             max_duration: Duration::from_secs(900),
             pause_percent: 25,
             fenced: true,
+            elected_pods: 3,
             seed: super::seed_from_env(),
         }
     }
@@ -96,6 +102,7 @@ impl HaConfig {
             max_duration: Duration::from_secs(n("KF_HA_MAX_SECONDS", 6 * 3600)),
             pause_percent: n("KF_HA_PAUSE_PERCENT", 25),
             fenced: n("KF_HA_FENCED", 1) == 1,
+            elected_pods: n("KF_HA_ELECTED_PODS", 3) as usize,
             seed: super::seed_from_env(),
         }
     }
@@ -193,6 +200,8 @@ struct Stats {
     not_holder: AtomicU64,
     /// Failed genuine writes by fault, by which API server they went through, and by cause.
     causes: Mutex<Causes>,
+    /// The client-go Lease paths' genuine and delayed writes.
+    paths: elected::PathStats,
 }
 
 impl Stats {
@@ -260,6 +269,17 @@ pub struct HaReport {
     pub causes: Causes,
     /// The scripted stale write: `Some(true)` accepted, `Some(false)` refused, `None` never sent.
     pub planted_accepted: Option<bool>,
+    /// Genuine writes on the client-go Lease paths, by path and fault in place.
+    pub paths: BTreeMap<(Path, Option<HaFault>), Availability>,
+    /// Delayed writes after a pause on those paths, by path and outcome ("refused", "accepted", "failed").
+    pub path_delayed: BTreeMap<(Path, &'static str), u64>,
+    /// Per path: distinct acquisitions and admitted versions the watches saw.
+    pub path_grants: BTreeMap<Path, u64>,
+    pub path_writes: BTreeMap<Path, u64>,
+    /// Campaigns of the paths' Pods whose read or claim failed (retried).
+    pub campaigns_failed: u64,
+    /// The scripted stale write on each path, as `planted_accepted`.
+    pub path_planted: BTreeMap<Path, Option<bool>>,
     pub observations: usize,
     pub violations: Vec<Violation>,
 }
@@ -270,6 +290,17 @@ impl HaReport {
     }
     pub fn injected(&self) -> u64 {
         self.faults.values().sum()
+    }
+    /// Genuine writes on `path` while `fault` was in place.
+    pub fn on_path(&self, path: Path, fault: Option<HaFault>) -> Availability {
+        self.paths.get(&(path, fault)).copied().unwrap_or_default()
+    }
+    /// The violations the checker found on `path` (`None`: kube-fence's own leases).
+    pub fn violations_on(&self, path: Option<Path>) -> usize {
+        self.violations.iter().filter(|v| Path::of(v) == path).count()
+    }
+    pub fn planted_on(&self, path: Path) -> Option<bool> {
+        self.path_planted.get(&path).copied().flatten()
     }
 }
 
@@ -331,6 +362,41 @@ impl fmt::Display for HaReport {
             )?;
         }
         writeln!(f)?;
+        writeln!(
+            f,
+            "Genuine writes on the client-go Lease paths (a Pod that believes it leads, read then write; leader Lease: its labelled ConfigMaps; fenced controller: an unlabelled ConfigMap patched and a ConfigMap created):"
+        )?;
+        writeln!(f)?;
+        let mut head = String::from("| fault | injected |");
+        for path in Path::ALL {
+            head.push_str(&format!(
+                " {}: attempted / admitted / refused stale / failed closed | through the API server aimed at: sent / failed | slowest admitted, s |",
+                path.describe()
+            ));
+        }
+        writeln!(f, "{head}")?;
+        writeln!(f, "| --- | ---: |{}", " ---: | ---: | ---: |".repeat(Path::ALL.len()))?;
+        for fault in std::iter::once(None).chain(HaFault::ALL.map(Some)) {
+            let (name, injected) = match fault {
+                None => ("(none in place)", "–".to_string()),
+                Some(fault) => (fault.describe(), self.fault(fault).to_string()),
+            };
+            let mut row = format!("| {name} | {injected} |");
+            for path in Path::ALL {
+                let a = self.on_path(path, fault);
+                let via = if fault.is_some() { format!("{} / {}", a.via_target, a.via_target_failed) } else { "–".into() };
+                row.push_str(&format!(
+                    " {} / {} / {} / {} | {via} | {:.2} |",
+                    a.attempted,
+                    a.admitted,
+                    a.refused,
+                    a.failed,
+                    a.slowest_admitted_ms as f64 / 1000.0
+                ));
+            }
+            writeln!(f, "{row}")?;
+        }
+        writeln!(f)?;
         writeln!(f, "| measure | count |")?;
         writeln!(f, "| --- | ---: |")?;
         writeln!(f, "| faults injected | {} |", self.injected())?;
@@ -347,8 +413,47 @@ impl fmt::Display for HaReport {
             None => "not sent",
         };
         writeln!(f, "| scripted stale write across the API servers | {planted} |")?;
+        let per_path = |value: &dyn Fn(Path) -> String| Path::ALL.map(value).join(" / ");
+        writeln!(
+            f,
+            "| client-go Lease paths (leader Lease / fenced controller): acquisitions watched | {} |",
+            per_path(&|p| self.path_grants.get(&p).copied().unwrap_or(0).to_string())
+        )?;
+        writeln!(
+            f,
+            "| client-go Lease paths: versions written (distinct) | {} |",
+            per_path(&|p| self.path_writes.get(&p).copied().unwrap_or(0).to_string())
+        )?;
+        for (outcome, what) in [
+            ("refused", "refused (409 NotHolder)"),
+            ("accepted", "accepted (no other Pod had taken the Lease)"),
+            ("failed", "failed closed / unavailable"),
+        ] {
+            writeln!(
+                f,
+                "| client-go Lease paths: delayed writes after a pause {what} | {} |",
+                per_path(&|p| self.path_delayed.get(&(p, outcome)).copied().unwrap_or(0).to_string())
+            )?;
+        }
+        writeln!(f, "| client-go Lease paths: campaigns failed (retried) | {} |", self.campaigns_failed)?;
+        let said = |planted: Option<bool>| match planted {
+            Some(true) => "accepted",
+            Some(false) => "refused",
+            None => "not sent",
+        };
+        writeln!(
+            f,
+            "| client-go Lease paths: scripted stale write across the API servers | {} |",
+            per_path(&|p| said(self.planted_on(p)).to_string())
+        )?;
         writeln!(f, "| observations checked | {} |", self.observations)?;
-        writeln!(f, "| **violations** | **{}** |", self.violations.len())?;
+        writeln!(
+            f,
+            "| **violations** (kube-fence leases / leader Lease / fenced controller) | **{}** ({} / {}) |",
+            self.violations.len(),
+            self.violations_on(None),
+            per_path(&|p| self.violations_on(Some(p)).to_string())
+        )?;
         writeln!(f)?;
         writeln!(f, "Failed genuine writes by cause:")?;
         for ((fault, aimed, why), n) in &self.causes {
@@ -500,6 +605,8 @@ fn object_name(lease: usize, j: usize) -> String {
 }
 
 struct World {
+    /// The client-go Lease paths' Pods ([`Path::ALL`] order).
+    elected: Vec<elected::Pods>,
     /// Clients for API server A and B: `[ADMIN]` the admin's (setup, the scripted write), `[1 + id]`
     /// worker `id`'s (the admin's credentials impersonating user `worker-<id>`: its holder name,
     /// which leases with `identity: User` bind to who asks).
@@ -879,7 +986,11 @@ pub async fn run(config: HaConfig) -> HaReport {
             kube_fence_test_support::identity::client_as(&plane.kubeconfigs[1], &user).await,
         ]);
     }
+    // The client-go Lease paths: their Pods, Leases and objects, and the FencedController (judged
+    // through both API servers before the run starts, when fenced).
+    let elected = elected::setup(&clients, &plane.kubeconfigs, &ns, config.elected_pods, config.fenced).await;
     let world = Arc::new(World {
+        elected,
         clients: all_clients,
         ns: ns.clone(),
         config: config.clone(),
@@ -890,6 +1001,9 @@ pub async fn run(config: HaConfig) -> HaReport {
     let watch_stop = CancellationToken::new();
     let mut watchers = record(&clients[0], &ns, &world.recorder, &watch_stop);
     watchers.extend(record(&clients[1], &ns, &world.recorder, &watch_stop));
+    for client in &clients {
+        watchers.extend(elected::record(client, &ns, &world.recorder, &watch_stop));
+    }
 
     let leases: Api<Lease> = Api::namespaced(clients[0].clone(), &ns);
     for i in 0..config.leases {
@@ -914,13 +1028,21 @@ pub async fn run(config: HaConfig) -> HaReport {
         let _ = world.leases(ADMIN, 0).release(&grant).await;
     }
     let planted_accepted = planted(&plane, &world).await;
+    let mut path_planted = BTreeMap::new();
+    for (i, pods) in world.elected.iter().enumerate() {
+        path_planted.insert(pods.path, elected::planted(&plane, &world, i).await);
+    }
     eprintln!(
-        "[ha] set up in {:.1}s; scripted stale write: {planted_accepted:?}; {} workers start",
+        "[ha] set up in {:.1}s; scripted stale write: {planted_accepted:?}, on the client-go Lease paths: {path_planted:?}; {} workers and {} Pods start",
         started.elapsed().as_secs_f64(),
-        config.workers
+        config.workers,
+        world.elected.len() * config.elected_pods
     );
 
-    let workers: Vec<JoinHandle<()>> = (0..config.workers).map(|id| tokio::spawn(world.clone().worker(id))).collect();
+    let mut workers: Vec<JoinHandle<()>> = (0..config.workers).map(|id| tokio::spawn(world.clone().worker(id))).collect();
+    for path in 0..world.elected.len() {
+        workers.extend((0..config.elected_pods).map(|me| tokio::spawn(elected::worker(world.clone(), path, me))));
+    }
     let mut rng = Rng(config.seed ^ 0x4A_FA17);
     let mut last_note = Instant::now();
     let mut round: Vec<HaFault> = Vec::new();
@@ -957,7 +1079,10 @@ pub async fn run(config: HaConfig) -> HaReport {
         .recorder
         .snapshot()
         .iter()
-        .filter_map(|o| if let Observation::Write { resource_version, .. } = o { Some(*resource_version) } else { None })
+        .filter_map(|o| match o {
+            Observation::Write { resource_version, .. } | Observation::HolderWrite { resource_version, .. } => Some(*resource_version),
+            Observation::Grant { .. } => None,
+        })
         .max()
         .unwrap_or(0);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -982,14 +1107,29 @@ pub async fn run(config: HaConfig) -> HaReport {
     let violations = history::check(&observations, |_| false);
     let mut writes = HashSet::new();
     let mut grants = HashSet::new();
+    let (mut path_writes, mut path_grants) = (BTreeMap::<Path, HashSet<_>>::new(), BTreeMap::<Path, HashSet<_>>::new());
+    let path_of_lease = |lease: &str| world.elected.iter().map(|p| p.path).find(|p| p.key() == lease);
     for o in &observations {
         match o {
-            Observation::Write { object, resource_version, .. } | Observation::HolderWrite { object, resource_version, .. } => {
+            Observation::Write { object, resource_version, .. } => {
                 writes.insert((object.clone(), *resource_version));
             }
-            Observation::Grant { lease, token, .. } => {
-                grants.insert((lease.clone(), *token));
-            }
+            Observation::HolderWrite { object, lease, resource_version, .. } => match path_of_lease(lease) {
+                Some(path) => {
+                    path_writes.entry(path).or_default().insert((object.clone(), *resource_version));
+                }
+                None => {
+                    writes.insert((object.clone(), *resource_version));
+                }
+            },
+            Observation::Grant { lease, token, .. } => match path_of_lease(lease) {
+                Some(path) => {
+                    path_grants.entry(path).or_default().insert(*token);
+                }
+                None => {
+                    grants.insert((lease.clone(), *token));
+                }
+            },
         }
     }
     let s = &world.stats;
@@ -1008,6 +1148,12 @@ pub async fn run(config: HaConfig) -> HaReport {
         not_holder: s.not_holder.load(Ordering::Relaxed),
         causes: s.causes.lock().map(|c| c.clone()).unwrap_or_default(),
         planted_accepted,
+        paths: s.paths.availability(),
+        path_delayed: s.paths.delayed_counts(),
+        path_grants: path_grants.into_iter().map(|(p, g)| (p, g.len() as u64)).collect(),
+        path_writes: path_writes.into_iter().map(|(p, w)| (p, w.len() as u64)).collect(),
+        campaigns_failed: s.paths.campaigns_failed(),
+        path_planted,
         observations: observations.len(),
         violations,
     };
