@@ -280,6 +280,9 @@ pub struct HaReport {
     pub campaigns_failed: u64,
     /// The scripted stale write on each path, as `planted_accepted`.
     pub path_planted: BTreeMap<Path, Option<bool>>,
+    /// Creates of the fenced controller judged while their Pod led and committed after a
+    /// successor's write (§6b's CREATE window: reported, not violations).
+    pub creates_in_window: Vec<elected::InWindow>,
     pub observations: usize,
     pub violations: Vec<Violation>,
 }
@@ -435,7 +438,7 @@ impl fmt::Display for HaReport {
                 per_path(&|p| self.path_delayed.get(&(p, outcome)).copied().unwrap_or(0).to_string())
             )?;
         }
-        writeln!(f, "| client-go Lease paths: campaigns failed (retried) | {} |", self.campaigns_failed)?;
+        writeln!(f, "| client-go Lease paths: campaigns whose read or claim failed (a compare-and-swap lost to another Pod included; retried) | {} |", self.campaigns_failed)?;
         let said = |planted: Option<bool>| match planted {
             Some(true) => "accepted",
             Some(false) => "refused",
@@ -445,6 +448,11 @@ impl fmt::Display for HaReport {
             f,
             "| client-go Lease paths: scripted stale write across the API servers | {} |",
             per_path(&|p| said(self.planted_on(p)).to_string())
+        )?;
+        writeln!(
+            f,
+            "| fenced controller: creates judged while their Pod led, committed after a successor's write (§6b CREATE window; not promised, not counted as violations) | {} |",
+            self.creates_in_window.len()
         )?;
         writeln!(f, "| observations checked | {} |", self.observations)?;
         writeln!(
@@ -463,6 +471,16 @@ impl fmt::Display for HaReport {
         }
         for v in self.violations.iter().take(20) {
             writeln!(f, "  - {v}")?;
+        }
+        for w in &self.creates_in_window {
+            writeln!(
+                f,
+                "- CREATE window: {} ({}; the API server took it in {:.1} s before the next acquisition): {}",
+                w.object,
+                w.said,
+                w.before_takeover.as_secs_f64(),
+                w.violation
+            )?;
         }
         Ok(())
     }
@@ -808,6 +826,25 @@ fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationTok
     vec![lease_task, object_task]
 }
 
+/// Genuine writes sent so far under `fault`, per path (kube-fence's leases first, then [`Path::ALL`]).
+fn sent_under(world: &World, fault: HaFault) -> Vec<u64> {
+    let main = world.stats.availability.lock().map(|a| a.get(&Some(fault)).map_or(0, |a| a.attempted)).unwrap_or(0);
+    let paths = world.stats.paths.availability();
+    std::iter::once(main).chain(Path::ALL.map(|p| paths.get(&(p, Some(fault))).map_or(0, |a| a.attempted))).collect()
+}
+
+/// Holds a fault for `hold`, and then until every path has sent a genuine write since it was
+/// made (at most 20 s more), so that each fault kind meets each path: the condition, not a
+/// longer timer.
+async fn held(world: &World, fault: HaFault, hold: Duration) {
+    let before = sent_under(world, fault);
+    tokio::time::sleep(hold).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sent_under(world, fault).iter().zip(&before).any(|(now, then)| now <= then) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The nemesis: one fault, held, healed, and the cluster seen whole again.
 async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault: HaFault, rng: &mut Rng) {
     let api = rng.below(2) as usize;
@@ -849,14 +886,14 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
                 assert!(Instant::now() < deadline, "no new etcd leader within 60 s");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            tokio::time::sleep(hold).await;
+            held(world, fault, hold).await;
             plane.call(move |ha| ha.start_again(&name).map_err(|e| format!("{e:#}"))).await.expect("start etcd again");
         }
         HaFault::ApiServerKilled => {
             let name = format!("kube-apiserver-{}", api_letter(api));
             let n = name.clone();
             plane.call(move |ha| ha.kill(&n).map_err(|e| format!("{e:#}"))).await.expect("kill an API server");
-            tokio::time::sleep(hold).await;
+            held(world, fault, hold).await;
             plane.call(move |ha| ha.start_again(&name).map_err(|e| format!("{e:#}"))).await.expect("start the API server again");
         }
         HaFault::WebhookReplicaKilled => {
@@ -864,7 +901,7 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
             if let Some(w) = replica.webhook.take() {
                 w.crash().await;
             }
-            tokio::time::sleep(hold).await;
+            held(world, fault, hold).await;
             if world.config.fenced {
                 replica.serve().await;
             }
@@ -874,7 +911,7 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
             if let Some(c) = replica.controller.take() {
                 c.kill();
             }
-            tokio::time::sleep(hold).await;
+            held(world, fault, hold).await;
             replica.start_controller();
         }
     }
@@ -887,7 +924,7 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
             | HaFault::ApiCutFromEtcd
             | HaFault::EtcdMemberIsolated
     ) {
-        tokio::time::sleep(hold).await;
+        held(world, fault, hold).await;
         plane.call(|ha| ha.heal().map_err(|e| format!("{e:#}"))).await.expect("heal");
     }
     plane.whole(Duration::from_secs(180)).await.expect("the cluster is whole again after the fault");
@@ -1001,8 +1038,9 @@ pub async fn run(config: HaConfig) -> HaReport {
     let watch_stop = CancellationToken::new();
     let mut watchers = record(&clients[0], &ns, &world.recorder, &watch_stop);
     watchers.extend(record(&clients[1], &ns, &world.recorder, &watch_stop));
+    let side = Arc::new(Mutex::new(elected::Side::default()));
     for client in &clients {
-        watchers.extend(elected::record(client, &ns, &world.recorder, &watch_stop));
+        watchers.extend(elected::record(client, &ns, &world.recorder, &side, &watch_stop));
     }
 
     let leases: Api<Lease> = Api::namespaced(clients[0].clone(), &ns);
@@ -1104,7 +1142,7 @@ pub async fn run(config: HaConfig) -> HaReport {
     }
 
     let observations = world.recorder.snapshot();
-    let violations = history::check(&observations, |_| false);
+    let (violations, creates_in_window) = elected::creates_in_window(history::check(&observations, |_| false), &side);
     let mut writes = HashSet::new();
     let mut grants = HashSet::new();
     let (mut path_writes, mut path_grants) = (BTreeMap::<Path, HashSet<_>>::new(), BTreeMap::<Path, HashSet<_>>::new());
@@ -1154,6 +1192,7 @@ pub async fn run(config: HaConfig) -> HaReport {
         path_writes: path_writes.into_iter().map(|(p, w)| (p, w.len() as u64)).collect(),
         campaigns_failed: s.paths.campaigns_failed(),
         path_planted,
+        creates_in_window,
         observations: observations.len(),
         violations,
     };

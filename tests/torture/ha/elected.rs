@@ -128,6 +128,68 @@ pub const MADE: &str = "configmaps/ha-made";
 /// Labelled ConfigMaps of the leader-Lease path.
 const LED_OBJECTS: usize = 2;
 
+/// What the watches saw besides the history itself, to tell §6b's CREATE window apart from a
+/// create admitted from a Pod that did not lead ([`creates_in_window`]).
+#[derive(Default)]
+pub struct Side {
+    /// Per created ConfigMap's resourceVersion: its `creationTimestamp` (set by the API server
+    /// just before validating admission calls the webhook), its name and what its writer said
+    /// (note, the fault in place when sent, through which API server).
+    created: BTreeMap<u64, (Timestamp, String, String)>,
+    /// Per (Lease, token): the `acquireTime` of that acquisition.
+    acquired: BTreeMap<(String, Token), Timestamp>,
+}
+
+/// A create by a Pod that led when it was judged, committed after a successor's write: the
+/// CREATE window of docs/design.md §6b (not promised; reported, not a violation).
+#[derive(Clone, Debug)]
+pub struct InWindow {
+    pub violation: Violation,
+    /// The created object, and what its writer said.
+    pub object: String,
+    pub said: String,
+    /// How long before the next acquisition of the Lease the API server took the create in.
+    pub before_takeover: Duration,
+}
+
+/// Splits the checker's findings: a [`Violation::StaleHolderWriteAccepted`] on [`MADE`] whose
+/// create the API server took in (its `creationTimestamp`, second-granular, so rounded up by a
+/// second) before the next acquisition after the writer's grant (that acquisition's
+/// `acquireTime`) was judged while its writer still held the Lease — the webhook admitted it
+/// correctly and the commit came after the takeover: §6b's window, which a create has because it
+/// has no stored object to swap against. Anything else stays a violation.
+pub fn creates_in_window(violations: Vec<Violation>, side: &Mutex<Side>) -> (Vec<Violation>, Vec<InWindow>) {
+    let Ok(side) = side.lock() else { return (violations, Vec::new()) };
+    let key = Path::FencedController.key();
+    let (mut kept, mut window) = (Vec::new(), Vec::new());
+    for v in violations {
+        let found = match &v {
+            Violation::StaleHolderWriteAccepted { object, grant, resource_version, .. } if object == MADE => {
+                let created = side.created.get(resource_version);
+                let next = side.acquired.range((key.clone(), *grant)..).find(|((l, t), _)| *l == key && t > grant).map(|(_, at)| *at);
+                match (created, next) {
+                    (Some((created, name, said)), Some(next)) => {
+                        let taken_in_by = created.saturating_add(SignedDuration::from_secs(1)).unwrap_or(*created);
+                        (taken_in_by <= next).then(|| (name.clone(), said.clone(), next.duration_since(*created)))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        match found {
+            Some((object, said, before)) => window.push(InWindow {
+                violation: v,
+                object,
+                said,
+                before_takeover: before.try_into().unwrap_or_default(),
+            }),
+            None => kept.push(v),
+        }
+    }
+    (kept, window)
+}
+
 /// What one write of a cycle does.
 #[derive(Clone, Debug)]
 enum Step {
@@ -143,6 +205,7 @@ pub struct PathStats {
     availability: Mutex<BTreeMap<(Path, Option<HaFault>), Availability>>,
     /// (path, "refused" / "accepted" / "failed") → delayed writes after a pause.
     delayed: Mutex<BTreeMap<(Path, &'static str), u64>>,
+    /// Campaigns whose read or claim failed (a compare-and-swap lost to another Pod included).
     campaigns_failed: AtomicU64,
 }
 
@@ -462,19 +525,19 @@ impl Pods {
     /// One write of `step` by Pod `me` through API server `api`, naming itself as the writer
     /// (what the checker attributes the version to). A patch has no resourceVersion
     /// precondition: kube-fence alone decides.
-    async fn write(&self, me: usize, api: usize, step: &Step, read: Option<&ConfigMap>, identity: &str, note: &str) -> Wrote {
+    async fn write(&self, me: usize, api: usize, step: &Step, read: Option<&ConfigMap>, identity: &str, note: &str, during: &str) -> Wrote {
         let pod = &self.names[me];
         let via = super::api_letter(api).to_string();
         match step {
             Step::Patch(object) => {
                 let seq = read.and_then(|r| r.data.as_ref()).and_then(|d| d.get("seq")).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0) + 1;
-                let patch = json!({"data": {"seq": seq.to_string(), "writer": pod, "identity": identity, "note": note, "via": via}});
+                let patch = json!({"data": {"seq": seq.to_string(), "writer": pod, "identity": identity, "note": note, "via": via, "during": during}});
                 wrote(bounded(self.cms(me, api).patch(object, &PatchParams::default(), &Patch::Merge(patch))).await)
             }
             Step::Create => {
                 let n = self.made.fetch_add(1, Ordering::Relaxed);
                 let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": format!("ha-made-{pod}-{n}"),
-                    "labels": {MADE_LABEL: "true"}}, "data": {"writer": pod, "identity": identity, "note": note, "via": via}}))
+                    "labels": {MADE_LABEL: "true"}}, "data": {"writer": pod, "identity": identity, "note": note, "via": via, "during": during}}))
                 .expect("a literal");
                 wrote(bounded(self.cms(me, api).create(&PostParams::default(), &cm)).await)
             }
@@ -574,7 +637,8 @@ pub async fn worker(world: Arc<World>, path: usize, me: usize) {
             let step = &steps[rng.below(steps.len() as u64) as usize];
             if let Ok(read) = pods.read(me, via_write, step).await {
                 tokio::time::sleep(Duration::from_secs(u64::from(lease_seconds)) + rng.millis(300, 1_500)).await;
-                let outcome = match pods.write(me, via_write, step, read.as_ref(), &identity, "delayed").await {
+                let during = during_of(&world);
+                let outcome = match pods.write(me, via_write, step, read.as_ref(), &identity, "delayed", &during).await {
                     Wrote::Accepted => "accepted",
                     Wrote::Stale => "refused",
                     Wrote::Failed(_) => "failed",
@@ -582,8 +646,10 @@ pub async fn worker(world: Arc<World>, path: usize, me: usize) {
                 stats.delayed(p, outcome);
             }
         } else {
+            // A leader writes for a while: its steps, one to three times.
             let keep_alive = KeepAlive::start(world.clone(), path, me, via_lease, identity.clone(), since);
-            for step in &steps {
+            let rounds = 1 + rng.below(3) as usize;
+            for step in steps.iter().cycle().take(rounds * steps.len()) {
                 if !keep_alive.holding() {
                     break;
                 }
@@ -599,7 +665,7 @@ pub async fn worker(world: Arc<World>, path: usize, me: usize) {
                         break;
                     }
                 };
-                let wrote = pods.write(me, via_write, step, read.as_ref(), &identity, "normal").await;
+                let wrote = pods.write(me, via_write, step, read.as_ref(), &identity, "normal", &during_of(&world)).await;
                 stats.via(p, during, via_write, matches!(wrote, Wrote::Failed(_)));
                 match wrote {
                     Wrote::Accepted => {
@@ -664,7 +730,7 @@ pub async fn planted(plane: &Plane, world: &World, path: usize) -> Option<bool> 
         }
         for step in &steps {
             let read = pods.read(1, 1, step).await.ok()?;
-            if !matches!(pods.write(1, 1, step, read.as_ref(), &new, "planted-successor").await, Wrote::Accepted) {
+            if !matches!(pods.write(1, 1, step, read.as_ref(), &new, "planted-successor", "the scripted cut").await, Wrote::Accepted) {
                 return None;
             }
         }
@@ -677,13 +743,22 @@ pub async fn planted(plane: &Plane, world: &World, path: usize) -> Option<bool> 
     successor?;
     let mut accepted = false;
     for (step, read) in steps.iter().zip(&reads) {
-        match pods.write(0, 0, step, read.as_ref(), &old, "planted-stale").await {
+        match pods.write(0, 0, step, read.as_ref(), &old, "planted-stale", "after the scripted cut").await {
             Wrote::Accepted => accepted = true,
             Wrote::Stale => {}
             Wrote::Failed(_) => return None,
         }
     }
     Some(accepted)
+}
+
+/// The fault in place now, in words (for the written objects' `data.during`).
+fn during_of(world: &World) -> String {
+    match world.stats.current() {
+        Some((fault, Some(api))) => format!("{} ({})", fault.describe(), super::api_letter(api)),
+        Some((fault, None)) => fault.describe().to_string(),
+        None => "no fault".into(),
+    }
 }
 
 /// The Pod a holder identity names (`<pod>_<anything>`: the webhook's default identity rule).
@@ -694,11 +769,11 @@ fn pod_of(identity: &str) -> &str {
 /// Records, through `client`, every version of both paths' Leases that names a holder (a grant
 /// of the Pod it names, token `leaseTransitions + 1`) and every version of their objects that a
 /// Pod wrote (a holder-only write by its `data.writer`).
-pub fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationToken) -> Vec<JoinHandle<()>> {
+pub fn record(client: &Client, ns: &str, recorder: &Recorder, side: &Arc<Mutex<Side>>, stop: &CancellationToken) -> Vec<JoinHandle<()>> {
     let rv = |meta: &ObjectMeta| meta.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
     let mut tasks = Vec::new();
     let leases: Api<LeaderLease> = Api::namespaced(client.clone(), ns);
-    let (r, s) = (recorder.clone(), stop.clone());
+    let (r, s, seen) = (recorder.clone(), stop.clone(), side.clone());
     tasks.push(tokio::spawn(async move {
         let mut events = watcher::watcher(leases, watcher::Config::default()).default_backoff().boxed();
         loop {
@@ -710,6 +785,9 @@ pub fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &Cancellatio
             let holder = spec.holder_identity.unwrap_or_default();
             let token = Token::new(spec.lease_transitions.unwrap_or(0).max(0) as u64 + 1);
             if let (false, Some(token), Some(resource_version)) = (holder.is_empty(), token, rv(&lease.metadata)) {
+                if let (Some(MicroTime(at)), Ok(mut seen)) = (spec.acquire_time, seen.lock()) {
+                    seen.acquired.entry((path.key(), token)).or_insert(at);
+                }
                 r.push(Observation::Grant { lease: path.key(), holder: pod_of(&holder).to_string(), token, resource_version });
             }
         }
@@ -722,7 +800,7 @@ pub fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &Cancellatio
     ];
     for (selector, path, logical) in streams {
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-        let (r, s) = (recorder.clone(), stop.clone());
+        let (r, s, seen) = (recorder.clone(), stop.clone(), side.clone());
         tasks.push(tokio::spawn(async move {
             let mut events = watcher::watcher(cms, selector).default_backoff().boxed();
             loop {
@@ -731,6 +809,12 @@ pub fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &Cancellatio
                 let Ok(Event::Apply(cm) | Event::InitApply(cm)) = event else { continue };
                 let writer = cm.data.as_ref().and_then(|d| d.get("writer")).cloned();
                 if let (Some(holder), Some(resource_version)) = (writer, rv(&cm.metadata)) {
+                    if let (Some(_), Some(created), Ok(mut seen)) = (logical, cm.metadata.creation_timestamp.as_ref(), seen.lock()) {
+                        let data = cm.data.clone().unwrap_or_default();
+                        let field = |k: &str| data.get(k).cloned().unwrap_or_default();
+                        let said = format!("{}, sent through {} during {}", field("note"), field("via"), field("during"));
+                        seen.created.insert(resource_version, (created.0, cm.name_any(), said));
+                    }
                     let object = logical.map(str::to_string).unwrap_or_else(|| cm.name_any());
                     r.push(Observation::HolderWrite { object, lease: path.key(), holder, resource_version });
                     r.watched.fetch_max(resource_version, Ordering::Relaxed);
