@@ -429,7 +429,7 @@ impl fmt::Display for HaReport {
         )?;
         for (outcome, what) in [
             ("refused", "refused (409 NotHolder)"),
-            ("accepted", "accepted (no other Pod had taken the Lease)"),
+            ("accepted", "accepted (fenced: no other Pod had taken the Lease since)"),
             ("failed", "failed closed / unavailable"),
         ] {
             writeln!(
