@@ -107,7 +107,12 @@ async fn faults_ha_unfenced() {
     // The same on the client-go Lease paths: the ex-leader's delayed writes are admitted, and the
     // checker finds them in the watched history.
     for path in Path::ALL {
-        assert_eq!(report.planted_on(path), Some(true), "{}: without the webhook the scripted stale write must be accepted:\n{report}", path.describe());
+        assert_eq!(
+            report.planted_on(path),
+            Some(true),
+            "{}: without the webhook the scripted stale write must be accepted:\n{report}",
+            path.describe()
+        );
         assert!(report.violations_on(Some(path)) > 0, "{}: the checker missed the accepted stale write(s):\n{report}", path.describe());
     }
 }

@@ -438,7 +438,11 @@ impl fmt::Display for HaReport {
                 per_path(&|p| self.path_delayed.get(&(p, outcome)).copied().unwrap_or(0).to_string())
             )?;
         }
-        writeln!(f, "| client-go Lease paths: campaigns whose read or claim failed (a compare-and-swap lost to another Pod included; retried) | {} |", self.campaigns_failed)?;
+        writeln!(
+            f,
+            "| client-go Lease paths: campaigns whose read or claim failed (a compare-and-swap lost to another Pod included; retried) | {} |",
+            self.campaigns_failed
+        )?;
         let said = |planted: Option<bool>| match planted {
             Some(true) => "accepted",
             Some(false) => "refused",

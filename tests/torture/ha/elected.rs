@@ -56,7 +56,7 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{Availability, HaFault, Plane, Wrote, World, bounded, short};
+use super::{Availability, HaFault, Plane, World, Wrote, bounded, short};
 use crate::torture::{Recorder, Rng};
 
 /// A client-go Lease path.
@@ -178,12 +178,9 @@ pub fn creates_in_window(violations: Vec<Violation>, side: &Mutex<Side>) -> (Vec
             _ => None,
         };
         match found {
-            Some((object, said, before)) => window.push(InWindow {
-                violation: v,
-                object,
-                said,
-                before_takeover: before.try_into().unwrap_or_default(),
-            }),
+            Some((object, said, before)) => {
+                window.push(InWindow { violation: v, object, said, before_takeover: before.try_into().unwrap_or_default() })
+            }
             None => kept.push(v),
         }
     }
@@ -530,7 +527,8 @@ impl Pods {
         let via = super::api_letter(api).to_string();
         match step {
             Step::Patch(object) => {
-                let seq = read.and_then(|r| r.data.as_ref()).and_then(|d| d.get("seq")).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0) + 1;
+                let seq =
+                    read.and_then(|r| r.data.as_ref()).and_then(|d| d.get("seq")).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0) + 1;
                 let patch = json!({"data": {"seq": seq.to_string(), "writer": pod, "identity": identity, "note": note, "via": via, "during": during}});
                 wrote(bounded(self.cms(me, api).patch(object, &PatchParams::default(), &Patch::Merge(patch))).await)
             }
