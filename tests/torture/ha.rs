@@ -11,6 +11,10 @@
 //! B to replica B (both serve one certificate, the registration trusts its CA). Replica A's lease
 //! cache and controller watch through API server A, replica B's through B.
 //!
+//! Beside kube-fence's leases, the client-go Lease paths ([`elected`]): a leader-election Lease
+//! with labelled objects and a fenced controller, campaigned on by Pods, recorded and checked the
+//! same way; every fault is held until each path has sent a genuine write under it.
+//!
 //! Before the schedule, a scripted stale write: a holder reads, a cut keeps it from its API server
 //! past its lease, a successor is granted through the other API server and writes, the cut heals
 //! and the old holder's delayed write goes out. Fenced, it is refused; with `fenced: false` (no
