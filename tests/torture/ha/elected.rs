@@ -369,9 +369,9 @@ pub async fn setup(admin: &[Client; 2], kubeconfigs: &[PathBuf; 2], ns: &str, po
         .expect("the admin fences the controller");
 
     if fenced {
-        for api in 0..2 {
+        for (api, admin) in admin.iter().enumerate() {
             for pods in &paths {
-                pods.wait_judged(&admin[api], api).await;
+                pods.wait_judged(admin, api).await;
             }
         }
     }
@@ -521,8 +521,16 @@ impl Pods {
 
     /// One write of `step` by Pod `me` through API server `api`, naming itself as the writer
     /// (what the checker attributes the version to). A patch has no resourceVersion
-    /// precondition: kube-fence alone decides.
-    async fn write(&self, me: usize, api: usize, step: &Step, read: Option<&ConfigMap>, identity: &str, note: &str, during: &str) -> Wrote {
+    /// precondition: kube-fence alone decides. `(note, during)`: what the write is, and the fault in place.
+    async fn write(
+        &self,
+        me: usize,
+        api: usize,
+        step: &Step,
+        read: Option<&ConfigMap>,
+        identity: &str,
+        (note, during): (&str, &str),
+    ) -> Wrote {
         let pod = &self.names[me];
         let via = super::api_letter(api).to_string();
         match step {
@@ -607,7 +615,7 @@ pub async fn worker(world: Arc<World>, path: usize, me: usize) {
     let pods = &world.elected[path];
     let p = pods.path;
     let stats = &world.stats.paths;
-    let mut rng = Rng(world.config.seed ^ 0xC0_0D1_7A7E ^ ((path as u64) << 32 | me as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = Rng(world.config.seed ^ 0x000C_00D1_7A7E ^ ((path as u64) << 32 | me as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let lease_seconds = world.config.lease_seconds;
     let mut term = 0u64;
     while !world.stop.is_cancelled() {
@@ -636,7 +644,7 @@ pub async fn worker(world: Arc<World>, path: usize, me: usize) {
             if let Ok(read) = pods.read(me, via_write, step).await {
                 tokio::time::sleep(Duration::from_secs(u64::from(lease_seconds)) + rng.millis(300, 1_500)).await;
                 let during = during_of(&world);
-                let outcome = match pods.write(me, via_write, step, read.as_ref(), &identity, "delayed", &during).await {
+                let outcome = match pods.write(me, via_write, step, read.as_ref(), &identity, ("delayed", &during)).await {
                     Wrote::Accepted => "accepted",
                     Wrote::Stale => "refused",
                     Wrote::Failed(_) => "failed",
@@ -663,7 +671,7 @@ pub async fn worker(world: Arc<World>, path: usize, me: usize) {
                         break;
                     }
                 };
-                let wrote = pods.write(me, via_write, step, read.as_ref(), &identity, "normal", &during_of(&world)).await;
+                let wrote = pods.write(me, via_write, step, read.as_ref(), &identity, ("normal", &during_of(&world))).await;
                 stats.via(p, during, via_write, matches!(wrote, Wrote::Failed(_)));
                 match wrote {
                     Wrote::Accepted => {
@@ -728,7 +736,7 @@ pub async fn planted(plane: &Plane, world: &World, path: usize) -> Option<bool> 
         }
         for step in &steps {
             let read = pods.read(1, 1, step).await.ok()?;
-            if !matches!(pods.write(1, 1, step, read.as_ref(), &new, "planted-successor", "the scripted cut").await, Wrote::Accepted) {
+            if !matches!(pods.write(1, 1, step, read.as_ref(), &new, ("planted-successor", "the scripted cut")).await, Wrote::Accepted) {
                 return None;
             }
         }
@@ -741,7 +749,7 @@ pub async fn planted(plane: &Plane, world: &World, path: usize) -> Option<bool> 
     successor?;
     let mut accepted = false;
     for (step, read) in steps.iter().zip(&reads) {
-        match pods.write(0, 0, step, read.as_ref(), &old, "planted-stale", "after the scripted cut").await {
+        match pods.write(0, 0, step, read.as_ref(), &old, ("planted-stale", "after the scripted cut")).await {
             Wrote::Accepted => accepted = true,
             Wrote::Stale => {}
             Wrote::Failed(_) => return None,
