@@ -627,17 +627,13 @@ async fn the_webhooks_lease_reads_have_a_priority_level_of_their_own() {
     let classified = async |client: &kube::Client, method: &str, path: &str| -> String {
         let request = http::Request::builder().method(method).uri(path).body(Vec::new()).expect("a request");
         let response = client.send(request.map(kube::client::Body::from)).await.expect("a response");
-        response
-            .headers()
-            .get("X-Kubernetes-PF-FlowSchema-UID")
-            .map(|v| v.to_str().unwrap_or_default().to_string())
-            .unwrap_or_default()
+        response.headers().get("X-Kubernetes-PF-FlowSchema-UID").map(|v| v.to_str().unwrap_or_default().to_string()).unwrap_or_default()
     };
     // The API server may take a moment to see the new FlowSchema.
     let elsewhere = common::namespace(&client, "chart-apf-other").await;
     let reads = [
         format!("/apis/coordination.k8s.io/v1/namespaces/{elsewhere}/leases/any"),
-        format!("/apis/kubefence.io/v1alpha1/namespaces/kube-system/leases/any"),
+        "/apis/kubefence.io/v1alpha1/namespaces/kube-system/leases/any".to_string(),
     ];
     let deadline = Instant::now() + Duration::from_secs(30);
     for read in &reads {

@@ -849,7 +849,9 @@ async fn fenced_throughput(
                 for on in [false, true] {
                     set_fenced(on).await?;
                     let file = dir.join(format!("apiserver-fenced-controller-{}-{workers}w.pprof", if on { "fenced" } else { "plain" }));
-                    let writes = profile_while(&bench.client, &file, async || Ok(holder_updates(holder, workers, per_worker).await?.1.len())).await?;
+                    let writes =
+                        profile_while(&bench.client, &file, async || Ok(holder_updates(holder, workers, per_worker).await?.1.len()))
+                            .await?;
                     eprintln!("[3] kube-apiserver CPU profile over {writes} writes: {}", file.display());
                 }
             }
