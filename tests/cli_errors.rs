@@ -79,28 +79,6 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).trim().to_string()
 }
 
-/// A copy of the shared kubeconfig, edited.
-fn kubeconfig_variant(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_yaml::Value)) -> PathBuf {
-    let shared = kube_fence_testenv::shared_kubeconfig();
-    let source = std::fs::read_to_string(&shared).unwrap_or_else(|e| panic!("reading {}: {e}", shared.display()));
-    let mut config: serde_yaml::Value = serde_yaml::from_str(&source).expect("the shared kubeconfig is YAML");
-    edit(&mut config);
-    let path = dir.join(name);
-    std::fs::write(&path, serde_yaml::to_string(&config).expect("kubeconfig YAML")).expect("write kubeconfig");
-    path
-}
-
-/// Every entry of a kubeconfig list (`clusters`, `users`), at `field` (`cluster`, `user`).
-fn entries<'a>(config: &'a mut serde_yaml::Value, list: &str, field: &str) -> Vec<&'a mut serde_yaml::Mapping> {
-    config
-        .get_mut(list)
-        .and_then(|v| v.as_sequence_mut())
-        .expect("kubeconfig list")
-        .iter_mut()
-        .filter_map(|entry| entry.get_mut(field).and_then(|v| v.as_mapping_mut()))
-        .collect()
-}
-
 /// A port on 127.0.0.1 where nothing listens, for as long as the returned socket lives: it is
 /// bound (so nobody else can take the port) but never listens (so a connection is refused).
 fn closed_port() -> (tokio::net::TcpSocket, u16) {
@@ -314,13 +292,13 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
     );
 
     let (_closed, port) = closed_port();
-    let unreachable = kubeconfig_variant(home, "unreachable", |config| {
-        for cluster in entries(config, "clusters", "cluster") {
+    let unreachable = common::kubeconfig_variant(home, "unreachable", |config| {
+        for cluster in common::entries(config, "clusters", "cluster") {
             cluster.insert("server".into(), format!("https://127.0.0.1:{port}").into());
         }
     });
-    let nobody = kubeconfig_variant(home, "nobody", |config| {
-        for user in entries(config, "users", "user") {
+    let nobody = common::kubeconfig_variant(home, "nobody", |config| {
+        for user in common::entries(config, "users", "user") {
             user.insert("as".into(), "kube-fence-test-nobody".into());
         }
     });

@@ -16,11 +16,11 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(Path::new(ROOT).join(path)).unwrap_or_else(|e| panic!("reading {path}: {e}"))
 }
 
-fn yaml(path: &str) -> serde_yaml::Value {
-    serde_yaml::from_str(&read(path)).unwrap_or_else(|e| panic!("{path} is YAML: {e}"))
+fn yaml(path: &str) -> serde_json::Value {
+    serde_saphyr::from_str(&read(path)).unwrap_or_else(|e| panic!("{path} is YAML: {e}"))
 }
 
-fn string<'a>(value: &'a serde_yaml::Value, path: &[&str]) -> &'a str {
+fn string<'a>(value: &'a serde_json::Value, path: &[&str]) -> &'a str {
     let mut v = value;
     for key in path {
         v = v.get(*key).unwrap_or_else(|| panic!("no {} in the YAML", path.join(".")));

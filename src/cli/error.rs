@@ -382,7 +382,7 @@ impl From<std::io::Error> for Error {
 }
 
 /// One line: a message from elsewhere (the API server, a parser) may hold line breaks.
-fn one_line(s: &str) -> String {
+pub(crate) fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 

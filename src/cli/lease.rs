@@ -180,7 +180,7 @@ pub async fn run(args: LeaseArgs) -> Result<(), Error> {
                     Some(token) => writeln!(out, "{token}")?,
                     None => return Err(Error::ReadToken { lease: object }),
                 },
-                Output::Yaml => out.write_all(serde_yaml::to_string(&lease).map_err(|e| encode(e.into()))?.as_bytes())?,
+                Output::Yaml => out.write_all(serde_saphyr::to_string(&lease).map_err(|e| encode(e.into()))?.as_bytes())?,
                 Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&lease).map_err(|e| encode(e.into()))?)?,
                 Output::Table => {
                     let or_none = |s: Option<String>| s.unwrap_or_else(|| "<none>".to_string());

@@ -90,22 +90,61 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     }
 }
 
-/// clap's complaint about a command line, on one line: its own layout puts the cause, the
-/// offending arguments and a usage block on separate lines.
+/// clap's complaint about a command line, on one line, built from its typed kind and context
+/// (clap's own layout puts the cause, the offending arguments and a usage block on separate
+/// lines, in words that may change between clap versions).
 pub fn usage_error(err: &clap::Error) -> Error {
-    let rendered = err.render().to_string();
-    let mut words: Vec<&str> = Vec::new();
-    for line in rendered.lines() {
-        let line = line.trim();
-        if line.starts_with("Usage:") || line.starts_with("For more information") {
-            break;
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let text = |kind: ContextKind, separator: &str| match err.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        Some(ContextValue::Strings(v)) => Some(v.join(separator)),
+        Some(ContextValue::StyledStr(s)) => Some(s.to_string()),
+        Some(ContextValue::StyledStrs(v)) => Some(v.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(separator)),
+        Some(ContextValue::Number(n)) => Some(n.to_string()),
+        _ => None,
+    };
+    let arg = text(ContextKind::InvalidArg, " ").unwrap_or_default();
+    let value = text(ContextKind::InvalidValue, " ").unwrap_or_default();
+    let subcommand = text(ContextKind::InvalidSubcommand, " ").unwrap_or_default();
+    let suggestion = text(ContextKind::SuggestedArg, "', '")
+        .or_else(|| text(ContextKind::SuggestedSubcommand, "', '"))
+        .or_else(|| text(ContextKind::SuggestedValue, "', '"))
+        .map(|s| format!("; did you mean '{s}'?"))
+        .unwrap_or_default();
+    let message = match err.kind() {
+        ErrorKind::MissingRequiredArgument => format!("the following required arguments were not provided: {arg}"),
+        ErrorKind::InvalidValue if value.is_empty() => format!("a value is required for '{arg}' but none was supplied"),
+        ErrorKind::InvalidValue => {
+            let valid = text(ContextKind::ValidValue, ", ").map(|v| format!(" (possible values: {v})")).unwrap_or_default();
+            format!("invalid value '{value}' for '{arg}'{valid}{suggestion}")
         }
-        if !line.is_empty() {
-            words.push(line);
+        ErrorKind::ValueValidation => {
+            let why = std::error::Error::source(err).map(|e| format!(": {}", error::one_line(&e.to_string()))).unwrap_or_default();
+            format!("invalid value '{value}' for '{arg}'{why}")
         }
-    }
-    let message = words.join(" ");
-    let message = message.strip_prefix("error: ").unwrap_or(&message);
+        ErrorKind::UnknownArgument => format!("unexpected argument '{arg}'{suggestion}"),
+        ErrorKind::InvalidSubcommand => format!("unrecognized subcommand '{subcommand}'{suggestion}"),
+        ErrorKind::MissingSubcommand => {
+            let valid = text(ContextKind::ValidSubcommand, ", ").map(|v| format!(": {v}")).unwrap_or_default();
+            format!("'{subcommand}' needs a subcommand{valid}")
+        }
+        ErrorKind::ArgumentConflict => match text(ContextKind::PriorArg, "', '") {
+            Some(prior) => format!("the argument '{arg}' cannot be used with '{prior}'"),
+            None => format!("the argument '{arg}' cannot be used with one or more of the other arguments given"),
+        },
+        ErrorKind::NoEquals => format!("'{arg}' takes its value after an equal sign ({arg}=VALUE)"),
+        ErrorKind::TooManyValues => format!("unexpected value '{value}' for '{arg}'; no more were expected"),
+        ErrorKind::TooFewValues | ErrorKind::WrongNumberOfValues => {
+            let expected = text(ContextKind::ExpectedNumValues, " ").or_else(|| text(ContextKind::MinValues, " ")).unwrap_or_default();
+            let actual = text(ContextKind::ActualNumValues, " ").unwrap_or_default();
+            format!("'{arg}' takes {expected} values, {actual} were given")
+        }
+        ErrorKind::InvalidUtf8 => "an argument is not valid UTF-8".to_string(),
+        other => {
+            let kind = other.as_str().unwrap_or("the command line is wrong").trim_end_matches('.').to_string();
+            if arg.is_empty() { kind } else { format!("{kind}: {arg}") }
+        }
+    };
     Error::ParseArguments(format!("{message} (see --help)"))
 }
 
@@ -179,9 +218,25 @@ mod tests {
 
     #[test]
     fn usage_errors_are_one_line() {
-        let err = parse(&["lease", "acquire", "l"]).err().map(|e| usage_error(&e).to_string()).unwrap_or_default();
-        assert_eq!(err, "the following required arguments were not provided: --holder <HOLDER> (see --help)");
+        let err = |args: &[&str]| parse(args).err().map(|e| usage_error(&e).to_string()).unwrap_or_default();
+        assert_eq!(err(&["lease", "acquire", "l"]), "the following required arguments were not provided: --holder <HOLDER> (see --help)");
         assert_eq!(usage_error(&parse(&["nonsense"]).err().unwrap_or_else(|| panic!("parses"))).exit(), Exit::Usage);
+        // One per kind of complaint clap has, each from its typed context.
+        let cases: [(&[&str], &str); 7] = [
+            (&["nonsense"], "unrecognized subcommand 'nonsense' (see --help)"),
+            (&["stauts"], "unrecognized subcommand 'stauts'; did you mean 'status'? (see --help)"),
+            (&["status", "--al-namespaces"], "unexpected argument '--al-namespaces'; did you mean '--all-namespaces'? (see --help)"),
+            (&["status", "-o", "yaml"], "invalid value 'yaml' for '--output <OUTPUT>' (possible values: table, wide, json) (see --help)"),
+            (&["status", "-n"], "a value is required for '--namespace <NAMESPACE>' but none was supplied (see --help)"),
+            (
+                &["lease", "acquire", "l", "--holder", "h", "--duration", "soon"],
+                "invalid value 'soon' for '--duration <DURATION>': not a duration (expected number at 0); write e.g. 15s or 2m (see --help)",
+            ),
+            (&["run", "--ready-file", "/tmp/r"], "the following required arguments were not provided: --local (see --help)"),
+        ];
+        for (args, want) in cases {
+            assert_eq!(err(args), want, "{args:?}");
+        }
     }
 
     #[test]

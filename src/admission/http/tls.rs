@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum_server::tls_rustls::RustlsConfig;
-use chrono::Datelike;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
@@ -181,9 +180,12 @@ pub struct SelfSigned {
 
 /// Valid from yesterday (tolerates a little clock skew with the API server) for ten years.
 fn set_validity(params: &mut rcgen::CertificateParams) {
-    let start = chrono::Utc::now().date_naive() - chrono::Days::new(1);
-    params.not_before = rcgen::date_time_ymd(start.year(), start.month() as u8, start.day() as u8);
-    params.not_after = rcgen::date_time_ymd(start.year() + 10, start.month() as u8, start.day().min(28) as u8);
+    // The calendar date in UTC (jiff: the time crate k8s-openapi already uses).
+    let today = k8s_openapi::jiff::Timestamp::now().to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC).date();
+    let start = today.yesterday().unwrap_or(today);
+    let month = start.month().unsigned_abs();
+    params.not_before = rcgen::date_time_ymd(i32::from(start.year()), month, start.day().unsigned_abs());
+    params.not_after = rcgen::date_time_ymd(i32::from(start.year()) + 10, month, start.day().unsigned_abs().min(28));
 }
 
 /// The CA's parameters. An issuer rebuilt from these and the CA key signs certificates that
