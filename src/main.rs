@@ -4,9 +4,8 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use clap::error::ErrorKind;
-use kube_fence::cli::{Cli, run, usage_error};
+use kube_fence::cli::{parse_from, run, usage_error};
 
 /// Gives the free pages of glibc's arenas back to the system (after a burst of connections).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -21,7 +20,8 @@ fn release_free_memory() {
 async fn main() -> ExitCode {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     kube_fence::admission::http::bounds::set_memory_release(release_free_memory);
-    let cli = match Cli::try_parse() {
+    // Named as invoked: as the kubectl plugin `kubectl-fence`, help and usage say `kubectl fence`.
+    let cli = match parse_from(std::env::args_os()) {
         Ok(cli) => cli,
         Err(err)
             if matches!(

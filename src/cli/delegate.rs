@@ -16,6 +16,7 @@
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
+use super::cluster::ClusterArgs;
 use super::error::Error;
 use super::grant::GrantArgs;
 use crate::client::stamp_delegation;
@@ -33,10 +34,10 @@ pub struct DelegateArgs {
     pub grant: GrantArgs,
 }
 
-pub async fn run(args: DelegateArgs) -> Result<(), Error> {
+pub async fn run(args: DelegateArgs, at: &ClusterArgs) -> Result<(), Error> {
     // The kubeconfig's namespace only when a namespace is needed and not given: nothing is sent.
     let default_namespace = match (&args.namespace, &args.grant.lease) {
-        (None, Some(_)) => kube::Config::infer().await.map(|c| c.default_namespace).unwrap_or_else(|_| "default".into()),
+        (None, Some(_)) => at.config().await.map(|c| c.default_namespace).unwrap_or_else(|_| "default".into()),
         _ => "default".into(),
     };
     let Some((grant, _)) = args.grant.resolve(args.namespace.as_deref(), &default_namespace)? else {

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, ClusterArgs};
 use super::error::{Error, Object};
 use crate::client::{self, AcquireOptions, Leases};
 
@@ -108,8 +108,8 @@ fn parse_wait(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("not a duration ({e}); write e.g. 30s or 2m"))
 }
 
-pub async fn run(args: LeaseArgs) -> Result<(), Error> {
-    let cluster = Cluster::connect().await?;
+pub async fn run(args: LeaseArgs, at: &ClusterArgs) -> Result<(), Error> {
+    let cluster = Cluster::connect(at).await?;
     let server = cluster.server.clone();
     let at = |target: &Target| {
         let ns = target.namespace.clone().unwrap_or_else(|| cluster.namespace.clone());

@@ -4,10 +4,11 @@
 // An `Error` ends the process, once: carrying its facts unboxed costs nothing that matters.
 #![allow(clippy::result_large_err)]
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod chart_templates;
 pub mod cluster;
+pub mod completion;
 pub mod controller;
 mod crd;
 pub mod delegate;
@@ -30,6 +31,9 @@ pub struct Cli {
     /// On failure, print the whole chain of causes (the API server's answer included).
     #[arg(short, long, global = true)]
     pub verbose: bool,
+
+    #[command(flatten)]
+    pub cluster: cluster::ClusterArgs,
 
     #[command(subcommand)]
     pub command: Command,
@@ -72,22 +76,54 @@ pub enum Command {
     /// writes refused (and warned of) in the last hour.
     #[command(long_about = status::LONG_ABOUT, after_help = EXIT_STATUS_HELP)]
     Status(status::StatusArgs),
+    /// Print a shell completion script (bash, zsh or fish) for kube-fence, or for kubectl-fence
+    /// when invoked by that name.
+    Completion(completion::CompletionArgs),
 }
 
 /// Runs one parsed command line.
 pub async fn run(cli: Cli) -> Result<(), Error> {
+    let at = &cli.cluster;
     match cli.command {
         Command::Crd(args) => crd::run(args),
         Command::ChartTemplates(args) => chart_templates::run(args),
-        Command::Webhook(args) => webhook::run(args).await,
-        Command::Run(args) => run::run(args).await,
-        Command::Controller(args) => controller::run(args).await,
-        Command::Lease(args) => lease::run(args).await,
-        Command::Patch(args) => patch::run(args).await,
-        Command::Delete(args) => delete::run(args).await,
-        Command::Delegate(args) => delegate::run(args).await,
-        Command::Status(args) => status::run(args).await,
+        Command::Webhook(args) => webhook::run(args, at).await,
+        Command::Run(args) => run::run(args, at).await,
+        Command::Controller(args) => controller::run(args, at).await,
+        Command::Lease(args) => lease::run(args, at).await,
+        Command::Patch(args) => patch::run(args, at).await,
+        Command::Delete(args) => delete::run(args, at).await,
+        Command::Delegate(args) => delegate::run(args, at).await,
+        Command::Status(args) => status::run(args, at).await,
+        Command::Completion(args) => completion::run(args),
     }
+}
+
+/// The name kubectl runs a plugin by: `kubectl-fence` on the PATH is `kubectl fence`.
+pub const PLUGIN_EXECUTABLE: &str = "kubectl-fence";
+
+/// How the binary was invoked (argv[0]'s file name): as the kubectl plugin `kubectl-fence`, its
+/// help and usage say `kubectl fence ...`; otherwise `kube-fence ...`.
+pub fn invoked_as(argv0: Option<&std::ffi::OsStr>) -> &'static str {
+    let name = argv0.map(std::path::Path::new).and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or_default();
+    if name == PLUGIN_EXECUTABLE || name.starts_with("kubectl-fence.") { "kubectl fence" } else { "kube-fence" }
+}
+
+/// The command line's definition, named as it was invoked (see [`invoked_as`]).
+pub fn command(bin_name: &'static str) -> clap::Command {
+    Cli::command().bin_name(bin_name)
+}
+
+/// Parses `args` (argv[0] first) as the binary does: named by how it was invoked.
+pub fn parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let mut command = command(invoked_as(args.first().map(|a| a.as_os_str())));
+    let matches = command.try_get_matches_from_mut(args)?;
+    Cli::from_arg_matches(&matches).map_err(|err| err.format(&mut command))
 }
 
 /// clap's complaint about a command line, on one line, built from its typed kind and context

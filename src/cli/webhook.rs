@@ -22,7 +22,7 @@ use crate::admission::start::{self, Port, WebhookConfig};
 use crate::ready::Ready;
 use crate::telemetry::{LogFormat, init_logging};
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, ClusterArgs};
 use super::error::{Error, Object};
 
 /// The command line of `kube-fence webhook`: the webhook's arguments, and its ready file.
@@ -220,11 +220,11 @@ impl WebhookArgs {
     }
 }
 
-pub async fn run(command: WebhookCommand) -> Result<(), Error> {
+pub async fn run(command: WebhookCommand, at: &ClusterArgs) -> Result<(), Error> {
     let WebhookCommand { webhook: args, ready_file } = command;
     init_logging(args.log_format);
     args.check_tls()?;
-    let cluster = Cluster::connect().await?;
+    let cluster = Cluster::connect(at).await?;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let shutdown = crate::process::shutdown_on_signal();
