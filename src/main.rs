@@ -39,7 +39,7 @@ async fn main() -> ExitCode {
     };
     let verbose = cli.verbose;
     match run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(status) => ExitCode::from(status),
         Err(err) => {
             if verbose {
                 eprintln!("kube-fence: error: {}", err.verbose());

@@ -182,6 +182,33 @@ pub enum Error {
         #[source]
         source: client::Error,
     },
+    /// `lease run`: the grant was lost while the command ran; the command was stopped.
+    #[error(
+        "lost {lease} (token {token}, holder {holder:?}) while running `{command}`: {loss}; {}",
+        stopped_how(*.stopped, *.grace_period)
+    )]
+    LostLease {
+        lease: Object,
+        holder: String,
+        token: kube_fence_api::token::Token,
+        loss: Loss,
+        command: String,
+        stopped: super::lease_run::Stopped,
+        grace_period: Duration,
+    },
+    /// `lease run`: the command could not be started (or waited for).
+    #[error("cannot run `{command}`: {}", io(.source))]
+    StartCommand {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `lease run`: SIGINT/SIGTERM could not be watched (to forward them to the command).
+    #[error("cannot watch for signals: {}", io(.source))]
+    WatchSignals {
+        #[source]
+        source: std::io::Error,
+    },
     /// `lease get --holder H`: the lease is held by someone else, or by no one.
     #[error("{lease} is {}, not by {holder:?}", .held_by.as_ref().map(|h| format!("held by {h:?}")).unwrap_or_else(|| "not held".into()))]
     CheckHolder { lease: Object, holder: String, held_by: Option<String> },
@@ -337,7 +364,7 @@ impl Error {
                 explain_lease(server, lease, Some(holder), None, source).0
             }
             Error::GetLease { lease, source, server } => explain_lease(server, lease, None, None, source).0,
-            Error::CheckHolder { .. } => Exit::NotHeld,
+            Error::CheckHolder { .. } | Error::LostLease { .. } => Exit::NotHeld,
             Error::ReadToken { .. } => Exit::Failed,
             Error::ResolveResourceType { .. } => Exit::NotFound,
             Error::ConnectCluster { server, source } | Error::DiscoverResourceTypes { server, source } => explain_api(server, source).0,
@@ -356,7 +383,9 @@ impl Error {
             | Error::EncodeOutput { .. }
             | Error::WriteFile { .. }
             | Error::ReadManifest { .. }
-            | Error::WriteOutput { .. } => Exit::Failed,
+            | Error::WriteOutput { .. }
+            | Error::StartCommand { .. }
+            | Error::WatchSignals { .. } => Exit::Failed,
         }
     }
 
@@ -387,6 +416,17 @@ impl Error {
 impl From<std::io::Error> for Error {
     fn from(source: std::io::Error) -> Self {
         Error::WriteOutput { source }
+    }
+}
+
+/// How `lease run` stopped its command after the grant was lost.
+fn stopped_how(stopped: super::lease_run::Stopped, grace: Duration) -> String {
+    match stopped {
+        super::lease_run::Stopped::Terminated => "stopped the command (SIGTERM)".to_string(),
+        super::lease_run::Stopped::Killed => format!(
+            "the command did not stop within {} of SIGTERM: killed it (SIGKILL); raise --grace-period if it needs longer",
+            humantime::format_duration(grace)
+        ),
     }
 }
 
@@ -591,7 +631,13 @@ fn deepest(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// A lease subcommand failed.
-fn explain_lease(server: &str, lease: &Object, holder: Option<&String>, wait: Option<Duration>, err: &client::Error) -> (Exit, String) {
+pub(super) fn explain_lease(
+    server: &str,
+    lease: &Object,
+    holder: Option<&String>,
+    wait: Option<Duration>,
+    err: &client::Error,
+) -> (Exit, String) {
     match err {
         client::Error::Timeout { held_by, .. } => {
             let waited = wait.map(|w| humantime::format_duration(w).to_string()).unwrap_or_else(|| "the timeout".into());

@@ -16,6 +16,7 @@ pub mod delete;
 pub mod error;
 pub mod grant;
 pub mod lease;
+pub mod lease_run;
 pub mod patch;
 pub mod run;
 pub mod status;
@@ -81,22 +82,23 @@ pub enum Command {
     Completion(completion::CompletionArgs),
 }
 
-/// Runs one parsed command line.
-pub async fn run(cli: Cli) -> Result<(), Error> {
+/// Runs one parsed command line; on success, the exit status (0, or `lease run`'s command's).
+pub async fn run(cli: Cli) -> Result<u8, Error> {
     let at = &cli.cluster;
-    match cli.command {
+    let done = match cli.command {
         Command::Crd(args) => crd::run(args),
         Command::ChartTemplates(args) => chart_templates::run(args),
         Command::Webhook(args) => webhook::run(args, at).await,
         Command::Run(args) => run::run(args, at).await,
         Command::Controller(args) => controller::run(args, at).await,
-        Command::Lease(args) => lease::run(args, at).await,
+        Command::Lease(args) => return lease::run(args, at).await,
         Command::Patch(args) => patch::run(args, at).await,
         Command::Delete(args) => delete::run(args, at).await,
         Command::Delegate(args) => delegate::run(args, at).await,
         Command::Status(args) => status::run(args, at).await,
         Command::Completion(args) => completion::run(args),
-    }
+    };
+    done.map(|()| 0)
 }
 
 /// The name kubectl runs a plugin by: `kubectl-fence` on the PATH is `kubectl fence`.
