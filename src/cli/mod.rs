@@ -148,6 +148,7 @@ pub fn usage_error(err: &clap::Error) -> Error {
         .or_else(|| text(ContextKind::SuggestedSubcommand, "', '"))
         .or_else(|| text(ContextKind::SuggestedValue, "', '"))
         .map(|s| format!("; did you mean '{s}'?"))
+        .or_else(|| text(ContextKind::Suggested, "; ").map(|tip| format!("; {tip}")))
         .unwrap_or_default();
     let message = match err.kind() {
         ErrorKind::MissingRequiredArgument => format!("the following required arguments were not provided: {arg}"),
@@ -260,7 +261,7 @@ mod tests {
         assert_eq!(err(&["lease", "acquire", "l"]), "the following required arguments were not provided: --holder <HOLDER> (see --help)");
         assert_eq!(usage_error(&parse(&["nonsense"]).err().unwrap_or_else(|| panic!("parses"))).exit(), Exit::Usage);
         // One per kind of complaint clap has, each from its typed context.
-        let cases: [(&[&str], &str); 7] = [
+        let cases: [(&[&str], &str); 8] = [
             (&["nonsense"], "unrecognized subcommand 'nonsense' (see --help)"),
             (&["stauts"], "unrecognized subcommand 'stauts'; did you mean 'status'? (see --help)"),
             (&["status", "--al-namespaces"], "unexpected argument '--al-namespaces'; did you mean '--all-namespaces'? (see --help)"),
@@ -271,6 +272,7 @@ mod tests {
                 "invalid value 'soon' for '--duration <DURATION>': not a duration (expected number at 0); write e.g. 15s or 2m (see --help)",
             ),
             (&["run", "--ready-file", "/tmp/r"], "the following required arguments were not provided: --local (see --help)"),
+            (&["lease", "run", "l"], "the following required arguments were not provided: <COMMAND>... (see --help)"),
         ];
         for (args, want) in cases {
             assert_eq!(err(args), want, "{args:?}");

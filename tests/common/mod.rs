@@ -4,6 +4,7 @@
 //! Everything else is the support crate's, re-exported so tests say `common::namespace` etc.
 #![allow(dead_code, unused_imports)]
 
+pub mod cli;
 pub mod identity;
 pub mod leader;
 
