@@ -13,14 +13,16 @@ use common::cli::{Cluster, KUBE_FENCE, Local, command, kube_fence, text};
 use kube::api::Api;
 use kube_fence_api::Lease;
 
-/// A directory holding `kubectl-fence` (a link to the binary under test): put first on the
-/// PATH, kubectl finds it as the plugin `fence`.
+/// A directory holding `kubectl-fence` and `kubectl_complete-fence` (links to the binary under
+/// test): put first on the PATH, kubectl finds the plugin `fence` and its completion.
 fn plugin_dir(home: &Path) -> PathBuf {
     let dir = home.join("plugins");
     std::fs::create_dir_all(&dir).expect("plugin dir");
-    let link = dir.join("kubectl-fence");
-    if !link.exists() {
-        std::os::unix::fs::symlink(KUBE_FENCE, &link).expect("link kubectl-fence");
+    for name in ["kubectl-fence", "kubectl_complete-fence"] {
+        let link = dir.join(name);
+        if !link.exists() {
+            std::os::unix::fs::symlink(KUBE_FENCE, &link).expect("link the plugin");
+        }
     }
     dir
 }
@@ -148,6 +150,18 @@ async fn kubectl_runs_the_plugin_with_its_own_context_kubeconfig_and_namespace()
     assert_eq!(usage.status.code(), Some(2));
     let plain = kube_fence(Cluster::None, home, &["--help"]);
     assert!(text(&plain.stdout).contains("Usage: kube-fence [OPTIONS] <COMMAND>"), "{}", text(&plain.stdout));
+
+    // kubectl completes `kubectl fence ...` by running kubectl_complete-fence (kubectl >= 1.26).
+    for (words, want) in
+        [(&["le"][..], "lease"), (&["lease", "ac"], "acquire"), (&["status", "--con"], "--context"), (&["status", "-o", "w"], "wide")]
+    {
+        let mut args = vec!["__complete", "fence"];
+        args.extend(words);
+        let out = kubectl(home, None, &args);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "kubectl __complete fence {words:?}: {}", text(&out.stderr));
+        assert_eq!(stdout.lines().collect::<Vec<_>>(), [want, ":4"], "kubectl __complete fence {words:?}");
+    }
 
     // The completion script loads in a real bash and completes what it is invoked as.
     for (invoker, name) in

@@ -46,9 +46,75 @@ pub fn script(shell: Shell, invoked_as: &'static str) -> Vec<u8> {
     out
 }
 
+/// The executable kubectl (1.26 and later) runs to complete `kubectl fence ...`: a link to this
+/// binary by that name on the PATH.
+pub const KUBECTL_COMPLETE_EXECUTABLE: &str = "kubectl_complete-fence";
+
+/// What kubectl's completion asks of `kubectl_complete-fence WORD... PARTIAL` (the words after
+/// `fence`, the last one being completed, maybe empty): the candidates, one a line, then cobra's
+/// directive — `:4` (no file names) or `:0` (let the shell complete a file name, for an option
+/// that takes a path).
+pub fn kubectl_complete(words: &[String]) -> String {
+    let root = super::command("kubectl fence");
+    let (partial, before) = words.split_last().map(|(p, b)| (p.as_str(), b)).unwrap_or(("", &[]));
+    // The subcommand the words name so far, and the options it takes (its own and global ones).
+    let mut path = vec![&root];
+    for word in before {
+        let current = path[path.len() - 1];
+        if let Some(sub) = current.get_subcommands().find(|s| s.get_name() == word.as_str()) {
+            path.push(sub);
+        }
+    }
+    let current = path[path.len() - 1];
+    let depth = path.len();
+    let options: Vec<&clap::Arg> = path
+        .iter()
+        .enumerate()
+        .flat_map(|(i, cmd)| cmd.get_arguments().filter(move |a| i + 1 == depth || a.is_global_set()))
+        .filter(|a| !a.is_positional() && !a.is_hide_set())
+        .collect();
+    let takes_value = |arg: &&clap::Arg| arg.get_action().takes_values();
+    // The word before is an option that takes a value: complete that value.
+    let previous = before.last().map(String::as_str).unwrap_or_default();
+    let valued = options.iter().find(|a| {
+        takes_value(a)
+            && (a.get_long().is_some_and(|l| previous == format!("--{l}")) || a.get_short().is_some_and(|s| previous == format!("-{s}")))
+    });
+    let (candidates, directive): (Vec<String>, u8) = match valued {
+        Some(arg) => {
+            let values: Vec<String> =
+                arg.get_possible_values().iter().filter(|v| !v.is_hide_set()).map(|v| v.get_name().to_string()).collect();
+            let paths = matches!(arg.get_value_hint(), clap::ValueHint::FilePath | clap::ValueHint::AnyPath | clap::ValueHint::DirPath)
+                || arg.get_value_names().is_some_and(|n| n.iter().any(|n| n.as_str() == "FILE"));
+            (values, if paths { 0 } else { 4 })
+        }
+        None if partial.starts_with('-') => {
+            let mut flags: Vec<String> = options.iter().filter_map(|a| a.get_long().map(|l| format!("--{l}"))).collect();
+            flags.extend(["--help".to_string()]);
+            (flags, 4)
+        }
+        None => (current.get_subcommands().filter(|s| !s.is_hide_set()).map(|s| s.get_name().to_string()).collect(), 4),
+    };
+    let mut out: String = candidates.iter().filter(|c| c.starts_with(partial)).map(|c| format!("{c}\n")).collect();
+    out.push_str(&format!(":{directive}\n"));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kubectl_completes_subcommands_options_and_their_values() {
+        let complete = |words: &[&str]| kubectl_complete(&words.iter().map(|w| w.to_string()).collect::<Vec<_>>());
+        assert_eq!(complete(&["le"]), "lease\n:4\n");
+        assert_eq!(complete(&["lease", "ac"]), "acquire\n:4\n");
+        assert_eq!(complete(&["status", "--con"]), "--context\n:4\n");
+        assert_eq!(complete(&["status", "-o", ""]), "table\nwide\njson\n:4\n");
+        assert_eq!(complete(&["--kubeconfig", ""]), ":0\n", "a path: the shell completes file names");
+        assert!(complete(&["lease", "run", "--gr"]).starts_with("--grace-period\n"));
+        assert!(complete(&[""]).contains("status\n") && !complete(&[""]).contains("--"), "subcommands, no options, for an empty word");
+    }
 
     #[test]
     fn scripts_complete_the_subcommands_and_the_cluster_flags() {
