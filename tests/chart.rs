@@ -65,7 +65,7 @@ fn template(values: &std::path::Path) -> String {
 /// other tests' guarded objects.
 /// The objects of a rendered chart (`helm template` output), as JSON.
 fn documents(rendered: &str) -> Vec<serde_json::Value> {
-    rendered.split("\n---").filter_map(|doc| serde_yaml::from_str::<serde_json::Value>(doc).ok()).filter(|doc| doc.is_object()).collect()
+    rendered.split("\n---").filter_map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).ok()).filter(|doc| doc.is_object()).collect()
 }
 
 /// The rendered object of `kind` whose name ends with `suffix`.
@@ -203,7 +203,7 @@ fn the_chart_registers_what_local_mode_registers() {
     let registering = ["ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"];
     for (i, values) in table.iter().enumerate() {
         let file = dir.path().join(format!("values-{i}.yaml"));
-        std::fs::write(&file, serde_yaml::to_string(&values.file()).expect("values")).expect("write values");
+        std::fs::write(&file, serde_saphyr::to_string(&values.file()).expect("values")).expect("write values");
         let rendered = ok("helm", &["template", "cmp", CHART, "-n", "kf-system", "-f", file.to_str().expect("path")], None);
         let mut chart: Vec<serde_json::Value> =
             documents(&rendered).into_iter().filter(|d| d["kind"].as_str().is_some_and(|k| registering.contains(&k))).collect();
@@ -241,7 +241,7 @@ fn the_chart_renders_the_leader_identity_rule_as_local_mode_and_the_webhook_read
     let dir = tempfile::tempdir().expect("temp dir");
     for separator in ["_", "none", ":", "@pod:", "~", "/", "#", "X", "-", ".", "p", "7", "", "_'", "\\", " ", "·", "none_"] {
         let values = dir.path().join("values.yaml");
-        let yaml = serde_yaml::to_string(&serde_json::json!({"leaderIdentity": {"separator": separator}})).expect("values");
+        let yaml = serde_saphyr::to_string(&serde_json::json!({"leaderIdentity": {"separator": separator}})).expect("values");
         std::fs::write(&values, yaml).expect("write values");
         let out = run("helm", &["template", "cmp", CHART, "-n", "kf-system", "-f", values.to_str().expect("path")], None);
         let parsed = separator.parse::<IdentityRule>();
@@ -316,7 +316,7 @@ fn the_writer_webhooks_registered_in_cluster_carry_the_charts_timeout_and_namesp
             .collect();
         let values = serde_json::json!({"webhook": webhook, "fencedControllers": fenced});
         let file = dir.path().join("values.yaml");
-        std::fs::write(&file, serde_yaml::to_string(&values).expect("values")).expect("write values");
+        std::fs::write(&file, serde_saphyr::to_string(&values).expect("values")).expect("write values");
         let docs = documents(&template(&file));
 
         // What the chart registers itself: its webhooks all share one timeout and one selector.
