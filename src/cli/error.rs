@@ -193,7 +193,7 @@ pub enum Error {
         token: kube_fence_api::token::Token,
         loss: Loss,
         command: String,
-        stopped: super::lease_run::Stopped,
+        stopped: Stopped,
         grace_period: Duration,
     },
     /// `lease run`: the command could not be started (or waited for).
@@ -420,10 +420,19 @@ impl From<std::io::Error> for Error {
 }
 
 /// How `lease run` stopped its command after the grant was lost.
-fn stopped_how(stopped: super::lease_run::Stopped, grace: Duration) -> String {
+/// How a lost grant ended the command `lease run` ran (part of [`Error`], so the error names it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// It exited within the grace period after SIGTERM (or had already exited).
+    Terminated,
+    /// It was still running after the grace period: SIGKILL.
+    Killed,
+}
+
+fn stopped_how(stopped: Stopped, grace: Duration) -> String {
     match stopped {
-        super::lease_run::Stopped::Terminated => "stopped the command (SIGTERM)".to_string(),
-        super::lease_run::Stopped::Killed => format!(
+        Stopped::Terminated => "stopped the command (SIGTERM)".to_string(),
+        Stopped::Killed => format!(
             "the command did not stop within {} of SIGTERM: killed it (SIGKILL); raise --grace-period if it needs longer",
             humantime::format_duration(grace)
         ),

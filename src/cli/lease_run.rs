@@ -27,7 +27,7 @@ use rustix::process::{Pid, Signal};
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::cluster::Cluster;
-use super::error::{Error, Object};
+use super::error::{Error, Object, Stopped};
 use crate::client::{self, AcquireOptions, Delegated, Grant, Leases, Loss};
 
 /// What `lease run` was asked to do.
@@ -56,15 +56,6 @@ pub fn default_holder() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
     let host = if host.is_empty() { "localhost".to_string() } else { host };
     format!("{host}-{}", std::process::id())
-}
-
-/// How a lost grant ended the command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stopped {
-    /// It exited within the grace period after SIGTERM (or had already exited).
-    Terminated,
-    /// It was still running after the grace period: SIGKILL.
-    Killed,
 }
 
 pub async fn run(cluster: &Cluster, request: RunLease) -> Result<ExitStatus, Error> {
