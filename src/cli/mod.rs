@@ -17,6 +17,7 @@ pub mod grant;
 pub mod lease;
 pub mod patch;
 pub mod run;
+pub mod selftest;
 pub mod status;
 pub mod webhook;
 
@@ -72,6 +73,10 @@ pub enum Command {
     /// writes refused (and warned of) in the last hour.
     #[command(long_about = status::LONG_ABOUT, after_help = EXIT_STATUS_HELP)]
     Status(status::StatusArgs),
+    /// Check fencing end to end in a fenced namespace (the chart's `helm test`): a lease's
+    /// newer grant writes a guarded ConfigMap, then the older grant's write must be refused.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Selftest(selftest::SelftestArgs),
 }
 
 /// Runs one parsed command line.
@@ -87,6 +92,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Delete(args) => delete::run(args).await,
         Command::Delegate(args) => delegate::run(args).await,
         Command::Status(args) => status::run(args).await,
+        Command::Selftest(args) => selftest::run(args).await,
     }
 }
 

@@ -86,12 +86,17 @@ impl RunArgs {
 
 pub async fn run(args: RunArgs) -> Result<(), Error> {
     init_logging(args.webhook.log_format);
+    if args.local && args.webhook.metrics_addr.is_some() {
+        return Err(Error::ParseArguments(
+            "--metrics-addr is not served with --local: the local webhook serves /metrics on its own port (see --help)".into(),
+        ));
+    }
     if !args.local {
         args.webhook.check_tls()?;
     }
     let cluster = Cluster::connect().await?;
     let shutdown = crate::process::shutdown_on_signal();
-    let mut registry = Registry::default();
+    let mut registry = crate::telemetry::registry();
     // The leader-election Lease lives in kube-fence's own namespace (where the chart's Role
     // allows it), whatever namespaces the controller watches.
     let mut options =
