@@ -191,12 +191,18 @@ mod tests {
     }
 
     #[test]
-    fn run_local_takes_a_free_port_unless_told_and_a_ready_file_only_with_local() {
+    fn run_local_takes_a_free_port_unless_told_and_run_takes_a_ready_file() {
         match parse(&["run", "--local"]).map(|cli| cli.command) {
             Ok(Command::Run(run)) => assert_eq!(run.local_port, None),
             other => panic!("{other:?}"),
         }
-        assert!(parse(&["run", "--ready-file", "/tmp/r"]).is_err(), "--ready-file needs --local");
+        match parse(&["run", "--self-managed-tls", "--metrics-addr", "127.0.0.1:0", "--ready-file", "/tmp/r"]).map(|cli| cli.command) {
+            Ok(Command::Run(run)) => {
+                assert_eq!(run.ready_file.as_deref(), Some(std::path::Path::new("/tmp/r")));
+                assert_eq!(run.webhook.metrics_addr, Some("127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"))));
+            }
+            other => panic!("{other:?}"),
+        }
         assert!(parse(&["run", "--local-port", "9443"]).is_err(), "--local-port needs --local");
     }
 

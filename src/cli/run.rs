@@ -39,9 +39,10 @@ pub struct RunArgs {
     pub local_configuration: String,
 
     /// With --local: once the webhook serves and is registered and the controller runs, write
-    /// the webhook's address to this file (atomically: it appears complete or not at all).
-    /// Removed again on exit.
-    #[arg(long, requires = "local", value_name = "PATH")]
+    /// the webhook's URL to this file. Without: once the ports are bound, write where they are, as
+    /// `kube-fence webhook --ready-file` does (`webhook=IP:PORT`, `metrics=IP:PORT` with
+    /// --metrics-addr). Atomically (it appears complete or not at all); removed again on exit.
+    #[arg(long, value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
 
     /// Only fence (and run the controller) in this namespace; default: all.
@@ -123,7 +124,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     let webhook = if args.local {
         local(&cluster, &args, metrics, registry, &shutdown, &controller).await
     } else {
-        super::webhook::serve(&cluster, args.webhook.clone(), metrics, registry, shutdown.clone(), None).await
+        super::webhook::serve(&cluster, args.webhook.clone(), metrics, registry, shutdown.clone(), args.ready_file.as_deref()).await
     };
     shutdown.cancel();
     if webhook.is_err() {
