@@ -433,7 +433,8 @@ async fn rendered_objects_pass_a_server_side_dry_run_in_both_tls_modes() {
     // Client-certificate authentication of the API server: the flag, the CA mounted, probes on the port.
     let mtls = ok("helm", &["template", "dry", CHART, "-n", &ns, "--set", "webhook.clientCASecret=api-server-ca"], None);
     assert!(mtls.contains("--client-ca-file=/etc/kube-fence/client-ca/ca.crt") && mtls.contains("secretName: api-server-ca"), "{mtls}");
-    assert!(mtls.contains("tcpSocket") && !mtls.contains("path: /readyz"), "{mtls}");
+    // The kubelet presents no client certificate: the probes use the plain-HTTP metrics port.
+    assert!(mtls.contains("httpGet: {path: /readyz, port: metrics, scheme: HTTP}") && !mtls.contains("scheme: HTTPS"), "{mtls}");
 }
 
 #[tokio::test]
@@ -642,6 +643,12 @@ fn the_chart_works_as_a_subchart_with_global_values() {
     let dir = tempfile::tempdir().expect("temp dir");
     let parent = dir.path().join("platform");
     std::fs::create_dir_all(parent.join("charts")).expect("parent chart");
+    std::fs::create_dir_all(parent.join("templates")).expect("parent templates");
+    std::fs::write(
+        parent.join("templates/configmap.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: platform\ndata:\n  registry: {{ .Values.global.imageRegistry | quote }}\n",
+    )
+    .expect("a parent template");
     std::fs::write(
         parent.join("Chart.yaml"),
         "apiVersion: v2\nname: platform\nversion: 1.0.0\ndescription: a parent chart\ndependencies:\n  - name: kube-fence\n    version: 0.1.0\n",
@@ -728,8 +735,9 @@ fn the_chart_values_render_where_they_say() {
         "topologySpreadConstraints": spread,
         "nodeSelector": {"pool": "system"},
         "tolerations": [{"key": "dedicated", "operator": "Exists"}],
-        "podSecurityContext": {"runAsNonRoot": true, "fsGroup": 2000},
-        "securityContext": {"readOnlyRootFilesystem": true},
+        // Helm merges a map given with the default one: null removes a default key.
+        "podSecurityContext": {"fsGroup": 2000, "runAsUser": null, "runAsGroup": null},
+        "securityContext": {"capabilities": null, "runAsUser": 1000},
         "extraArgs": ["--quorum-reads-per-namespace=50", "--max-connections=77"],
         "extraEnv": [{"name": "RUST_LOG", "value": "debug"}],
         "podLabels": {"tier": "control"},
@@ -749,7 +757,8 @@ fn the_chart_values_render_where_they_say() {
     assert_eq!(pod["priorityClassName"], "platform-critical");
     assert_eq!((&pod["affinity"], &pod["topologySpreadConstraints"]), (&affinity, &spread), "given ones replace the defaults");
     assert_eq!((&pod["nodeSelector"], &pod["tolerations"]), (&values["nodeSelector"], &values["tolerations"]));
-    assert_eq!((&pod["securityContext"], &container["securityContext"]), (&values["podSecurityContext"], &values["securityContext"]));
+    assert_eq!(pod["securityContext"], json!({"fsGroup": 2000, "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}}));
+    assert_eq!(container["securityContext"], json!({"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "runAsUser": 1000}));
     let run = parsed_run_args(&docs);
     assert_eq!((run.webhook.quorum_reads_per_namespace, run.webhook.max_connections), (50, 77), "extraArgs reach kube-fence");
     assert_eq!(run.webhook.metrics_addr, Some("0.0.0.0:9100".parse().expect("an address")));

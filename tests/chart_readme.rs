@@ -55,7 +55,7 @@ fn schema_at<'s>(schema: &'s Value, path: &str) -> Option<&'s Value> {
 fn kind(schema: Option<&Value>) -> String {
     let Some(schema) = schema else { return "any".into() };
     if let Some(values) = schema.get("enum").and_then(Value::as_array) {
-        return values.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" \\| ");
+        return values.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" | ");
     }
     match schema.get("type") {
         Some(Value::String(t)) if t == "array" => match schema.pointer("/items/type").and_then(Value::as_str) {
@@ -72,8 +72,9 @@ fn value_at<'v>(values: &'v Value, path: &str) -> Option<&'v Value> {
     path.split('.').try_fold(values, |node, key| node.get(key))
 }
 
+/// Text in a table cell: a `|` would end the cell, a `<` start an HTML tag.
 fn cell(text: &str) -> String {
-    text.replace('|', "\\|")
+    text.replace('|', "\\|").replace('<', "&lt;")
 }
 
 fn rows() -> Vec<Row> {

@@ -644,7 +644,7 @@ async fn helm_test_sees_a_stale_write_refused_and_fails_where_nothing_is_fenced(
     let ns = common::namespace(&client, "ops-helm-test").await;
     let (kf_ns, kf) = release();
     let deployment = Api::<Deployment>::namespaced(client.clone(), &kf_ns).get(&kf).await.expect("deployment");
-    let spec = deployment.spec.expect("spec");
+    let spec = deployment.spec;
     let pod = spec.template.spec.expect("pod spec");
     assert!(spec.replicas.unwrap_or(1) >= 2, "installed with at least two replicas");
     assert_eq!(pod.priority_class_name.as_deref(), Some("system-cluster-critical"));

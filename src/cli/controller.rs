@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 
 use super::cluster::Cluster;

@@ -54,8 +54,9 @@ pub async fn run(args: SelftestArgs) -> Result<(), Error> {
             })
         }
     };
+    let failed = |grant: &Grant, source| Error::WriteFenced { object: object.clone(), lease: grant.lease.clone(), server: cluster.server.clone(), source };
     let write = |grant: Grant, by: &'static str| {
-        let (configmaps, name, object, server) = (configmaps.clone(), args.name.clone(), object.clone(), cluster.server.clone());
+        let (configmaps, name) = (configmaps.clone(), args.name.clone());
         async move {
             let patch = Patch::Merge(serde_json::json!({"data": {"written-by": by, "token": grant.token.to_string()}}));
             let written = match grant.patch(&configmaps, &name, &PatchParams::default(), patch).await {
@@ -70,12 +71,12 @@ pub async fn run(args: SelftestArgs) -> Result<(), Error> {
                 }
                 other => other.map(|_| ()),
             };
-            written.map_err(|source| (source, Error::WriteFenced { object, lease: grant.lease.clone(), server }))
+            written
         }
     };
 
     let older = acquire("selftest-older").await?;
-    write(older.clone(), "older").await.map_err(|(_, err)| err)?;
+    write(older.clone(), "older").await.map_err(|source| failed(&older, source))?;
     leases.release(&older).await.map_err(|source| Error::ReleaseLease {
         lease: lease.clone(),
         holder: older.holder.clone(),
@@ -83,16 +84,16 @@ pub async fn run(args: SelftestArgs) -> Result<(), Error> {
         source,
     })?;
     let newer = acquire("selftest-newer").await?;
-    write(newer.clone(), "newer").await.map_err(|(_, err)| err)?;
+    write(newer.clone(), "newer").await.map_err(|source| failed(&newer, source))?;
     writeln!(out, "guarded write with token {} (newer than {}): admitted", newer.token, older.token)?;
     let stale = write(older.clone(), "stale").await;
     let released = leases.release(&newer).await;
     match stale {
-        Err((ClientError::StaleToken { .. }, _)) => {
+        Err(ClientError::StaleToken { .. }) => {
             writeln!(out, "stale write with token {}: refused (StaleToken), as it must be", older.token)?;
         }
-        Ok(()) => return Err(Error::StaleWriteAdmitted { object, token: older.token.to_string() }),
-        Err((_, err)) => return Err(err),
+        Ok(()) => return Err(Error::StaleWriteAdmitted { object: object.clone(), token: older.token.to_string() }),
+        Err(source) => return Err(failed(&older, source)),
     }
     released.map_err(|source| Error::ReleaseLease { lease, holder: newer.holder.clone(), server: cluster.server.clone(), source })?;
     writeln!(out, "fencing works in namespace {namespace}")?;
