@@ -352,7 +352,7 @@ async fn the_dashboard_and_the_alerts_read_what_a_running_kube_fence_exposes() {
     let checked = Command::new(&promtool).arg("check").arg("rules").arg(&rules_file).output().expect("promtool check rules");
     assert!(checked.status.success(), "promtool check rules:\n{}{}", String::from_utf8_lossy(&checked.stdout), String::from_utf8_lossy(&checked.stderr));
     let alerts: Vec<Value> = rule["spec"]["groups"][0]["rules"].as_array().expect("rules").clone();
-    assert_eq!(alerts.len(), 6);
+    assert_eq!(alerts.len(), 7);
     for alert in &alerts {
         let expr = alert["expr"].as_str().expect("expr");
         for name in metrics_in(expr).iter().filter(|n| *n != "up") {
@@ -411,6 +411,10 @@ async fn the_dashboard_and_the_alerts_read_what_a_running_kube_fence_exposes() {
         "tests": [
             {"interval": "1m", "input_series": steady,
              "alert_rule_test": names.iter().map(|n| json!({"eval_time": "40m", "alertname": n, "exp_alerts": []})).collect::<Vec<_>>()},
+            // Nothing scraped at all (no `up` series either): the webhook is down all the same.
+            {"interval": "1m", "input_series": steady.iter().filter(|s| !s["series"].as_str().is_some_and(|n| n.starts_with("up{"))).collect::<Vec<_>>(),
+             "alert_rule_test": [{"eval_time": "40m", "alertname": "KubeFenceWebhookDown",
+                                  "exp_alerts": [expected(alerts.iter().find(|a| a["alert"] == "KubeFenceWebhookDown").expect("the alert"))]}]},
             {"interval": "1m", "input_series": faulty,
              "alert_rule_test": alerts.iter().map(|a| json!({"eval_time": "40m", "alertname": a["alert"], "exp_alerts": [expected(a)]})).collect::<Vec<_>>()},
         ],

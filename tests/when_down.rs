@@ -52,13 +52,15 @@ fn blocks(page: &str) -> Vec<(Option<String>, String)> {
 fn run_block(variables: &str, body: &str, release: &str, namespace: &str) -> String {
     let bin = kube_fence_testenv::binaries().expect("binaries");
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    // The page's own assignments, then this test's (the release it installed).
-    let script = format!("set -euo pipefail\n{variables}RELEASE={release} NAMESPACE={namespace}\n{body}");
+    // The page's variables block (which keeps RELEASE and NAMESPACE when set), then the block.
+    let script = format!("set -euo pipefail\n{variables}{body}");
     let out = std::process::Command::new("bash")
         .arg("-c")
         .arg(&script)
         .current_dir(ROOT)
         .env("PATH", path)
+        .env("RELEASE", release)
+        .env("NAMESPACE", namespace)
         .env("KUBECONFIG", kube_fence_testenv::shared_kubeconfig())
         .env("HELM_CACHE_HOME", std::env::temp_dir().join("kube-fence-helm-cache"))
         .output()
@@ -75,12 +77,16 @@ async fn the_pages_commands_break_glass_and_put_fencing_back() {
     let names: Vec<Option<&str>> = blocks.iter().map(|(m, _)| m.as_deref()).collect();
     assert_eq!(names, [None, Some("look"), Some("break-glass"), Some("restore")], "the page's sh blocks, in order");
     let variables = &blocks[0].1;
-    assert!(variables.contains("RELEASE=") && variables.contains("NAMESPACE="), "{variables}");
+    assert!(variables.contains("RELEASE=${RELEASE:-") && variables.contains("NAMESPACE=${NAMESPACE:-"), "{variables}");
 
     let client = common::client().await;
     let namespace = common::namespace(&client, "when-down").await;
     let fenced = common::namespace(&client, "when-down-app").await;
-    let release = "kf-down";
+    // A name of this run (cluster-scoped objects carry it), without "kube-fence": the chart
+    // names its objects <release>-kube-fence.
+    let release = format!("down-{}", namespace.rsplit('-').next().expect("a suffix"));
+    let release = release.as_str();
+    let name = format!("{release}-kube-fence");
     let helm = kube_fence_testenv::binaries().expect("binaries").join("helm");
     let installed = std::process::Command::new(&helm)
         .args(["install", release, &format!("{ROOT}/charts/kube-fence"), "-n", &namespace, "--set", "leaderElection=false"])
@@ -95,11 +101,11 @@ async fn the_pages_commands_break_glass_and_put_fencing_back() {
     common::wait_fenced(&client, &fenced, &Default::default(), common::Fencing::FailsClosed, Duration::from_secs(30)).await;
 
     let looked = run_block(variables, &blocks[1].1, release, &namespace);
-    assert!(looked.contains(&format!("{release}-writers")), "the page's look shows both configurations:\n{looked}");
+    assert!(looked.contains(&format!("{name}-writers")), "the page's look shows both configurations:\n{looked}");
 
     run_block(variables, &blocks[2].1, release, &namespace);
     let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    for name in [release.to_string(), format!("{release}-writers")] {
+    for name in [name.clone(), format!("{name}-writers")] {
         assert!(configurations.get_opt(&name).await.expect("get").is_none(), "{name} deleted");
     }
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &fenced);
@@ -111,8 +117,8 @@ async fn the_pages_commands_break_glass_and_put_fencing_back() {
     cms.delete("after-break-glass", &DeleteParams::default()).await.expect("clean up");
 
     let restored = run_block(variables, &blocks[3].1, release, &namespace);
-    assert!(restored.contains(&format!("{release}-writers")), "{restored}");
-    let configuration = configurations.get(release).await.expect("the webhook configuration is back");
+    assert!(restored.contains(&format!("{name}-writers")), "{restored}");
+    let configuration = configurations.get(&name).await.expect("the webhook configuration is back");
     let hook = &configuration.webhooks.expect("webhooks")[0];
     assert_eq!(hook.failure_policy.as_deref(), Some("Fail"));
     common::wait_fenced(&client, &fenced, &Default::default(), common::Fencing::FailsClosed, Duration::from_secs(30)).await;
