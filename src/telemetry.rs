@@ -32,7 +32,11 @@ pub fn build_labels() -> Vec<(&'static str, &'static str)> {
 /// ([`process::ProcessCollector`]: CPU, memory, file descriptors, start time).
 pub fn registry() -> Registry {
     let mut registry = Registry::default();
-    registry.register("kube_fence_build", "kube-fence's build: version (and commit and compiler when known) as labels; always 1", Info::new(build_labels()));
+    registry.register(
+        "kube_fence_build",
+        "kube-fence's build: version (and commit and compiler when known) as labels; always 1",
+        Info::new(build_labels()),
+    );
     registry.register_collector(Box::new(process::ProcessCollector));
     registry
 }

@@ -617,7 +617,11 @@ fn render(values: &serde_json::Value) -> Result<Vec<serde_json::Value>, String> 
         .env("HELM_CACHE_HOME", std::env::temp_dir().join("kube-fence-helm-cache"))
         .output()
         .unwrap_or_else(|e| panic!("running helm: {e}"));
-    if out.status.success() { Ok(documents(&String::from_utf8_lossy(&out.stdout))) } else { Err(String::from_utf8_lossy(&out.stderr).into_owned()) }
+    if out.status.success() {
+        Ok(documents(&String::from_utf8_lossy(&out.stdout)))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 fn pod_spec(docs: &[serde_json::Value]) -> serde_json::Value {
@@ -718,8 +722,9 @@ fn the_chart_values_render_where_they_say() {
     let pod = pod_spec(&docs);
     assert!(pod.get("affinity").is_none() && pod.get("topologySpreadConstraints").is_none(), "{pod}");
     // Spreading turned off; an explicit minAvailable; no priority class.
-    let docs = render(&json!({"replicaCount": 3, "spreadReplicas": false, "priorityClassName": "", "podDisruptionBudget": {"minAvailable": 2}}))
-        .expect("renders");
+    let docs =
+        render(&json!({"replicaCount": 3, "spreadReplicas": false, "priorityClassName": "", "podDisruptionBudget": {"minAvailable": 2}}))
+            .expect("renders");
     let pod = pod_spec(&docs);
     assert!(pod.get("affinity").is_none() && pod.get("topologySpreadConstraints").is_none() && pod.get("priorityClassName").is_none());
     assert_eq!(named(&docs, "PodDisruptionBudget", "kube-fence")["spec"]["minAvailable"], 2);
@@ -785,16 +790,25 @@ fn the_chart_values_render_where_they_say() {
     assert_eq!(container["readinessProbe"]["httpGet"], json!({"path": "/readyz", "port": "metrics", "scheme": "HTTP"}));
     assert_eq!(container["livenessProbe"]["httpGet"], json!({"path": "/healthz", "port": "metrics", "scheme": "HTTP"}));
     let policy = named(&docs, "NetworkPolicy", "kube-fence");
-    assert_eq!(policy["spec"]["ingress"][0]["ports"], json!([{"port": "webhook", "protocol": "TCP"}, {"port": "metrics", "protocol": "TCP"}]));
+    assert_eq!(
+        policy["spec"]["ingress"][0]["ports"],
+        json!([{"port": "webhook", "protocol": "TCP"}, {"port": "metrics", "protocol": "TCP"}])
+    );
     let rule = named(&docs, "PrometheusRule", "kube-fence");
     assert_eq!(rule["metadata"]["labels"]["release"], "prom");
     let dashboard = named(&docs, "ConfigMap", "kube-fence-dashboard");
-    assert_eq!((&dashboard["metadata"]["labels"]["grafana_dashboard"], &dashboard["metadata"]["annotations"]["grafana_folder"]), (&json!("1"), &json!("kube-fence")));
+    assert_eq!(
+        (&dashboard["metadata"]["labels"]["grafana_dashboard"], &dashboard["metadata"]["annotations"]["grafana_folder"]),
+        (&json!("1"), &json!("kube-fence"))
+    );
     let shipped = std::fs::read_to_string(format!("{CHART}/dashboards/kube-fence.json")).expect("the dashboard");
     assert_eq!(dashboard["data"]["kube-fence.json"], shipped, "the ConfigMap carries the dashboard file as it is");
     // The helm test: hooks in the test namespace, the Pod running the chart's image's selftest.
     let test_pod = named(&docs, "Pod", "kube-fence-selftest");
-    assert_eq!((&test_pod["metadata"]["namespace"], &test_pod["metadata"]["annotations"]["helm.sh/hook"]), (&json!("kf-test"), &json!("test")));
+    assert_eq!(
+        (&test_pod["metadata"]["namespace"], &test_pod["metadata"]["annotations"]["helm.sh/hook"]),
+        (&json!("kf-test"), &json!("test"))
+    );
     assert_eq!(test_pod["spec"]["containers"][0]["image"], format!("registry.example/kf@{digest}"));
     let args: Vec<String> = serde_json::from_value(test_pod["spec"]["containers"][0]["args"].clone()).expect("args");
     assert_eq!(args, ["selftest", "--namespace=kf-test", "--name=cmp-kube-fence-selftest"]);

@@ -32,7 +32,8 @@ fn keys_with_comments(yaml: &str) -> Vec<(String, String)> {
             comment.push(text.strip_prefix(' ').unwrap_or(text).to_string());
         } else if trimmed.starts_with("- ") || trimmed == "-" {
             comment.clear();
-        } else if let Some((key, rest)) = trimmed.split_once(':').filter(|(k, _)| k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')) {
+        } else if let Some((key, rest)) = trimmed.split_once(':').filter(|(k, _)| k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        {
             while stack.last().is_some_and(|(i, _)| *i >= indent) {
                 stack.pop();
             }
@@ -155,7 +156,10 @@ fn readme(rows: &[Row]) -> String {
 fn the_chart_readme_is_generated_from_the_values_and_their_schema() {
     let rows = rows();
     let undocumented: Vec<&str> = rows.iter().filter(|r| r.description.trim().is_empty()).map(|r| r.key.as_str()).collect();
-    assert!(undocumented.is_empty(), "values without a word in values.yaml (a comment above) or the schema (description): {undocumented:?}");
+    assert!(
+        undocumented.is_empty(),
+        "values without a word in values.yaml (a comment above) or the schema (description): {undocumented:?}"
+    );
     for key in ["fencedControllers", "leaseAdmins", "leaderLeases", "leaderIdentity.separator", "leaseStatusWriters", "global"] {
         assert!(rows.iter().any(|r| r.key == key), "{key} is in the chart README");
     }

@@ -96,8 +96,28 @@ fn samples(scrape: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
 /// label names (inside braces or `by (...)`) or strings, and the `__name__` matchers' values.
 fn metrics_in(expr: &str) -> BTreeSet<String> {
     const WORDS: &[&str] = &[
-        "sum", "max", "min", "avg", "count", "rate", "irate", "increase", "histogram_quantile", "absent", "by", "without", "on",
-        "ignoring", "group_left", "group_right", "and", "or", "unless", "vector", "label_values", "bool",
+        "sum",
+        "max",
+        "min",
+        "avg",
+        "count",
+        "rate",
+        "irate",
+        "increase",
+        "histogram_quantile",
+        "absent",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "and",
+        "or",
+        "unless",
+        "vector",
+        "label_values",
+        "bool",
     ];
     let mut names = BTreeSet::new();
     let (mut braces, mut in_string, mut in_grouping) = (0, false, false);
@@ -249,7 +269,11 @@ async fn the_dashboard_and_the_alerts_read_what_a_running_kube_fence_exposes() {
         .output()
         .expect("curl");
     let answer: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
-    assert_eq!((&answer["response"]["allowed"], &answer["response"]["status"]["reason"]), (&json!(false), &json!("StaleToken")), "{answer}");
+    assert_eq!(
+        (&answer["response"]["allowed"], &answer["response"]["status"]["reason"]),
+        (&json!(false), &json!("StaleToken")),
+        "{answer}"
+    );
     let _ = ca;
 
     // The scrape, once the controller counted both grants.
@@ -286,7 +310,8 @@ async fn the_dashboard_and_the_alerts_read_what_a_running_kube_fence_exposes() {
 
     // The dashboard.
     let dashboard: Value =
-        serde_json::from_str(&std::fs::read_to_string(format!("{CHART}/dashboards/kube-fence.json")).expect("the dashboard")).expect("JSON");
+        serde_json::from_str(&std::fs::read_to_string(format!("{CHART}/dashboards/kube-fence.json")).expect("the dashboard"))
+            .expect("JSON");
     for key in ["title", "uid", "schemaVersion", "panels", "templating"] {
         assert!(dashboard.get(key).is_some(), "the dashboard has {key}");
     }
@@ -350,7 +375,12 @@ async fn the_dashboard_and_the_alerts_read_what_a_running_kube_fence_exposes() {
     std::fs::write(&rules_file, serde_yaml::to_string(&rule["spec"]).expect("yaml")).expect("rules file");
     let promtool = promtool();
     let checked = Command::new(&promtool).arg("check").arg("rules").arg(&rules_file).output().expect("promtool check rules");
-    assert!(checked.status.success(), "promtool check rules:\n{}{}", String::from_utf8_lossy(&checked.stdout), String::from_utf8_lossy(&checked.stderr));
+    assert!(
+        checked.status.success(),
+        "promtool check rules:\n{}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
     let alerts: Vec<Value> = rule["spec"]["groups"][0]["rules"].as_array().expect("rules").clone();
     assert_eq!(alerts.len(), 7);
     for alert in &alerts {
@@ -364,7 +394,8 @@ async fn the_dashboard_and_the_alerts_read_what_a_running_kube_fence_exposes() {
     }
 
     // Series from the scrape, labelled as the ServiceMonitor's scrape labels them.
-    let target = [("job", "mon-kube-fence-webhook"), ("namespace", "monitoring"), ("instance", "10.0.0.7:9090"), ("pod", "mon-kube-fence-0")];
+    let target =
+        [("job", "mon-kube-fence-webhook"), ("namespace", "monitoring"), ("instance", "10.0.0.7:9090"), ("pod", "mon-kube-fence-0")];
     let series = |name: &str, labels: &BTreeMap<String, String>| {
         let mut all: BTreeMap<String, String> = labels.clone();
         all.extend(target.iter().map(|(k, v)| (k.to_string(), v.to_string())));
@@ -440,6 +471,12 @@ fn promql_metric_names_are_read_out_of_expressions() {
         metrics_in(expr),
         BTreeSet::from(["kube_fence_webhook_decision_duration_seconds_bucket", "kube_fence_lease_leading", "up"].map(String::from))
     );
-    assert_eq!(metrics_in(r#"sum(rate({__name__=~"a_total|b_total", job="j"}[5m]))"#), BTreeSet::from(["a_total".to_string(), "b_total".to_string()]));
-    assert_eq!(reasons_in(r#"x{reason=~"StaleToken|NotHolder",verdict="denied"} + y{reason="ReadsThrottled"}"#), ["StaleToken", "NotHolder", "ReadsThrottled"]);
+    assert_eq!(
+        metrics_in(r#"sum(rate({__name__=~"a_total|b_total", job="j"}[5m]))"#),
+        BTreeSet::from(["a_total".to_string(), "b_total".to_string()])
+    );
+    assert_eq!(
+        reasons_in(r#"x{reason=~"StaleToken|NotHolder",verdict="denied"} + y{reason="ReadsThrottled"}"#),
+        ["StaleToken", "NotHolder", "ReadsThrottled"]
+    );
 }

@@ -651,13 +651,19 @@ async fn helm_test_sees_a_stale_write_refused_and_fails_where_nothing_is_fenced(
     assert!(pod.topology_spread_constraints.as_ref().is_some_and(|c| !c.is_empty()), "spread over nodes and zones");
     let pdb = Api::<PodDisruptionBudget>::namespaced(client.clone(), &kf_ns).get(&kf).await.expect("the PDB");
     let pdb_spec = pdb.spec.expect("PDB spec");
-    assert_eq!((pdb_spec.min_available, pdb_spec.max_unavailable), (None, Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))));
+    assert_eq!(
+        (pdb_spec.min_available, pdb_spec.max_unavailable),
+        (None, Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)))
+    );
     let running = Api::<Pod>::namespaced(client.clone(), &kf_ns)
         .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={kf}")))
         .await
         .expect("pods")
         .items;
-    assert!(running.iter().all(|p| p.spec.as_ref().and_then(|s| s.priority) == Some(2_000_000_000)), "the Pods run at system-cluster-critical");
+    assert!(
+        running.iter().all(|p| p.spec.as_ref().and_then(|s| s.priority) == Some(2_000_000_000)),
+        "the Pods run at system-cluster-critical"
+    );
 
     let selftest = |namespace: String| {
         let (kf_ns, kf) = (kf_ns.clone(), kf.clone());
@@ -687,8 +693,13 @@ async fn helm_test_sees_a_stale_write_refused_and_fails_where_nothing_is_fenced(
     let _ = Api::<Lease>::namespaced(client.clone(), "kube-system").delete(&name, &DeleteParams::default()).await;
     // A failed test leaves its Pod and RBAC (for their logs): gone from kube-system again.
     let _ = Api::<Pod>::namespaced(client.clone(), "kube-system").delete(&name, &DeleteParams::default()).await;
-    let _ = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), "kube-system").delete(&name, &DeleteParams::default()).await;
-    let _ = Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(client.clone(), "kube-system").delete(&name, &DeleteParams::default()).await;
-    let _ = Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), "kube-system").delete(&name, &DeleteParams::default()).await;
+    let _ = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), "kube-system")
+        .delete(&name, &DeleteParams::default())
+        .await;
+    let _ =
+        Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(client.clone(), "kube-system").delete(&name, &DeleteParams::default()).await;
+    let _ = Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), "kube-system")
+        .delete(&name, &DeleteParams::default())
+        .await;
     helm_upgrade(CHART, &["--set", &format!("tests.namespace={ns}")]).await;
 }

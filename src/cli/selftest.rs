@@ -54,12 +54,17 @@ pub async fn run(args: SelftestArgs) -> Result<(), Error> {
             })
         }
     };
-    let failed = |grant: &Grant, source| Error::WriteFenced { object: object.clone(), lease: grant.lease.clone(), server: cluster.server.clone(), source };
+    let failed = |grant: &Grant, source| Error::WriteFenced {
+        object: object.clone(),
+        lease: grant.lease.clone(),
+        server: cluster.server.clone(),
+        source,
+    };
     let write = |grant: Grant, by: &'static str| {
         let (configmaps, name) = (configmaps.clone(), args.name.clone());
         async move {
             let patch = Patch::Merge(serde_json::json!({"data": {"written-by": by, "token": grant.token.to_string()}}));
-            let written = match grant.patch(&configmaps, &name, &PatchParams::default(), patch).await {
+            match grant.patch(&configmaps, &name, &PatchParams::default(), patch).await {
                 // The first run in a namespace: the grant creates it.
                 Err(ClientError::Kube(kube::Error::Api(status))) if status.code == 404 => {
                     let cm = ConfigMap {
@@ -70,8 +75,7 @@ pub async fn run(args: SelftestArgs) -> Result<(), Error> {
                     grant.create(&configmaps, &cm).await.map(|_| ())
                 }
                 other => other.map(|_| ()),
-            };
-            written
+            }
         }
     };
 

@@ -56,9 +56,7 @@ impl Units {
 /// Reads the stats of the process whose directory is `pid_dir` (`/proc/self`), `proc_stat` being
 /// the system's `/proc/stat` (its boot time).
 pub fn read(pid_dir: &Path, proc_stat: &Path, units: Units) -> Result<ProcessStats, ProcError> {
-    let text = |path: &Path| {
-        std::fs::read_to_string(path).map_err(|source| ProcError::Read { path: path.display().to_string(), source })
-    };
+    let text = |path: &Path| std::fs::read_to_string(path).map_err(|source| ProcError::Read { path: path.display().to_string(), source });
     let stat_path = pid_dir.join("stat");
     let stat = parse_stat(&text(&stat_path)?)
         .ok_or_else(|| ProcError::Malformed { path: stat_path.display().to_string(), what: "fewer than 24 fields" })?;
@@ -131,7 +129,12 @@ impl Collector for ProcessCollector {
         // Nothing rather than zeros where /proc cannot be read: a zero would be a lie.
         let Ok(stats) = read_self() else { return Ok(()) };
         let cpu = ConstCounter::new(stats.cpu_seconds);
-        cpu.encode(encoder.encode_descriptor("process_cpu_seconds", "Total user and system CPU time spent in seconds", None, cpu.metric_type())?)?;
+        cpu.encode(encoder.encode_descriptor(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            None,
+            cpu.metric_type(),
+        )?)?;
         let gauges: [(&str, &str, f64); 4] = [
             ("process_resident_memory_bytes", "Resident memory size in bytes", stats.resident_memory_bytes as f64),
             ("process_virtual_memory_bytes", "Virtual memory size in bytes", stats.virtual_memory_bytes as f64),
