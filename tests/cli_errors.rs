@@ -918,3 +918,48 @@ async fn delete_removes_exactly_the_version_read_as_holder_or_with_a_token() {
     let status = local.stop();
     assert!(status.success(), "{status}\n{}", local.log());
 }
+
+/// `kube-fence selftest` (what the chart's `helm test` runs): where kube-fence fences (a local
+/// instance watching the namespace), the older grant's write is refused and it exits 0, twice in
+/// a row (the second run's grants are newer than the first's objects); where nothing is fenced,
+/// the stale write lands and it exits 1 with one line saying fencing does not work there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selftest_passes_where_writes_are_fenced_and_fails_where_they_are_not() {
+    let client = common::client().await;
+    let fenced = common::namespace(&client, "cli-selftest").await;
+    let unfenced = common::namespace(&client, "cli-selftest-not").await;
+    let kubeconfig = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("kubeconfig");
+    let home = tempfile::tempdir().expect("HOME");
+    let mut local = Local::start(&kubeconfig, home.path(), &fenced, "selftest", &[]);
+    local.wait_ready();
+    for run in 0..2 {
+        let out = kube_fence(Cluster::Kubeconfig(&kubeconfig), home.path(), &["selftest", "-n", &fenced]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "run {run}: {}\n{stdout}", text(&out.stderr));
+        assert!(
+            stdout.contains("refused (StaleToken), as it must be") && stdout.ends_with(&format!("fencing works in namespace {fenced}")),
+            "{stdout}"
+        );
+    }
+    let stored = Api::<ConfigMap>::namespaced(client.clone(), &fenced).get("kube-fence-selftest").await.expect("the selftest's object");
+    assert_eq!(stored.data.unwrap_or_default().get("written-by").map(String::as_str), Some("newer"));
+
+    // The controller of `fenced` grants only there: the unfenced namespace's lease needs a
+    // controller too, which this instance is not. A second local instance watching it, with its
+    // webhook scoped to a namespace that does not exist, grants there and fences nothing.
+    let nothing = format!("{unfenced}-nothing");
+    let mut granting = Local::start(&kubeconfig, home.path(), &unfenced, "selftest-grants", &["--only-namespace", &nothing]);
+    granting.wait_ready();
+    let out = kube_fence(Cluster::Kubeconfig(&kubeconfig), home.path(), &["selftest", "-n", &unfenced, "--name", "probe"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("kube-fence: error: fencing does not work: the write to ConfigMap \"probe\"") && stderr.contains(&unfenced),
+        "{stderr}"
+    );
+    for instance in [&mut local, &mut granting] {
+        let status = instance.stop();
+        assert!(status.success(), "{status}\n{}", instance.log());
+    }
+}
