@@ -198,6 +198,27 @@ mod tests {
         (status, content_type, String::from_utf8_lossy(&body).into_owned())
     }
 
+    /// Every registry starts with kube_fence_build_info (1, the crate's version) and the process
+    /// metrics.
+    #[test]
+    fn every_registry_says_the_build_and_the_process() {
+        let text = render(&registry());
+        let info = format!("kube_fence_build_info{{version=\"{}\"", env!("CARGO_PKG_VERSION"));
+        let line = text.lines().find(|l| l.starts_with(&info)).unwrap_or_else(|| panic!("{text}"));
+        assert!(line.ends_with("} 1"), "{line}");
+        assert!(text.contains("# TYPE kube_fence_build info"), "{text}");
+        for (name, kind) in [
+            ("process_cpu_seconds", "counter"),
+            ("process_resident_memory_bytes", "gauge"),
+            ("process_virtual_memory_bytes", "gauge"),
+            ("process_open_fds", "gauge"),
+            ("process_start_time_seconds", "gauge"),
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} {kind}")), "{name}: {text}");
+        }
+        assert!(text.lines().any(|l| l.starts_with("process_cpu_seconds_total ")), "{text}");
+    }
+
     #[tokio::test]
     async fn one_router_serves_metrics_health_and_readiness() {
         let mut registry = Registry::default();
