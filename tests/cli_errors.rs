@@ -518,6 +518,14 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
         .with_env("KUBE_FENCE_GRANT", &format!("{ns}/l:{token_a}")),
         case("webhook without TLS", kc, &["webhook", "--addr", "127.0.0.1:0"], 2, "bad command line", "the webhook serves HTTPS only"),
         case(
+            "local with a metrics port",
+            kc,
+            &["run", "--local", "--metrics-addr", "127.0.0.1:0"],
+            2,
+            "bad command line",
+            "--metrics-addr is not served with --local",
+        ),
+        case(
             "local webhook port taken",
             kc,
             &[
