@@ -807,15 +807,21 @@ fn the_chart_values_render_where_they_say() {
     let test_pod = named(&docs, "Pod", "kube-fence-selftest");
     assert_eq!(
         (&test_pod["metadata"]["namespace"], &test_pod["metadata"]["annotations"]["helm.sh/hook"]),
-        (&json!("kf-test"), &json!("test"))
+        (&json!("kf-system"), &json!("test")),
+        "the Pod in the release's namespace (`helm test --logs` reads it there), writing in kf-test"
     );
     assert_eq!(test_pod["spec"]["containers"][0]["image"], format!("registry.example/kf@{digest}"));
     let args: Vec<String> = serde_json::from_value(test_pod["spec"]["containers"][0]["args"].clone()).expect("args");
     assert_eq!(args, ["selftest", "--namespace=kf-test", "--name=cmp-kube-fence-selftest"]);
-    for kind in ["ServiceAccount", "Role", "RoleBinding"] {
-        let hook = docs.iter().find(|d| d["kind"] == kind && d["metadata"]["namespace"] == "kf-test").expect("the test's RBAC");
+    for (kind, namespace) in [("ServiceAccount", "kf-system"), ("Role", "kf-test"), ("RoleBinding", "kf-test")] {
+        let hook = docs
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == "cmp-kube-fence-selftest" && d["metadata"]["namespace"] == namespace)
+            .unwrap_or_else(|| panic!("the test's {kind} in {namespace}"));
         assert_eq!(hook["metadata"]["annotations"]["helm.sh/hook"], "test", "{kind}");
     }
+    let binding = named(&docs, "RoleBinding", "kube-fence-selftest");
+    assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "cmp-kube-fence-selftest", "namespace": "kf-system"}]));
 
     // Bad input is refused, with a message saying what.
     let clash = render(&json!({"metrics": {"port": 8443}})).expect_err("metrics.port = webhook.port");

@@ -692,11 +692,8 @@ async fn the_chart_defaults_hold_and_helm_test_sees_a_stale_write_refused() {
     let system: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
     let _ = system.delete(&name, &DeleteParams::default()).await;
     let _ = Api::<Lease>::namespaced(client.clone(), "kube-system").delete(&name, &DeleteParams::default()).await;
-    // A failed test leaves its Pod and RBAC (for their logs): gone from kube-system again.
-    let _ = Api::<Pod>::namespaced(client.clone(), "kube-system").delete(&name, &DeleteParams::default()).await;
-    let _ = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), "kube-system")
-        .delete(&name, &DeleteParams::default())
-        .await;
+    // A failed test leaves its Role and RoleBinding (and its Pod and ServiceAccount, in
+    // kube-fence's namespace): gone from kube-system again.
     let _ =
         Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(client.clone(), "kube-system").delete(&name, &DeleteParams::default()).await;
     let _ = Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), "kube-system")
