@@ -820,6 +820,12 @@ fn the_chart_values_render_where_they_say() {
             .unwrap_or_else(|| panic!("the test's {kind} in {namespace}"));
         assert_eq!(hook["metadata"]["annotations"]["helm.sh/hook"], "test", "{kind}");
     }
+    // Never selected as one of kube-fence's Pods (the Service's and the Deployment's selector).
+    let pod_labels = test_pod["metadata"]["labels"].as_object().expect("labels");
+    let selected =
+        service["spec"]["selector"].as_object().expect("the Service's selector").iter().all(|(k, v)| pod_labels.get(k) == Some(v));
+    assert!(!selected, "the test Pod is not one of the Service's endpoints: {pod_labels:?}");
+    assert_ne!(pod_labels.get("app.kubernetes.io/instance"), Some(&json!("cmp")), "nor found by instance");
     let binding = named(&docs, "RoleBinding", "kube-fence-selftest");
     assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "cmp-kube-fence-selftest", "namespace": "kf-system"}]));
 

@@ -305,7 +305,7 @@ pub enum Error {
     },
     /// `selftest`: the stale write was admitted.
     #[error(
-        "fencing does not work: the write to {object} with the released, older token {token} was admitted; is {object:?}'s namespace fenced (not kube-fence's own, not excluded, in webhook.onlyNamespaces if set) and kube-fence's ValidatingWebhookConfiguration registered?"
+        "fencing does not work: the write to {object} with the released, older token {token} was admitted; is that namespace fenced (not kube-fence's own, not excluded, in webhook.onlyNamespaces if set) and kube-fence's ValidatingWebhookConfiguration registered?"
     )]
     StaleWriteAdmitted { object: Object, token: String },
     #[error("cannot write to stdout: {}", io(.source))]

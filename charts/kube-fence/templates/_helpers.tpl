@@ -15,6 +15,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end -}}
 
+{{/* The `helm test` objects' labels: never the Deployment's selector (the Service would send
+reviews to the test Pod, and whoever lists kube-fence's Pods would find it). */}}
+{{- define "kube-fence.testLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+app.kubernetes.io/name: kube-fence-selftest
+app.kubernetes.io/instance: {{ printf "%s-selftest" .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
 {{/* The Pods' labels: the selector's, commonLabels, podLabels. */}}
 {{- define "kube-fence.podLabels" -}}
 {{ include "kube-fence.selectorLabels" . }}
