@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Builds a kube-fence release: the static binary, the container image tarball (no Docker), the
+# kubectl plugin's archive and its krew manifest (fence.yaml, hack/krew.sh), the
 # packaged Helm chart, the crates, the CRDs, and SHA256SUMS over all of them — every artifact
 # named and stamped with one version, the one in Cargo.toml's [workspace.package]. The script
 # refuses to run when the chart, the image tag default, CHANGELOG.md or the workspace's pins of
@@ -59,7 +60,7 @@ target_dir=${CARGO_TARGET_DIR:-target}
 out=${out:-dist/$version}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-rm -f "$out"/kube-fence* "$out"/SHA256SUMS
+rm -f "$out"/kube-fence* "$out"/kubectl-fence* "$out"/fence.yaml "$out"/SHA256SUMS
 ref=${KUBE_FENCE_IMAGE_REPOSITORY:-$repository}:$version
 say "kube-fence $version from commit $commit into $out"
 
@@ -69,6 +70,8 @@ bin=$target_dir/x86_64-unknown-linux-gnu/release/kube-fence
 reported=$("$bin" --version)
 [[ $reported == "kube-fence $version" ]] || die "$bin --version says '$reported', not 'kube-fence $version'"
 install -m 0755 "$bin" "$out/kube-fence-$version-x86_64-unknown-linux-gnu"
+# The same binary as the krew plugin `fence`: its archive, and the manifest naming it by sha256.
+hack/krew.sh "$bin" "$version" "$out" >/dev/null
 
 # 2. The chart, versioned from Cargo.toml (the check above makes these flags restate Chart.yaml).
 if command -v helm >/dev/null 2>&1; then helm=helm; else helm=$(hack/build-control-plane.sh)/helm; fi
@@ -85,7 +88,7 @@ for crate in "${crates[@]}"; do cp "$target_dir/package/$crate-$version.crate" "
 # 4. The CRDs, for `kubectl apply -f` before `helm install` / `helm upgrade` (Helm never upgrades CRDs).
 cp crds/kubefence.io_leases.yaml "$out/kube-fence-$version-crds.yaml"
 
-(cd "$out" && sha256sum kube-fence* > SHA256SUMS && sha256sum --check --quiet SHA256SUMS)
+(cd "$out" && sha256sum kube-fence* kubectl-fence* fence.yaml > SHA256SUMS && sha256sum --check --quiet SHA256SUMS)
 say "done:"
-(cd "$out" && ls -l kube-fence* SHA256SUMS >&2)
+(cd "$out" && ls -l kube-fence* kubectl-fence* fence.yaml SHA256SUMS >&2)
 echo "$out"

@@ -22,7 +22,7 @@
 #                                         # the checker must report the stale writes it lets through
 #
 # HA sizes: KF_HA_{FAULTS,WORKERS,LEASES,OBJECTS,LEASE_SECONDS,HOLD_MIN_MS,HOLD_MAX_MS,
-# PAUSE_PERCENT,MAX_SECONDS}, KF_TORTURE_SEED.
+# PAUSE_PERCENT,MAX_SECONDS,ELECTED_PODS}, KF_TORTURE_SEED.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -4,9 +4,9 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use clap::error::ErrorKind;
-use kube_fence::cli::{Cli, run, usage_error};
+use kube_fence::cli::completion::{KUBECTL_COMPLETE_EXECUTABLE, kubectl_complete};
+use kube_fence::cli::{parse_from, run, usage_error};
 
 /// Gives the free pages of glibc's arenas back to the system (after a burst of connections).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -21,7 +21,15 @@ fn release_free_memory() {
 async fn main() -> ExitCode {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     kube_fence::admission::http::bounds::set_memory_release(release_free_memory);
-    let cli = match Cli::try_parse() {
+    // Linked as kubectl_complete-fence, kubectl runs it to complete `kubectl fence ...`.
+    let argv0 = std::env::args_os().next().map(std::path::PathBuf::from);
+    if argv0.as_deref().and_then(|p| p.file_name()).is_some_and(|n| n == KUBECTL_COMPLETE_EXECUTABLE) {
+        let words: Vec<String> = std::env::args_os().skip(1).map(|w| w.to_string_lossy().into_owned()).collect();
+        print!("{}", kubectl_complete(&words));
+        return ExitCode::SUCCESS;
+    }
+    // Named as invoked: as the kubectl plugin `kubectl-fence`, help and usage say `kubectl fence`.
+    let cli = match parse_from(std::env::args_os()) {
         Ok(cli) => cli,
         Err(err)
             if matches!(
@@ -39,7 +47,7 @@ async fn main() -> ExitCode {
     };
     let verbose = cli.verbose;
     match run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(status) => ExitCode::from(status),
         Err(err) => {
             if verbose {
                 eprintln!("kube-fence: error: {}", err.verbose());

@@ -65,7 +65,7 @@ fn template(values: &std::path::Path) -> String {
 /// other tests' guarded objects.
 /// The objects of a rendered chart (`helm template` output), as JSON.
 fn documents(rendered: &str) -> Vec<serde_json::Value> {
-    rendered.split("\n---").filter_map(|doc| serde_yaml::from_str::<serde_json::Value>(doc).ok()).filter(|doc| doc.is_object()).collect()
+    rendered.split("\n---").filter_map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).ok()).filter(|doc| doc.is_object()).collect()
 }
 
 /// The rendered object of `kind` whose name ends with `suffix`.
@@ -203,7 +203,7 @@ fn the_chart_registers_what_local_mode_registers() {
     let registering = ["ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"];
     for (i, values) in table.iter().enumerate() {
         let file = dir.path().join(format!("values-{i}.yaml"));
-        std::fs::write(&file, serde_yaml::to_string(&values.file()).expect("values")).expect("write values");
+        std::fs::write(&file, serde_saphyr::to_string(&values.file()).expect("values")).expect("write values");
         let rendered = ok("helm", &["template", "cmp", CHART, "-n", "kf-system", "-f", file.to_str().expect("path")], None);
         let mut chart: Vec<serde_json::Value> =
             documents(&rendered).into_iter().filter(|d| d["kind"].as_str().is_some_and(|k| registering.contains(&k))).collect();
@@ -241,7 +241,7 @@ fn the_chart_renders_the_leader_identity_rule_as_local_mode_and_the_webhook_read
     let dir = tempfile::tempdir().expect("temp dir");
     for separator in ["_", "none", ":", "@pod:", "~", "/", "#", "X", "-", ".", "p", "7", "", "_'", "\\", " ", "·", "none_"] {
         let values = dir.path().join("values.yaml");
-        let yaml = serde_yaml::to_string(&serde_json::json!({"leaderIdentity": {"separator": separator}})).expect("values");
+        let yaml = serde_saphyr::to_string(&serde_json::json!({"leaderIdentity": {"separator": separator}})).expect("values");
         std::fs::write(&values, yaml).expect("write values");
         let out = run("helm", &["template", "cmp", CHART, "-n", "kf-system", "-f", values.to_str().expect("path")], None);
         let parsed = separator.parse::<IdentityRule>();
@@ -316,7 +316,7 @@ fn the_writer_webhooks_registered_in_cluster_carry_the_charts_timeout_and_namesp
             .collect();
         let values = serde_json::json!({"webhook": webhook, "fencedControllers": fenced});
         let file = dir.path().join("values.yaml");
-        std::fs::write(&file, serde_yaml::to_string(&values).expect("values")).expect("write values");
+        std::fs::write(&file, serde_saphyr::to_string(&values).expect("values")).expect("write values");
         let docs = documents(&template(&file));
 
         // What the chart registers itself: its webhooks all share one timeout and one selector.
@@ -610,7 +610,7 @@ fn the_chart_declares_fenced_controllers_as_fenced_controller_objects() {
 fn render(values: &serde_json::Value) -> Result<Vec<serde_json::Value>, String> {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("values.yaml");
-    std::fs::write(&file, serde_yaml::to_string(values).expect("values")).expect("write values");
+    std::fs::write(&file, serde_saphyr::to_string(values).expect("values")).expect("write values");
     let out = Command::new(tool("helm"))
         .args(["template", "cmp", CHART, "-n", "kf-system", "-f"])
         .arg(&file)
@@ -844,4 +844,50 @@ fn the_chart_values_render_where_they_say() {
     ] {
         assert!(render(&bad).is_err(), "values {bad} must be rejected by values.schema.json");
     }
+}
+
+/// The FlowSchema of `apiPriority`: the API server classifies the webhook's reads of Leases
+/// (coordination.k8s.io and kubefence.io, any namespace) into kube-fence's own priority level,
+/// and nobody else's requests — another ServiceAccount's reads of the same Leases, the
+/// webhook's own writes — into it. Threat case: a tenant (or a busy fenced controller) whose
+/// requests fill `workload-low` cannot queue the reads fenced writes wait on. Read from the
+/// `X-Kubernetes-PF-FlowSchema-UID` header the API server puts on each classified response.
+#[tokio::test]
+async fn the_webhooks_lease_reads_have_a_priority_level_of_their_own() {
+    use k8s_openapi::api::flowcontrol::v1::FlowSchema;
+    let client = common::client().await;
+    let ns = common::namespace(&client, "chart-apf").await;
+    let mut args: Vec<String> = ["install", "apf", CHART, "-n", &ns].iter().map(|s| s.to_string()).collect();
+    args.extend(isolated(&ns));
+    ok("helm", &args.iter().map(String::as_str).collect::<Vec<_>>(), None);
+    let ours = Api::<FlowSchema>::all(client.clone()).get("apf-kube-fence-lease-reads").await.expect("the chart's FlowSchema");
+    let ours = ours.metadata.uid.expect("a uid");
+
+    let webhook = common::identity::client_as(&format!("system:serviceaccount:{ns}:apf-kube-fence")).await;
+    let other = common::identity::client_as(&format!("system:serviceaccount:{ns}:default")).await;
+    // The FlowSchema the API server classified one request as (its header, whatever the status).
+    let classified = async |client: &kube::Client, method: &str, path: &str| -> String {
+        let request = http::Request::builder().method(method).uri(path).body(Vec::new()).expect("a request");
+        let response = client.send(request.map(kube::client::Body::from)).await.expect("a response");
+        response.headers().get("X-Kubernetes-PF-FlowSchema-UID").map(|v| v.to_str().unwrap_or_default().to_string()).unwrap_or_default()
+    };
+    // The API server may take a moment to see the new FlowSchema.
+    let elsewhere = common::namespace(&client, "chart-apf-other").await;
+    let reads = [
+        format!("/apis/coordination.k8s.io/v1/namespaces/{elsewhere}/leases/any"),
+        "/apis/kubefence.io/v1alpha1/namespaces/kube-system/leases/any".to_string(),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for read in &reads {
+        while classified(&webhook, "GET", read).await != ours {
+            assert!(Instant::now() < deadline, "the webhook's GET {read} is not classified by the chart's FlowSchema");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    assert_ne!(classified(&other, "GET", &reads[0]).await, ours, "another ServiceAccount's read of a Lease is not ours");
+    let list = format!("/apis/coordination.k8s.io/v1/namespaces/{elsewhere}/leases");
+    assert_ne!(classified(&webhook, "GET", &list).await, ours, "the webhook's lists (its watch caches) are not the quorum reads");
+    let status = format!("/apis/kubefence.io/v1alpha1/namespaces/{elsewhere}/leases/any/status");
+    assert_ne!(classified(&webhook, "PATCH", &status).await, ours, "its writes are not reads");
+    ok("helm", &["uninstall", "apf", "-n", &ns], None);
 }

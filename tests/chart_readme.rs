@@ -80,7 +80,7 @@ fn cell(text: &str) -> String {
 
 fn rows() -> Vec<Row> {
     let yaml = std::fs::read_to_string(format!("{CHART}/values.yaml")).expect("values.yaml");
-    let values: Value = serde_yaml::from_str(&yaml).expect("values.yaml parses");
+    let values: Value = serde_saphyr::from_str(&yaml).expect("values.yaml parses");
     let schema: Value =
         serde_json::from_str(&std::fs::read_to_string(format!("{CHART}/values.schema.json")).expect("schema")).expect("schema parses");
     let mut rows = Vec::new();

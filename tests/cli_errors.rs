@@ -7,99 +7,18 @@
 
 mod common;
 
+use common::cli::{Cluster, Local, command, kube_fence, kube_fence_with, text};
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-const KUBE_FENCE: &str = env!("CARGO_BIN_EXE_kube-fence");
 /// Debug renderings of Rust/Kubernetes types and raw OS errors: never in a plain message.
 const NOISE: [&str; 3] = ["Status {", "Some(", "os error"];
-
-/// Which cluster the binary is pointed at.
-#[derive(Clone, Copy)]
-enum Cluster<'a> {
-    /// KUBECONFIG unset, an empty HOME, not in a Pod.
-    None,
-    Kubeconfig(&'a Path),
-}
-
-/// Runs `kube-fence args` with a clean environment and `cluster`; a run that does not end
-/// within two minutes is killed and fails the test (a failure must end the process).
-fn kube_fence(cluster: Cluster<'_>, home: &Path, args: &[&str]) -> Output {
-    kube_fence_with(cluster, home, args, &[])
-}
-
-/// [`kube_fence`] with extra environment variables (a delegated grant, as a Pod has it).
-fn kube_fence_with(cluster: Cluster<'_>, home: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let out = tempfile::tempdir().expect("output dir");
-    let (stdout, stderr) = (out.path().join("stdout"), out.path().join("stderr"));
-    let mut child = command(cluster, home, args)
-        .envs(env.iter().copied())
-        .stdout(std::fs::File::create(&stdout).expect("stdout file"))
-        .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-        .spawn()
-        .unwrap_or_else(|e| panic!("running {KUBE_FENCE}: {e}"));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("kube-fence {} did not end within 120s:\n{}", args.join(" "), std::fs::read_to_string(&stderr).unwrap_or_default());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Output { status, stdout: std::fs::read(&stdout).unwrap_or_default(), stderr: std::fs::read(&stderr).unwrap_or_default() }
-}
-
-fn command(cluster: Cluster<'_>, home: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(KUBE_FENCE);
-    cmd.args(args)
-        .env("HOME", home)
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBE_FENCE_NAMESPACE")
-        .env_remove("POD_NAME")
-        .env_remove("POD_NAMESPACE")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("RUST_LOG")
-        .env_remove("KUBE_FENCE_GRANT");
-    if let Cluster::Kubeconfig(path) = cluster {
-        cmd.env("KUBECONFIG", path);
-    }
-    cmd
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).trim().to_string()
-}
-
-/// A copy of the shared kubeconfig, edited.
-fn kubeconfig_variant(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_yaml::Value)) -> PathBuf {
-    let shared = kube_fence_testenv::shared_kubeconfig();
-    let source = std::fs::read_to_string(&shared).unwrap_or_else(|e| panic!("reading {}: {e}", shared.display()));
-    let mut config: serde_yaml::Value = serde_yaml::from_str(&source).expect("the shared kubeconfig is YAML");
-    edit(&mut config);
-    let path = dir.join(name);
-    std::fs::write(&path, serde_yaml::to_string(&config).expect("kubeconfig YAML")).expect("write kubeconfig");
-    path
-}
-
-/// Every entry of a kubeconfig list (`clusters`, `users`), at `field` (`cluster`, `user`).
-fn entries<'a>(config: &'a mut serde_yaml::Value, list: &str, field: &str) -> Vec<&'a mut serde_yaml::Mapping> {
-    config
-        .get_mut(list)
-        .and_then(|v| v.as_sequence_mut())
-        .expect("kubeconfig list")
-        .iter_mut()
-        .filter_map(|entry| entry.get_mut(field).and_then(|v| v.as_mapping_mut()))
-        .collect()
-}
 
 /// A port on 127.0.0.1 where nothing listens, for as long as the returned socket lives: it is
 /// bound (so nobody else can take the port) but never listens (so a connection is refused).
@@ -120,79 +39,6 @@ fn serving_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     std::fs::write(&files.1, &made.serving.cert).expect("write certificate");
     std::fs::write(&files.2, &made.serving.key).expect("write key");
     files
-}
-
-/// `kube-fence run --local` as a child process, stopped with SIGTERM (a clean exit that
-/// unregisters) when dropped.
-struct Local {
-    child: Option<Child>,
-    ready_file: PathBuf,
-    configuration: String,
-    stderr: PathBuf,
-}
-
-impl Local {
-    fn start(kubeconfig: &Path, home: &Path, ns: &str, name: &str, extra: &[&str]) -> Local {
-        let ready_file = home.join(format!("{name}.ready"));
-        let stderr = home.join(format!("{name}.log"));
-        let configuration = format!("kf-cli-{name}-{ns}");
-        let log = std::fs::File::create(&stderr).expect("log file");
-        let mut args = vec!["run", "--local", "--watch-namespace", ns, "--local-configuration", &configuration];
-        let ready = ready_file.display().to_string();
-        args.extend(["--ready-file", &ready]);
-        args.extend(extra);
-        let child = command(Cluster::Kubeconfig(kubeconfig), home, &args)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting kube-fence run --local: {e}"));
-        Local { child: Some(child), ready_file, configuration, stderr }
-    }
-
-    /// Waits for the ready file; returns what it says (the webhook's URL).
-    fn wait_ready(&mut self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            if let Ok(contents) = std::fs::read_to_string(&self.ready_file) {
-                assert!(contents.ends_with('\n'), "the ready file is written whole: {contents:?}");
-                return contents.trim().to_string();
-            }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("kube-fence run --local exited ({status}) before it was ready:\n{}", self.log());
-            }
-            assert!(Instant::now() < deadline, "kube-fence run --local was not ready in 90s:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// SIGTERM, then the exit status.
-    fn stop(&mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("running");
-        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                return child.wait().expect("wait");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            self.stop();
-        }
-    }
 }
 
 /// One failure: how to cause it, and what the user must see.
@@ -314,13 +160,13 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
     );
 
     let (_closed, port) = closed_port();
-    let unreachable = kubeconfig_variant(home, "unreachable", |config| {
-        for cluster in entries(config, "clusters", "cluster") {
+    let unreachable = common::kubeconfig_variant(home, "unreachable", |config| {
+        for cluster in common::entries(config, "clusters", "cluster") {
             cluster.insert("server".into(), format!("https://127.0.0.1:{port}").into());
         }
     });
-    let nobody = kubeconfig_variant(home, "nobody", |config| {
-        for user in entries(config, "users", "user") {
+    let nobody = common::kubeconfig_variant(home, "nobody", |config| {
+        for user in common::entries(config, "users", "user") {
             user.insert("as".into(), "kube-fence-test-nobody".into());
         }
     });
@@ -329,6 +175,7 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
     let busy_port = busy.local_addr().expect("addr").port().to_string();
     let kc = Some(kubeconfig.as_path());
     let missing_cert = home.join("no-such.crt").display().to_string();
+    let missing_kubeconfig = home.join("no-such-kubeconfig").display().to_string();
     let (_, cert, key) = serving_files(home);
     let (cert, key) = (cert.display().to_string(), key.display().to_string());
     let unwritable = home.join("no-such-dir/ready").display().to_string();
@@ -348,6 +195,38 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
             3,
             "no cluster",
             "does not exist: fix KUBECONFIG",
+        ),
+        case(
+            "--kubeconfig names no file",
+            None,
+            &["lease", "get", "l", "-n", &ns, "--kubeconfig", &missing_kubeconfig],
+            3,
+            "no cluster",
+            &format!("the kubeconfig {missing_kubeconfig} named by --kubeconfig does not exist"),
+        ),
+        case(
+            "--context names no context",
+            kc,
+            &["--context", "nosuch", "lease", "get", "l", "-n", &ns],
+            3,
+            "no cluster",
+            "the kubeconfig named by KUBECONFIG has no context \"nosuch\" (--context)",
+        ),
+        case(
+            "lease run without a command",
+            kc,
+            &["lease", "run", "l", "-n", &ns],
+            2,
+            "bad command line",
+            "the following required arguments were not provided: <COMMAND>...",
+        ),
+        case(
+            "lease run of a missing program",
+            kc,
+            &["lease", "run", "run-missing", "--holder", "c", "-n", &ns, "--", &missing_cert],
+            1,
+            "any other failure",
+            &format!("cannot run `{missing_cert}`: no such file or directory"),
         ),
         case(
             "unreachable API server",
@@ -964,7 +843,7 @@ async fn selftest_passes_where_writes_are_fenced_and_fails_where_they_are_not() 
     assert!(rendered.status.success(), "{}", text(&rendered.stderr));
     let rbac: Vec<serde_json::Value> = String::from_utf8_lossy(&rendered.stdout)
         .split("\n---")
-        .filter_map(|doc| serde_yaml::from_str::<serde_json::Value>(doc).ok())
+        .filter_map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).ok())
         .filter(|doc| doc["kind"] == "Role" || doc["kind"] == "RoleBinding")
         .collect();
     assert_eq!(rbac.len(), 2, "Role, RoleBinding");
@@ -981,8 +860,8 @@ async fn selftest_passes_where_writes_are_fenced_and_fails_where_they_are_not() 
     // The ServiceAccount of the release's namespace the RoleBinding names (impersonated: its
     // Pod's identity, without the Pod).
     let account = "system:serviceaccount:kf-system:cmp-kube-fence-selftest".to_string();
-    let as_test = kubeconfig_variant(home.path(), "selftest-account", |config| {
-        for user in entries(config, "users", "user") {
+    let as_test = common::kubeconfig_variant(home.path(), "selftest-account", |config| {
+        for user in common::entries(config, "users", "user") {
             user.insert("as".into(), account.clone().into());
         }
     });

@@ -19,7 +19,7 @@
 mod common;
 mod torture;
 
-use torture::ha::{HaConfig, HaFault, HaReport};
+use torture::ha::{HaConfig, HaFault, HaReport, Path};
 use torture::{Config, Fault, Report};
 
 fn assert_proven(report: &Report, config: &Config) {
@@ -70,6 +70,19 @@ fn assert_ha_proven(report: &HaReport, config: &HaConfig) {
         }
     }
     assert!(report.writes_accepted > 0, "no write was accepted:\n{report}");
+    // The client-go Lease paths: the scripted stale write refused, and genuine writes sent under
+    // every fault kind the run injected (so each kind met these paths too).
+    for path in Path::ALL {
+        assert_eq!(report.planted_on(path), Some(false), "{}: the scripted stale write was not refused:\n{report}", path.describe());
+        assert!(report.path_writes.get(&path).copied().unwrap_or(0) > 0, "{}: no write was admitted:\n{report}", path.describe());
+        for fault in HaFault::ALL.into_iter().filter(|f| report.fault(*f) > 0) {
+            assert!(
+                report.on_path(path, Some(fault)).attempted > 0,
+                "{}: no genuine write was sent during {fault:?}:\n{report}",
+                path.describe()
+            );
+        }
+    }
 }
 
 /// The HA topology, 20 faults (`hack/torture.sh --ha --short`). Needs root.
@@ -91,6 +104,17 @@ async fn faults_ha_unfenced() {
     println!("{report}");
     assert_eq!(report.planted_accepted, Some(true), "without the webhook the scripted stale write must be accepted:\n{report}");
     assert!(!report.violations.is_empty(), "the checker missed the accepted stale write(s):\n{report}");
+    // The same on the client-go Lease paths: the ex-leader's delayed writes are admitted, and the
+    // checker finds them in the watched history.
+    for path in Path::ALL {
+        assert_eq!(
+            report.planted_on(path),
+            Some(true),
+            "{}: without the webhook the scripted stale write must be accepted:\n{report}",
+            path.describe()
+        );
+        assert!(report.violations_on(Some(path)) > 0, "{}: the checker missed the accepted stale write(s):\n{report}", path.describe());
+    }
 }
 
 /// The long run on the HA topology (`hack/torture.sh --ha`; `KF_HA_FAULTS`, default 2,000).

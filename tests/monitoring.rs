@@ -368,11 +368,11 @@ async fn the_dashboard_and_the_alerts_read_what_a_running_kube_fence_exposes() {
     assert!(rendered.status.success(), "{}", String::from_utf8_lossy(&rendered.stderr));
     let rule = String::from_utf8_lossy(&rendered.stdout)
         .split("\n---")
-        .filter_map(|doc| serde_yaml::from_str::<Value>(doc).ok())
+        .filter_map(|doc| serde_saphyr::from_str::<Value>(doc).ok())
         .find(|doc| doc["kind"] == "PrometheusRule")
         .expect("a PrometheusRule");
     let rules_file = dir.path().join("rules.yaml");
-    std::fs::write(&rules_file, serde_yaml::to_string(&rule["spec"]).expect("yaml")).expect("rules file");
+    std::fs::write(&rules_file, serde_saphyr::to_string(&rule["spec"]).expect("yaml")).expect("rules file");
     let promtool = promtool();
     let checked = Command::new(&promtool).arg("check").arg("rules").arg(&rules_file).output().expect("promtool check rules");
     assert!(
@@ -451,7 +451,7 @@ async fn the_dashboard_and_the_alerts_read_what_a_running_kube_fence_exposes() {
         ],
     });
     let tests_file = dir.path().join("tests.yaml");
-    std::fs::write(&tests_file, serde_yaml::to_string(&tests).expect("yaml")).expect("tests file");
+    std::fs::write(&tests_file, serde_saphyr::to_string(&tests).expect("yaml")).expect("tests file");
     let tested = Command::new(&promtool).arg("test").arg("rules").arg(&tests_file).output().expect("promtool test rules");
     assert!(
         tested.status.success(),

@@ -578,7 +578,7 @@ async fn helm_rolls_a_fence_on_and_off_without_touching_the_controllers_lease() 
         // The chart's webhooks fence only `app` (no kube-fence Pod runs here, and nothing there is
         // guarded); its policies of fenced controllers follow the same scope.
         let values = json!({"webhook": {"onlyNamespaces": [app]}, "leaderElection": false, "fencedControllers": fenced});
-        std::fs::write(&file, serde_yaml::to_string(&values).expect("values")).expect("write values");
+        std::fs::write(&file, serde_saphyr::to_string(&values).expect("values")).expect("write values");
         file.display().to_string()
     };
     let with = values(json!([{"namespace": app, "lease": "op", "serviceAccounts": ["op"]}]));

@@ -16,11 +16,11 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(Path::new(ROOT).join(path)).unwrap_or_else(|e| panic!("reading {path}: {e}"))
 }
 
-fn yaml(path: &str) -> serde_yaml::Value {
-    serde_yaml::from_str(&read(path)).unwrap_or_else(|e| panic!("{path} is YAML: {e}"))
+fn yaml(path: &str) -> serde_json::Value {
+    serde_saphyr::from_str(&read(path)).unwrap_or_else(|e| panic!("{path} is YAML: {e}"))
 }
 
-fn string<'a>(value: &'a serde_yaml::Value, path: &[&str]) -> &'a str {
+fn string<'a>(value: &'a serde_json::Value, path: &[&str]) -> &'a str {
     let mut v = value;
     for key in path {
         v = v.get(*key).unwrap_or_else(|| panic!("no {} in the YAML", path.join(".")));
@@ -146,4 +146,59 @@ fn the_release_script_refuses_versions_that_disagree() {
         let out = Command::new("bash").arg(dir.path().join("hack/release.sh")).arg("--check").output().expect("run the copied script");
         assert!(out.status.success(), "the restored copy passes: {}", String::from_utf8_lossy(&out.stderr));
     }
+}
+
+/// The kubectl plugin as krew installs it: hack/krew.sh (which hack/release.sh runs on the
+/// release binary) packs the binary under test and writes fence.yaml; the manifest's sha256 is
+/// the archive's (computed here), its URI names the archive under the release's tag, and what
+/// the archive holds runs as `kubectl fence`.
+#[test]
+fn the_krew_manifest_names_the_plugin_archive_by_its_checksum() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(Path::new(ROOT).join("hack/krew.sh"))
+        .args([env!("CARGO_BIN_EXE_kube-fence"), VERSION])
+        .arg(dir.path())
+        .output()
+        .expect("run hack/krew.sh");
+    assert!(out.status.success(), "hack/krew.sh: {}", String::from_utf8_lossy(&out.stderr));
+    let manifest_path = dir.path().join("fence.yaml");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), manifest_path.display().to_string());
+    let manifest: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&manifest_path).expect("fence.yaml")).expect("fence.yaml is YAML");
+    assert_eq!(manifest["apiVersion"], "krew.googlecontainertools.github.com/v1alpha2");
+    assert_eq!(manifest["kind"], "Plugin");
+    assert_eq!(manifest["metadata"]["name"], "fence", "krew names the plugin as kubectl runs it: kubectl fence");
+    assert_eq!(manifest["spec"]["version"], format!("v{VERSION}"));
+    for field in ["homepage", "shortDescription", "description"] {
+        assert!(manifest["spec"][field].as_str().is_some_and(|s| !s.trim().is_empty()), "spec.{field} is set");
+    }
+    let platforms = manifest["spec"]["platforms"].as_array().expect("spec.platforms");
+    assert_eq!(platforms.len(), 1, "one platform: the release builds x86_64 Linux only");
+    let platform = &platforms[0];
+    assert_eq!(platform["selector"]["matchLabels"], serde_json::json!({"os": "linux", "arch": "amd64"}));
+    assert_eq!(platform["bin"], "kubectl-fence");
+
+    let archive_name = format!("kubectl-fence-{VERSION}-x86_64-unknown-linux-gnu.tar.gz");
+    let uri = platform["uri"].as_str().expect("uri");
+    assert!(uri.ends_with(&format!("/releases/download/v{VERSION}/{archive_name}")), "{uri}");
+    let archive = std::fs::read(dir.path().join(&archive_name)).expect("the archive");
+    let sha256: String = ring::digest::digest(&ring::digest::SHA256, &archive).as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(platform["sha256"].as_str(), Some(sha256.as_str()), "the manifest's sha256 is the archive's");
+
+    // What krew does: extract, then run `bin`, which the files list put in place.
+    let extracted = dir.path().join("extracted");
+    std::fs::create_dir(&extracted).expect("mkdir");
+    let untar = Command::new("tar").arg("xzf").arg(dir.path().join(&archive_name)).arg("-C").arg(&extracted).status().expect("run tar");
+    assert!(untar.success());
+    for file in platform["files"].as_array().expect("files") {
+        let from = file["from"].as_str().expect("from");
+        assert!(extracted.join(from).exists(), "the archive holds {from}");
+    }
+    let help = Command::new(extracted.join("kubectl-fence")).arg("--help").output().expect("run the extracted kubectl-fence");
+    assert!(String::from_utf8_lossy(&help.stdout).contains("Usage: kubectl fence"), "{}", String::from_utf8_lossy(&help.stdout));
+
+    // The release runs it on the release binary and sums what it wrote.
+    let script = read("hack/release.sh");
+    assert!(script.contains("hack/krew.sh \"$bin\" \"$version\" \"$out\""), "hack/release.sh packs the plugin");
+    assert!(script.contains("sha256sum kube-fence* kubectl-fence* fence.yaml > SHA256SUMS"), "SHA256SUMS covers the plugin");
 }

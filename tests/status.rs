@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -43,28 +43,6 @@ fn text(bytes: &[u8]) -> String {
 fn ok(out: Output, what: &str) -> String {
     assert!(out.status.success(), "{what}: exit {:?}: {}", out.status.code(), text(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A copy of the shared kubeconfig, edited.
-fn kubeconfig_variant(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_yaml::Value)) -> PathBuf {
-    let shared = kube_fence_testenv::shared_kubeconfig();
-    let source = std::fs::read_to_string(&shared).unwrap_or_else(|e| panic!("reading {}: {e}", shared.display()));
-    let mut config: serde_yaml::Value = serde_yaml::from_str(&source).expect("the shared kubeconfig is YAML");
-    edit(&mut config);
-    let path = dir.join(name);
-    std::fs::write(&path, serde_yaml::to_string(&config).expect("kubeconfig YAML")).expect("write kubeconfig");
-    path
-}
-
-/// Every entry of a kubeconfig list (`contexts`, `users`), at `field` (`context`, `user`).
-fn entries<'a>(config: &'a mut serde_yaml::Value, list: &str, field: &str) -> Vec<&'a mut serde_yaml::Mapping> {
-    config
-        .get_mut(list)
-        .and_then(|v| v.as_sequence_mut())
-        .expect("kubeconfig list")
-        .iter_mut()
-        .filter_map(|entry| entry.get_mut(field).and_then(|v| v.as_mapping_mut()))
-        .collect()
 }
 
 /// A Warning Event about `regarding` in `ns`, as the webhook writes one, `age` ago.
@@ -171,8 +149,8 @@ async fn status_shows_fences_and_leases_with_the_last_hours_refusals() {
     assert_eq!((&lease_row["token"], &lease_row["phase"], &lease_row["holder"]), (&json!(7), &json!("Held"), &json!("worker-a")));
 
     // The kubeconfig context's namespace by default, and every namespace with -A.
-    let in_ns = kubeconfig_variant(home, "in-ns", |config| {
-        for context in entries(config, "contexts", "context") {
+    let in_ns = common::kubeconfig_variant(home, "in-ns", |config| {
+        for context in common::entries(config, "contexts", "context") {
             context.insert("namespace".into(), ns.clone().into());
         }
     });
@@ -201,8 +179,8 @@ async fn status_shows_fences_and_leases_with_the_last_hours_refusals() {
     assert_eq!(json.trim(), "[]");
 
     // A user without RBAC: one line, exit status 4, naming what status lists.
-    let nobody = kubeconfig_variant(home, "nobody", |config| {
-        for user in entries(config, "users", "user") {
+    let nobody = common::kubeconfig_variant(home, "nobody", |config| {
+        for user in common::entries(config, "users", "user") {
             user.insert("as".into(), "kube-fence-test-nobody".into());
         }
     });

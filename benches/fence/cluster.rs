@@ -849,7 +849,9 @@ async fn fenced_throughput(
                 for on in [false, true] {
                     set_fenced(on).await?;
                     let file = dir.join(format!("apiserver-fenced-controller-{}-{workers}w.pprof", if on { "fenced" } else { "plain" }));
-                    let writes = profile_while(&bench.client, &file, async || Ok(holder_updates(holder, workers, per_worker).await?.1.len())).await?;
+                    let writes =
+                        profile_while(&bench.client, &file, async || Ok(holder_updates(holder, workers, per_worker).await?.1.len()))
+                            .await?;
                     eprintln!("[3] kube-apiserver CPU profile over {writes} writes: {}", file.display());
                 }
             }
@@ -949,7 +951,13 @@ fn control_plane(kubeconfig: &Path) -> (Option<u32>, Option<u32>) {
         return (None, None);
     };
     let etcd_url = line.split('\0').skip_while(|a| *a != "--etcd-servers").nth(1).unwrap_or("").split(',').next().unwrap_or("").to_string();
-    let etcd = processes("etcd").into_iter().find(|(_, l)| !etcd_url.is_empty() && l.contains(&etcd_url)).map(|(pid, _)| pid);
+    // Other control planes on the machine (the HA topology's members, in network namespaces of
+    // their own) may listen on the same URL: the bench's etcd shares the API server's.
+    let net = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+    let etcd = processes("etcd")
+        .into_iter()
+        .find(|(pid, l)| !etcd_url.is_empty() && l.contains(&etcd_url) && net(*pid) == net(apiserver))
+        .map(|(pid, _)| pid);
     (Some(apiserver), etcd)
 }
 

@@ -175,7 +175,8 @@ fn main() -> anyhow::Result<()> {
     if args.runs("decision") {
         decision::run(&args, &mut table)?;
     }
-    let needs_cluster = ["webhook", "apiserver", "fenced", "policy", "acquire", "scale", "holder", "connections"].iter().any(|s| args.runs(s));
+    let needs_cluster =
+        ["webhook", "apiserver", "fenced", "policy", "acquire", "scale", "holder", "connections"].iter().any(|s| args.runs(s));
     if needs_cluster {
         runtime.block_on(cluster::run(&args, &mut table))?;
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, ClusterArgs};
 use super::error::Error;
 
 use crate::lease::controller::{self, ControllerOptions};
@@ -48,9 +48,9 @@ pub struct ControllerArgs {
     pub log_format: LogFormat,
 }
 
-pub async fn run(args: ControllerArgs) -> Result<(), Error> {
+pub async fn run(args: ControllerArgs, at: &ClusterArgs) -> Result<(), Error> {
     telemetry::init_logging(args.log_format);
-    let cluster = Cluster::connect().await?;
+    let cluster = Cluster::connect(at).await?;
     let mut options = ControllerOptions::new(args.identity.unwrap_or_else(crate::process::identity)).leader_election(args.leader_election);
     options.namespace = args.namespace;
     options.leader_election_namespace = args.leader_election_namespace;

@@ -16,8 +16,7 @@
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
-use serde::Deserialize;
-
+use super::cluster::ClusterArgs;
 use super::error::Error;
 use super::grant::GrantArgs;
 use crate::client::stamp_delegation;
@@ -35,10 +34,10 @@ pub struct DelegateArgs {
     pub grant: GrantArgs,
 }
 
-pub async fn run(args: DelegateArgs) -> Result<(), Error> {
+pub async fn run(args: DelegateArgs, at: &ClusterArgs) -> Result<(), Error> {
     // The kubeconfig's namespace only when a namespace is needed and not given: nothing is sent.
     let default_namespace = match (&args.namespace, &args.grant.lease) {
-        (None, Some(_)) => kube::Config::infer().await.map(|c| c.default_namespace).unwrap_or_else(|_| "default".into()),
+        (None, Some(_)) => at.config().await.map(|c| c.default_namespace).unwrap_or_else(|_| "default".into()),
         _ => "default".into(),
     };
     let Some((grant, _)) = args.grant.resolve(args.namespace.as_deref(), &default_namespace)? else {
@@ -65,12 +64,13 @@ fn read(path: &PathBuf) -> Result<String, Error> {
 pub fn stamp_manifests(text: &str, grant: &str) -> Result<String, String> {
     let mut out = String::new();
     let mut count = 0;
-    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = serde_json::Value::deserialize(document).map_err(|e| format!("document {}: {e}", i + 1))?;
+    // Empty documents (a trailing `---`) are skipped.
+    let documents: Vec<serde_json::Value> =
+        serde_saphyr::from_str_multiple(text).map_err(|e| format!("not YAML: {}", super::error::one_line(&e.to_string())))?;
+    for (i, mut value) in documents.into_iter().enumerate() {
         if value.is_null() {
-            continue; // an empty document (a trailing `---`)
+            continue;
         }
-        let mut value = value;
         let stamp = |v: &mut serde_json::Value| stamp_delegation(v, grant).map_err(|e| format!("document {}: {e}", i + 1));
         if value.get("kind").and_then(|k| k.as_str()).is_some_and(|k| k.ends_with("List")) {
             for item in value.get_mut("items").and_then(|items| items.as_array_mut()).into_iter().flatten() {
@@ -80,7 +80,7 @@ pub fn stamp_manifests(text: &str, grant: &str) -> Result<String, String> {
             stamp(&mut value)?;
         }
         out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&value).map_err(|e| format!("document {}: {e}", i + 1))?);
+        out.push_str(&serde_saphyr::to_string(&value).map_err(|e| format!("document {}: {e}", i + 1))?);
         count += 1;
     }
     if count == 0 {
@@ -98,8 +98,7 @@ mod tests {
         let text = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: c}]}\n---\n\
                     apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: ConfigMap, metadata: {name: item}}\n---\n";
         let out = stamp_manifests(text, "work/jobs:3").unwrap_or_default();
-        let docs: Vec<serde_json::Value> =
-            serde_yaml::Deserializer::from_str(&out).filter_map(|d| serde_json::Value::deserialize(d).ok()).collect();
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&out).unwrap_or_default();
         assert_eq!(docs.len(), 2, "{out}");
         assert_eq!(docs[0]["metadata"]["annotations"]["kubefence.io/delegated-grant"], "work/jobs:3");
         assert_eq!(docs[0]["spec"]["containers"][0]["env"][0]["name"], "KUBE_FENCE_GRANT");
@@ -107,6 +106,6 @@ mod tests {
         assert!(docs[1]["metadata"].is_null(), "the List itself carries nothing");
         assert_eq!(stamp_manifests("", "work/jobs:3"), Err("it holds no object".into()));
         assert!(stamp_manifests("- 1\n", "work/jobs:3").is_err_and(|e| e.contains("document 1")));
-        assert!(stamp_manifests("a: [", "work/jobs:3").is_err_and(|e| e.contains("document 1")));
+        assert!(stamp_manifests("a: [", "work/jobs:3").is_err_and(|e| e.starts_with("not YAML: ") && !e.contains('\n')), "one line");
     }
 }

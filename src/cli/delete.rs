@@ -16,7 +16,7 @@ use std::io::Write;
 
 use kube::ResourceExt;
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, ClusterArgs};
 use super::error::Error;
 use super::grant::GrantArgs;
 use super::patch::{Target, parse_object};
@@ -37,8 +37,8 @@ pub struct DeleteArgs {
     pub grant: GrantArgs,
 }
 
-pub async fn run(args: DeleteArgs) -> Result<(), Error> {
-    let cluster = Cluster::connect().await?;
+pub async fn run(args: DeleteArgs, at: &ClusterArgs) -> Result<(), Error> {
+    let cluster = Cluster::connect(at).await?;
     let grant = args.grant.resolve(args.namespace.as_deref(), &cluster.namespace)?.map(|(grant, _)| grant);
     let namespace = match (&grant, &args.namespace) {
         (Some(grant), _) => grant.namespace.clone(),

@@ -134,6 +134,15 @@ pub enum Error {
         #[source]
         source: InferConfigError,
     },
+    /// Reading the kubeconfig `--kubeconfig` names (`path`; `None`: `$KUBECONFIG` or
+    /// `~/.kube/config`) at `--context`.
+    #[error("{}", load_kubeconfig(.path.as_deref(), .context.as_deref(), .source))]
+    LoadKubeconfig {
+        path: Option<PathBuf>,
+        context: Option<String>,
+        #[source]
+        source: KubeconfigError,
+    },
     /// Making a client for the cluster found (its TLS settings).
     #[error("{}", explain_api(.server, .source).1)]
     ConnectCluster {
@@ -172,6 +181,33 @@ pub enum Error {
         server: String,
         #[source]
         source: client::Error,
+    },
+    /// `lease run`: the grant was lost while the command ran; the command was stopped.
+    #[error(
+        "lost {lease} (token {token}, holder {holder:?}) while running `{command}`: {loss}; {}",
+        stopped_how(*.stopped, *.grace_period)
+    )]
+    LostLease {
+        lease: Object,
+        holder: String,
+        token: kube_fence_api::token::Token,
+        loss: Loss,
+        command: String,
+        stopped: super::lease_run::Stopped,
+        grace_period: Duration,
+    },
+    /// `lease run`: the command could not be started (or waited for).
+    #[error("cannot run `{command}`: {}", io(.source))]
+    StartCommand {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `lease run`: SIGINT/SIGTERM could not be watched (to forward them to the command).
+    #[error("cannot watch for signals: {}", io(.source))]
+    WatchSignals {
+        #[source]
+        source: std::io::Error,
     },
     /// `lease get --holder H`: the lease is held by someone else, or by no one.
     #[error("{lease} is {}, not by {holder:?}", .held_by.as_ref().map(|h| format!("held by {h:?}")).unwrap_or_else(|| "not held".into()))]
@@ -325,7 +361,7 @@ impl Error {
             | Error::ReadDelegatedGrant { .. }
             | Error::DelegatedElsewhere { .. }
             | Error::ParseManifest { .. } => Exit::Usage,
-            Error::FindCluster { .. } => Exit::NoCluster,
+            Error::FindCluster { .. } | Error::LoadKubeconfig { .. } => Exit::NoCluster,
             Error::AcquireLease { lease, holder, wait, source, server } => {
                 explain_lease(server, lease, Some(holder), Some(*wait), source).0
             }
@@ -333,7 +369,7 @@ impl Error {
                 explain_lease(server, lease, Some(holder), None, source).0
             }
             Error::GetLease { lease, source, server } => explain_lease(server, lease, None, None, source).0,
-            Error::CheckHolder { .. } => Exit::NotHeld,
+            Error::CheckHolder { .. } | Error::LostLease { .. } => Exit::NotHeld,
             Error::StaleWriteAdmitted { .. } => Exit::Failed,
             Error::ReadToken { .. } => Exit::Failed,
             Error::ResolveResourceType { .. } => Exit::NotFound,
@@ -353,7 +389,9 @@ impl Error {
             | Error::EncodeOutput { .. }
             | Error::WriteFile { .. }
             | Error::ReadManifest { .. }
-            | Error::WriteOutput { .. } => Exit::Failed,
+            | Error::WriteOutput { .. }
+            | Error::StartCommand { .. }
+            | Error::WatchSignals { .. } => Exit::Failed,
         }
     }
 
@@ -387,8 +425,19 @@ impl From<std::io::Error> for Error {
     }
 }
 
+/// How `lease run` stopped its command after the grant was lost.
+fn stopped_how(stopped: super::lease_run::Stopped, grace: Duration) -> String {
+    match stopped {
+        super::lease_run::Stopped::Terminated => "stopped the command (SIGTERM)".to_string(),
+        super::lease_run::Stopped::Killed => format!(
+            "the command did not stop within {} of SIGTERM: killed it (SIGKILL); raise --grace-period if it needs longer",
+            humantime::format_duration(grace)
+        ),
+    }
+}
+
 /// One line: a message from elsewhere (the API server, a parser) may hold line breaks.
-fn one_line(s: &str) -> String {
+pub(crate) fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
@@ -427,25 +476,70 @@ fn find_cluster(err: &InferConfigError) -> String {
     let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
     let kubeconfig = err.source().and_then(|s| s.downcast_ref::<KubeconfigError>());
     match kubeconfig {
-        Some(KubeconfigError::ReadConfig(io_err, path)) if io_err.kind() == std::io::ErrorKind::NotFound => {
+        Some(missing @ KubeconfigError::ReadConfig(io_err, _)) if io_err.kind() == std::io::ErrorKind::NotFound => {
             match (kubeconfig_env, in_pod) {
-                (Some(_), _) => format!("the kubeconfig {} named by KUBECONFIG does not exist: fix KUBECONFIG", path.display()),
+                (Some(_), _) => kubeconfig_problem(missing, "KUBECONFIG", None),
                 (None, true) => "running in a Pod, but its service account credentials cannot be read: mount the service account token \
                              (automountServiceAccountToken), or set KUBECONFIG"
                     .to_string(),
                 (None, false) => "no cluster configured: set KUBECONFIG or run inside a Pod".to_string(),
             }
         }
-        Some(KubeconfigError::ReadConfig(io_err, path)) => format!("cannot read the kubeconfig {}: {}", path.display(), io(io_err)),
-        Some(KubeconfigError::Parse(parse)) => format!("the kubeconfig is not valid YAML: {}", one_line(&parse.to_string())),
-        Some(
-            KubeconfigError::LoadCertificateAuthority(data)
-            | KubeconfigError::LoadClientCertificate(data)
-            | KubeconfigError::LoadClientKey(data),
-        ) => {
-            let what = match kubeconfig {
-                Some(KubeconfigError::LoadCertificateAuthority(_)) => "certificate authority",
-                Some(KubeconfigError::LoadClientCertificate(_)) => "client certificate",
+        Some(other) => kubeconfig_problem(other, "KUBECONFIG", None),
+        None => "no cluster configured: set KUBECONFIG or run inside a Pod".to_string(),
+    }
+}
+
+/// `--kubeconfig` or `--context` named a kubeconfig or context that cannot be used.
+fn load_kubeconfig(path: Option<&std::path::Path>, context: Option<&str>, err: &KubeconfigError) -> String {
+    let named_by = match path {
+        Some(_) => "--kubeconfig",
+        None if std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty()) => "KUBECONFIG",
+        None => "the default kubeconfig (~/.kube/config)",
+    };
+    match err {
+        KubeconfigError::FindPath if path.is_none() => {
+            format!(
+                "--context {:?} needs a kubeconfig, and there is none: set KUBECONFIG or give --kubeconfig",
+                context.unwrap_or_default()
+            )
+        }
+        KubeconfigError::ReadConfig(io_err, _)
+            if path.is_none() && named_by != "KUBECONFIG" && io_err.kind() == std::io::ErrorKind::NotFound =>
+        {
+            let context = context.unwrap_or_default();
+            format!("--context {context:?} needs a kubeconfig, and there is none: set KUBECONFIG or give --kubeconfig")
+        }
+        other => kubeconfig_problem(other, named_by, context),
+    }
+}
+
+/// What is wrong with a kubeconfig (`named_by`: the flag or variable that named it).
+fn kubeconfig_problem(err: &KubeconfigError, named_by: &str, context: Option<&str>) -> String {
+    match err {
+        KubeconfigError::ReadConfig(io_err, path) if io_err.kind() == std::io::ErrorKind::NotFound => {
+            format!("the kubeconfig {} named by {named_by} does not exist: fix {named_by}", path.display())
+        }
+        KubeconfigError::ReadConfig(io_err, path) => format!("cannot read the kubeconfig {}: {}", path.display(), io(io_err)),
+        KubeconfigError::Parse(parse) => format!("the kubeconfig is not valid YAML: {}", one_line(&parse.to_string())),
+        KubeconfigError::LoadContext(name) => {
+            let flag = if context.is_some() { "--context" } else { "its current-context" };
+            format!("the kubeconfig named by {named_by} has no context {name:?} ({flag}); `kubectl config get-contexts` lists those it has")
+        }
+        KubeconfigError::CurrentContextNotSet => {
+            format!("the kubeconfig named by {named_by} sets no current-context: give --context (`kubectl config get-contexts` lists them)")
+        }
+        KubeconfigError::LoadClusterOfContext(name) => {
+            format!(
+                "the kubeconfig named by {named_by} has no cluster {name:?}, which its context names; check it with `kubectl config view`"
+            )
+        }
+        KubeconfigError::LoadCertificateAuthority(data)
+        | KubeconfigError::LoadClientCertificate(data)
+        | KubeconfigError::LoadClientKey(data) => {
+            let what = match err {
+                KubeconfigError::LoadCertificateAuthority(_) => "certificate authority",
+                KubeconfigError::LoadClientCertificate(_) => "client certificate",
                 _ => "client key",
             };
             match data {
@@ -453,8 +547,7 @@ fn find_cluster(err: &InferConfigError) -> String {
                 other => format!("the kubeconfig's {what} is unusable: {}", one_line(&other.to_string())),
             }
         }
-        Some(other) => format!("the kubeconfig is unusable: {}; check it with `kubectl config view`", one_line(&other.to_string())),
-        None => "no cluster configured: set KUBECONFIG or run inside a Pod".to_string(),
+        other => format!("the kubeconfig is unusable: {}; check it with `kubectl config view`", one_line(&other.to_string())),
     }
 }
 
@@ -544,7 +637,13 @@ fn deepest(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// A lease subcommand failed.
-fn explain_lease(server: &str, lease: &Object, holder: Option<&String>, wait: Option<Duration>, err: &client::Error) -> (Exit, String) {
+pub(super) fn explain_lease(
+    server: &str,
+    lease: &Object,
+    holder: Option<&String>,
+    wait: Option<Duration>,
+    err: &client::Error,
+) -> (Exit, String) {
     match err {
         client::Error::Timeout { held_by, .. } => {
             let waited = wait.map(|w| humantime::format_duration(w).to_string()).unwrap_or_else(|| "the timeout".into());

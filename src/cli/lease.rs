@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, ClusterArgs};
 use super::error::{Error, Object};
 use crate::client::{self, AcquireOptions, Leases};
 
@@ -70,6 +70,34 @@ pub enum LeaseCommand {
         #[arg(long, env = "POD_NAME")]
         holder: String,
     },
+    /// Run a command while holding the lease: acquire it (waiting while another holder has it),
+    /// give the command the grant in its environment (KUBE_FENCE_TOKEN, KUBE_FENCE_LEASE,
+    /// KUBE_FENCE_HOLDER, KUBE_FENCE_NAMESPACE, and KUBE_FENCE_GRANT, with which `kube-fence
+    /// patch` and `delete` write), renew it in the background, and release it when the command
+    /// exits; the exit status is the command's. If the grant is lost (renewal refused, the lease
+    /// expired or taken), the command is stopped (SIGTERM, SIGKILL after --grace-period) and the
+    /// exit status is 7. SIGINT and SIGTERM are forwarded to the command.
+    #[command(after_help = super::EXIT_STATUS_HELP)]
+    Run {
+        #[command(flatten)]
+        target: Target,
+        /// Identity of the holder (unique per run). Defaults to $POD_NAME in a Pod (what a Lease
+        /// with `spec.identity: Pod` checks), else to this host's name and the process id.
+        #[arg(long, visible_alias = "identity", env = "POD_NAME")]
+        holder: Option<String>,
+        /// Lease duration (whole seconds, 1s..24h), e.g. 15s, 2m; renewed every third of it.
+        #[arg(long, value_parser = parse_lease_duration)]
+        duration: Option<Duration>,
+        /// How long to wait for the grant (default: until granted).
+        #[arg(long, value_parser = parse_wait)]
+        wait: Option<Duration>,
+        /// After the grant is lost, how long the command has between SIGTERM and SIGKILL.
+        #[arg(long, default_value = "10s", value_parser = parse_wait)]
+        grace_period: Duration,
+        /// The command to run and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Show the lease: holder, token, phase, expiry.
     #[command(after_help = super::EXIT_STATUS_HELP)]
     Get {
@@ -108,8 +136,14 @@ fn parse_wait(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("not a duration ({e}); write e.g. 30s or 2m"))
 }
 
-pub async fn run(args: LeaseArgs) -> Result<(), Error> {
-    let cluster = Cluster::connect().await?;
+pub async fn run(args: LeaseArgs, at: &ClusterArgs) -> Result<u8, Error> {
+    let cluster = Cluster::connect(at).await?;
+    if let LeaseCommand::Run { target, holder, duration, wait, grace_period, command } = args.command {
+        let namespace = target.namespace.clone().unwrap_or_else(|| cluster.namespace.clone());
+        let holder = holder.unwrap_or_else(super::lease_run::default_holder);
+        let request = super::lease_run::RunLease { name: target.name, namespace, holder, duration, wait, grace_period, command };
+        return super::lease_run::run(&cluster, request).await.map(super::lease_run::exit_code);
+    }
     let server = cluster.server.clone();
     let at = |target: &Target| {
         let ns = target.namespace.clone().unwrap_or_else(|| cluster.namespace.clone());
@@ -158,6 +192,7 @@ pub async fn run(args: LeaseArgs) -> Result<(), Error> {
                 return Err(Error::ReleaseLease { lease, holder, server, source });
             }
         }
+        LeaseCommand::Run { .. } => unreachable!("handled above"),
         LeaseCommand::Get { target, holder, output } => {
             let (leases, object) = at(&target);
             let lease = match leases.get(&target.name).await {
@@ -180,7 +215,7 @@ pub async fn run(args: LeaseArgs) -> Result<(), Error> {
                     Some(token) => writeln!(out, "{token}")?,
                     None => return Err(Error::ReadToken { lease: object }),
                 },
-                Output::Yaml => out.write_all(serde_yaml::to_string(&lease).map_err(|e| encode(e.into()))?.as_bytes())?,
+                Output::Yaml => out.write_all(serde_saphyr::to_string(&lease).map_err(|e| encode(e.into()))?.as_bytes())?,
                 Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&lease).map_err(|e| encode(e.into()))?)?,
                 Output::Table => {
                     let or_none = |s: Option<String>| s.unwrap_or_else(|| "<none>".to_string());
@@ -198,7 +233,7 @@ pub async fn run(args: LeaseArgs) -> Result<(), Error> {
             }
         }
     }
-    Ok(())
+    Ok(0)
 }
 
 /// A lease that is not found may be missing because its namespace is: then the namespace's own

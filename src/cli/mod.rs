@@ -4,10 +4,11 @@
 // An `Error` ends the process, once: carrying its facts unboxed costs nothing that matters.
 #![allow(clippy::result_large_err)]
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod chart_templates;
 pub mod cluster;
+pub mod completion;
 pub mod controller;
 mod crd;
 pub mod delegate;
@@ -15,6 +16,7 @@ pub mod delete;
 pub mod error;
 pub mod grant;
 pub mod lease;
+pub mod lease_run;
 pub mod patch;
 pub mod run;
 pub mod selftest;
@@ -31,6 +33,9 @@ pub struct Cli {
     /// On failure, print the whole chain of causes (the API server's answer included).
     #[arg(short, long, global = true)]
     pub verbose: bool,
+
+    #[command(flatten)]
+    pub cluster: cluster::ClusterArgs,
 
     #[command(subcommand)]
     pub command: Command,
@@ -73,45 +78,118 @@ pub enum Command {
     /// writes refused (and warned of) in the last hour.
     #[command(long_about = status::LONG_ABOUT, after_help = EXIT_STATUS_HELP)]
     Status(status::StatusArgs),
+    /// Print a shell completion script (bash, zsh or fish) for kube-fence, or for kubectl-fence
+    /// when invoked by that name.
+    Completion(completion::CompletionArgs),
     /// Check fencing end to end in a fenced namespace (the chart's `helm test`): a lease's
     /// newer grant writes a guarded ConfigMap, then the older grant's write must be refused.
     #[command(after_help = EXIT_STATUS_HELP)]
     Selftest(selftest::SelftestArgs),
 }
 
-/// Runs one parsed command line.
-pub async fn run(cli: Cli) -> Result<(), Error> {
-    match cli.command {
+/// Runs one parsed command line; on success, the exit status (0, or `lease run`'s command's).
+pub async fn run(cli: Cli) -> Result<u8, Error> {
+    let at = &cli.cluster;
+    let done = match cli.command {
         Command::Crd(args) => crd::run(args),
         Command::ChartTemplates(args) => chart_templates::run(args),
-        Command::Webhook(args) => webhook::run(args).await,
-        Command::Run(args) => run::run(args).await,
-        Command::Controller(args) => controller::run(args).await,
-        Command::Lease(args) => lease::run(args).await,
-        Command::Patch(args) => patch::run(args).await,
-        Command::Delete(args) => delete::run(args).await,
-        Command::Delegate(args) => delegate::run(args).await,
-        Command::Status(args) => status::run(args).await,
-        Command::Selftest(args) => selftest::run(args).await,
-    }
+        Command::Webhook(args) => webhook::run(args, at).await,
+        Command::Run(args) => run::run(args, at).await,
+        Command::Controller(args) => controller::run(args, at).await,
+        Command::Lease(args) => return lease::run(args, at).await,
+        Command::Patch(args) => patch::run(args, at).await,
+        Command::Delete(args) => delete::run(args, at).await,
+        Command::Delegate(args) => delegate::run(args, at).await,
+        Command::Status(args) => status::run(args, at).await,
+        Command::Completion(args) => completion::run(args),
+        Command::Selftest(args) => selftest::run(args, at).await,
+    };
+    done.map(|()| 0)
 }
 
-/// clap's complaint about a command line, on one line: its own layout puts the cause, the
-/// offending arguments and a usage block on separate lines.
+/// The name kubectl runs a plugin by: `kubectl-fence` on the PATH is `kubectl fence`.
+pub const PLUGIN_EXECUTABLE: &str = "kubectl-fence";
+
+/// How the binary was invoked (argv[0]'s file name): as the kubectl plugin `kubectl-fence`, its
+/// help and usage say `kubectl fence ...`; otherwise `kube-fence ...`.
+pub fn invoked_as(argv0: Option<&std::ffi::OsStr>) -> &'static str {
+    let name = argv0.map(std::path::Path::new).and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or_default();
+    if name == PLUGIN_EXECUTABLE || name.starts_with("kubectl-fence.") { "kubectl fence" } else { "kube-fence" }
+}
+
+/// The command line's definition, named as it was invoked (see [`invoked_as`]).
+pub fn command(bin_name: &'static str) -> clap::Command {
+    Cli::command().bin_name(bin_name)
+}
+
+/// Parses `args` (argv[0] first) as the binary does: named by how it was invoked.
+pub fn parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let mut command = command(invoked_as(args.first().map(|a| a.as_os_str())));
+    let matches = command.try_get_matches_from_mut(args)?;
+    Cli::from_arg_matches(&matches).map_err(|err| err.format(&mut command))
+}
+
+/// clap's complaint about a command line, on one line, built from its typed kind and context
+/// (clap's own layout puts the cause, the offending arguments and a usage block on separate
+/// lines, in words that may change between clap versions).
 pub fn usage_error(err: &clap::Error) -> Error {
-    let rendered = err.render().to_string();
-    let mut words: Vec<&str> = Vec::new();
-    for line in rendered.lines() {
-        let line = line.trim();
-        if line.starts_with("Usage:") || line.starts_with("For more information") {
-            break;
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let text = |kind: ContextKind, separator: &str| match err.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        Some(ContextValue::Strings(v)) => Some(v.join(separator)),
+        Some(ContextValue::StyledStr(s)) => Some(s.to_string()),
+        Some(ContextValue::StyledStrs(v)) => Some(v.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(separator)),
+        Some(ContextValue::Number(n)) => Some(n.to_string()),
+        _ => None,
+    };
+    let arg = text(ContextKind::InvalidArg, " ").unwrap_or_default();
+    let value = text(ContextKind::InvalidValue, " ").unwrap_or_default();
+    let subcommand = text(ContextKind::InvalidSubcommand, " ").unwrap_or_default();
+    let suggestion = text(ContextKind::SuggestedArg, "', '")
+        .or_else(|| text(ContextKind::SuggestedSubcommand, "', '"))
+        .or_else(|| text(ContextKind::SuggestedValue, "', '"))
+        .map(|s| format!("; did you mean '{s}'?"))
+        .or_else(|| text(ContextKind::Suggested, "; ").map(|tip| format!("; {tip}")))
+        .unwrap_or_default();
+    let message = match err.kind() {
+        ErrorKind::MissingRequiredArgument => format!("the following required arguments were not provided: {arg}"),
+        ErrorKind::InvalidValue if value.is_empty() => format!("a value is required for '{arg}' but none was supplied"),
+        ErrorKind::InvalidValue => {
+            let valid = text(ContextKind::ValidValue, ", ").map(|v| format!(" (possible values: {v})")).unwrap_or_default();
+            format!("invalid value '{value}' for '{arg}'{valid}{suggestion}")
         }
-        if !line.is_empty() {
-            words.push(line);
+        ErrorKind::ValueValidation => {
+            let why = std::error::Error::source(err).map(|e| format!(": {}", error::one_line(&e.to_string()))).unwrap_or_default();
+            format!("invalid value '{value}' for '{arg}'{why}")
         }
-    }
-    let message = words.join(" ");
-    let message = message.strip_prefix("error: ").unwrap_or(&message);
+        ErrorKind::UnknownArgument => format!("unexpected argument '{arg}'{suggestion}"),
+        ErrorKind::InvalidSubcommand => format!("unrecognized subcommand '{subcommand}'{suggestion}"),
+        ErrorKind::MissingSubcommand => {
+            let valid = text(ContextKind::ValidSubcommand, ", ").map(|v| format!(": {v}")).unwrap_or_default();
+            format!("'{subcommand}' needs a subcommand{valid}")
+        }
+        ErrorKind::ArgumentConflict => match text(ContextKind::PriorArg, "', '") {
+            Some(prior) => format!("the argument '{arg}' cannot be used with '{prior}'"),
+            None => format!("the argument '{arg}' cannot be used with one or more of the other arguments given"),
+        },
+        ErrorKind::NoEquals => format!("'{arg}' takes its value after an equal sign ({arg}=VALUE)"),
+        ErrorKind::TooManyValues => format!("unexpected value '{value}' for '{arg}'; no more were expected"),
+        ErrorKind::TooFewValues | ErrorKind::WrongNumberOfValues => {
+            let expected = text(ContextKind::ExpectedNumValues, " ").or_else(|| text(ContextKind::MinValues, " ")).unwrap_or_default();
+            let actual = text(ContextKind::ActualNumValues, " ").unwrap_or_default();
+            format!("'{arg}' takes {expected} values, {actual} were given")
+        }
+        ErrorKind::InvalidUtf8 => "an argument is not valid UTF-8".to_string(),
+        other => {
+            let kind = other.as_str().unwrap_or("the command line is wrong").trim_end_matches('.').to_string();
+            if arg.is_empty() { kind } else { format!("{kind}: {arg}") }
+        }
+    };
     Error::ParseArguments(format!("{message} (see --help)"))
 }
 
@@ -185,9 +263,26 @@ mod tests {
 
     #[test]
     fn usage_errors_are_one_line() {
-        let err = parse(&["lease", "acquire", "l"]).err().map(|e| usage_error(&e).to_string()).unwrap_or_default();
-        assert_eq!(err, "the following required arguments were not provided: --holder <HOLDER> (see --help)");
+        let err = |args: &[&str]| parse(args).err().map(|e| usage_error(&e).to_string()).unwrap_or_default();
+        assert_eq!(err(&["lease", "acquire", "l"]), "the following required arguments were not provided: --holder <HOLDER> (see --help)");
         assert_eq!(usage_error(&parse(&["nonsense"]).err().unwrap_or_else(|| panic!("parses"))).exit(), Exit::Usage);
+        // One per kind of complaint clap has, each from its typed context.
+        let cases: [(&[&str], &str); 8] = [
+            (&["nonsense"], "unrecognized subcommand 'nonsense' (see --help)"),
+            (&["stauts"], "unrecognized subcommand 'stauts'; did you mean 'status'? (see --help)"),
+            (&["status", "--al-namespaces"], "unexpected argument '--al-namespaces'; did you mean '--all-namespaces'? (see --help)"),
+            (&["status", "-o", "yaml"], "invalid value 'yaml' for '--output <OUTPUT>' (possible values: table, wide, json) (see --help)"),
+            (&["status", "-n"], "a value is required for '--namespace <NAMESPACE>' but none was supplied (see --help)"),
+            (
+                &["lease", "acquire", "l", "--holder", "h", "--duration", "soon"],
+                "invalid value 'soon' for '--duration <DURATION>': not a duration (expected number at 0); write e.g. 15s or 2m (see --help)",
+            ),
+            (&["run", "--local-port", "9443"], "the following required arguments were not provided: --local (see --help)"),
+            (&["lease", "run", "l"], "the following required arguments were not provided: <COMMAND>... (see --help)"),
+        ];
+        for (args, want) in cases {
+            assert_eq!(err(args), want, "{args:?}");
+        }
     }
 
     #[test]

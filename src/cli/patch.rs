@@ -15,7 +15,7 @@ use std::io::Write;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::discovery::{ApiCapabilities, ApiResource, Discovery, Scope};
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, ClusterArgs};
 use super::error::{Error, Object};
 use super::grant::GrantArgs;
 
@@ -61,8 +61,8 @@ fn parse_patch(s: &str) -> Result<serde_json::Value, String> {
     }
 }
 
-pub async fn run(args: PatchArgs) -> Result<(), Error> {
-    let cluster = Cluster::connect().await?;
+pub async fn run(args: PatchArgs, at: &ClusterArgs) -> Result<(), Error> {
+    let cluster = Cluster::connect(at).await?;
     let Some((grant, _)) = args.grant.resolve(args.namespace.as_deref(), &cluster.namespace)? else {
         return Err(Error::NoGrant);
     };

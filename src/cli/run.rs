@@ -10,7 +10,7 @@ use std::sync::Arc;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, ClusterArgs};
 use super::error::{Error, Object};
 use super::webhook::WebhookArgs;
 use crate::admission::http::server::Metrics;
@@ -85,7 +85,7 @@ impl RunArgs {
     }
 }
 
-pub async fn run(args: RunArgs) -> Result<(), Error> {
+pub async fn run(args: RunArgs, at: &ClusterArgs) -> Result<(), Error> {
     init_logging(args.webhook.log_format);
     if args.local && args.webhook.metrics_addr.is_some() {
         return Err(Error::ParseArguments(
@@ -95,7 +95,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     if !args.local {
         args.webhook.check_tls()?;
     }
-    let cluster = Cluster::connect().await?;
+    let cluster = Cluster::connect(at).await?;
     let shutdown = crate::process::shutdown_on_signal();
     let mut registry = crate::telemetry::registry();
     // The leader-election Lease lives in kube-fence's own namespace (where the chart's Role

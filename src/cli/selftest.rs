@@ -13,7 +13,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, ClusterArgs};
 use super::error::{Error, Object};
 use crate::client::{AcquireOptions, Error as ClientError, Grant, Leases};
 
@@ -32,8 +32,8 @@ pub struct SelftestArgs {
     pub wait: Duration,
 }
 
-pub async fn run(args: SelftestArgs) -> Result<(), Error> {
-    let cluster = Cluster::connect().await?;
+pub async fn run(args: SelftestArgs, at: &ClusterArgs) -> Result<(), Error> {
+    let cluster = Cluster::connect(at).await?;
     let namespace = args.namespace.clone().unwrap_or_else(|| cluster.namespace.clone());
     let leases = Leases::new(cluster.client.clone(), &namespace);
     let configmaps: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), &namespace);

@@ -18,7 +18,7 @@ use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, ClusterArgs};
 use super::error::{Error, Listed};
 use kube_fence_api::denial::Reason;
 use kube_fence_api::{FencedController, Lease, fence_events};
@@ -391,8 +391,8 @@ where
     }
 }
 
-pub async fn run(args: StatusArgs) -> Result<(), Error> {
-    let cluster = Cluster::connect().await?;
+pub async fn run(args: StatusArgs, at: &ClusterArgs) -> Result<(), Error> {
+    let cluster = Cluster::connect(at).await?;
     let namespace = (!args.all_namespaces).then(|| args.namespace.clone().unwrap_or_else(|| cluster.namespace.clone()));
     let scope = namespace.as_deref();
     let failed = |listed: Listed| {

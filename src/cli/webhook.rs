@@ -22,7 +22,7 @@ use crate::admission::start::{self, Port, WebhookConfig};
 use crate::ready::Ready;
 use crate::telemetry::{LogFormat, init_logging};
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, ClusterArgs};
 use super::error::{Error, Object};
 
 /// The command line of `kube-fence webhook`: the webhook's arguments, and its ready file.
@@ -78,6 +78,11 @@ pub struct WebhookArgs {
     /// the webhook configuration's caBundle in step with it.
     #[arg(long)]
     pub self_managed_tls: bool,
+
+    /// How long a self-managed serving certificate lasts (the CA lasts ten years); it is
+    /// reissued under the same CA when a third of this is left.
+    #[arg(long, default_value = "90days", value_parser = parse_lifetime)]
+    pub self_managed_tls_lifetime: Duration,
 
     /// Namespace kube-fence runs in (holds the self-managed TLS Secret).
     #[arg(long, env = "POD_NAMESPACE", default_value = "kube-fence")]
@@ -228,11 +233,11 @@ impl WebhookArgs {
     }
 }
 
-pub async fn run(command: WebhookCommand) -> Result<(), Error> {
+pub async fn run(command: WebhookCommand, at: &ClusterArgs) -> Result<(), Error> {
     let WebhookCommand { webhook: args, ready_file } = command;
     init_logging(args.log_format);
     args.check_tls()?;
-    let cluster = Cluster::connect().await?;
+    let cluster = Cluster::connect(at).await?;
     let mut registry = crate::telemetry::registry();
     let metrics = Metrics::register(&mut registry);
     let shutdown = crate::process::shutdown_on_signal();
@@ -272,18 +277,17 @@ pub async fn serve(
                 ],
                 webhook_configuration: args.webhook_configuration.clone(),
                 client_auth: client_auth.clone(),
+                serving_lifetime: args.self_managed_tls_lifetime,
             };
             let failed = |source| Error::ManageTls {
                 secret: Object::namespaced("Secret", &args.namespace, &args.tls_secret),
                 server: cluster.server.clone(),
                 source,
             };
-            let pair = managed.ensure_secret(&client).await.map_err(failed)?;
+            let pair = managed.rotate_if_due(&client).await.map_err(failed)?;
             let tls = RustlsConfig::from_config(pair.server_config_for(&client_auth).map_err(failed)?);
-            spawn_until(
-                managed.maintain(client.clone(), tls.clone(), pair, Duration::from_secs(30), metrics.tls_reloads.clone()),
-                shutdown.clone(),
-            );
+            let interval = managed.maintain_interval();
+            spawn_until(managed.maintain(client.clone(), tls.clone(), pair, interval, metrics.tls_reloads.clone()), shutdown.clone());
             tls
         }
         _ => return Err(Error::ChooseTls),
@@ -348,6 +352,16 @@ pub(crate) fn spawn_until(task: impl std::future::Future<Output = ()> + Send + '
             _ = shutdown.cancelled() => {}
         }
     });
+}
+
+/// A serving certificate's lifetime: at least 6 s (the shortest a test forces), at most ten
+/// years (the CA's).
+fn parse_lifetime(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("not a duration ({e}); write e.g. 90days or 720h"))?;
+    if d < Duration::from_secs(6) || d > Duration::from_secs(10 * 365 * 24 * 3600) {
+        return Err("a certificate lifetime is from 6s to ten years".to_string());
+    }
+    Ok(d)
 }
 
 #[cfg(test)]

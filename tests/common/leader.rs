@@ -40,7 +40,7 @@ pub const WIDGET_CRD: &str = include_str!("../../examples/leader-go/widget-crd.y
 
 /// The example's custom resource, installed once per test binary.
 pub async fn install_widget_crd(client: &Client) -> ApiResource {
-    let crd: CustomResourceDefinition = serde_yaml::from_str(WIDGET_CRD).expect("the Widget CRD parses");
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(WIDGET_CRD).expect("the Widget CRD parses");
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let name = crd.name_any();
     crds.patch(&name, &PatchParams::apply("kube-fence-tests").force(), &Patch::Apply(&crd)).await.expect("apply the Widget CRD");

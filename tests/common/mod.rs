@@ -4,6 +4,7 @@
 //! Everything else is the support crate's, re-exported so tests say `common::namespace` etc.
 #![allow(dead_code, unused_imports)]
 
+pub mod cli;
 pub mod identity;
 pub mod leader;
 
@@ -40,4 +41,27 @@ pub async fn wait_ready_file(path: &Path, child: &mut std::process::Child, limit
         assert!(Instant::now() < deadline, "no ready file {} within {limit:?}", path.display());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A copy of the shared kubeconfig at `dir/name`, edited (as JSON: a kubeconfig's keys are strings).
+pub fn kubeconfig_variant(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    let shared = kube_fence_testenv::shared_kubeconfig();
+    let source = std::fs::read_to_string(&shared).unwrap_or_else(|e| panic!("reading {}: {e}", shared.display()));
+    let mut config: serde_json::Value = serde_saphyr::from_str(&source).expect("the shared kubeconfig is YAML");
+    edit(&mut config);
+    let path = dir.join(name);
+    std::fs::write(&path, serde_saphyr::to_string(&config).expect("kubeconfig YAML")).expect("write kubeconfig");
+    path
+}
+
+/// Every entry of a kubeconfig list (`clusters`, `contexts`, `users`), at `field` (`cluster`,
+/// `context`, `user`).
+pub fn entries<'a>(config: &'a mut serde_json::Value, list: &str, field: &str) -> Vec<&'a mut serde_json::Map<String, serde_json::Value>> {
+    config
+        .get_mut(list)
+        .and_then(|v| v.as_array_mut())
+        .expect("kubeconfig list")
+        .iter_mut()
+        .filter_map(|entry| entry.get_mut(field).and_then(|v| v.as_object_mut()))
+        .collect()
 }

@@ -11,6 +11,10 @@
 //! B to replica B (both serve one certificate, the registration trusts its CA). Replica A's lease
 //! cache and controller watch through API server A, replica B's through B.
 //!
+//! Beside kube-fence's leases, the client-go Lease paths ([`elected`]): a leader-election Lease
+//! with labelled objects and a fenced controller, campaigned on by Pods, recorded and checked the
+//! same way; every fault is held until each path has sent a genuine write under it.
+//!
 //! Before the schedule, a scripted stale write: a holder reads, a cut keeps it from its API server
 //! past its lease, a successor is granted through the other API server and writes, the cut heals
 //! and the old holder's delayed write goes out. Fenced, it is refused; with `fenced: false` (no
@@ -47,6 +51,9 @@ use tokio_util::sync::CancellationToken;
 use super::{ControllerReplica, Recorder, Rng};
 use crate::common;
 
+mod elected;
+pub use elected::Path;
+
 /// How big a run is.
 #[derive(Clone, Debug)]
 pub struct HaConfig {
@@ -63,6 +70,8 @@ pub struct HaConfig {
     pub pause_percent: u64,
     /// kube-fence's webhook registered (false: the planted fault, the checker must report).
     pub fenced: bool,
+    /// Pods of each client-go Lease path ([`Path`]): the leader-Lease path and the fenced controller.
+    pub elected_pods: usize,
     pub seed: u64,
 }
 
@@ -79,6 +88,7 @@ impl HaConfig {
             max_duration: Duration::from_secs(900),
             pause_percent: 25,
             fenced: true,
+            elected_pods: 3,
             seed: super::seed_from_env(),
         }
     }
@@ -96,6 +106,7 @@ impl HaConfig {
             max_duration: Duration::from_secs(n("KF_HA_MAX_SECONDS", 6 * 3600)),
             pause_percent: n("KF_HA_PAUSE_PERCENT", 25),
             fenced: n("KF_HA_FENCED", 1) == 1,
+            elected_pods: n("KF_HA_ELECTED_PODS", 3) as usize,
             seed: super::seed_from_env(),
         }
     }
@@ -193,6 +204,8 @@ struct Stats {
     not_holder: AtomicU64,
     /// Failed genuine writes by fault, by which API server they went through, and by cause.
     causes: Mutex<Causes>,
+    /// The client-go Lease paths' genuine and delayed writes.
+    paths: elected::PathStats,
 }
 
 impl Stats {
@@ -260,6 +273,20 @@ pub struct HaReport {
     pub causes: Causes,
     /// The scripted stale write: `Some(true)` accepted, `Some(false)` refused, `None` never sent.
     pub planted_accepted: Option<bool>,
+    /// Genuine writes on the client-go Lease paths, by path and fault in place.
+    pub paths: BTreeMap<(Path, Option<HaFault>), Availability>,
+    /// Delayed writes after a pause on those paths, by path and outcome ("refused", "accepted", "failed").
+    pub path_delayed: BTreeMap<(Path, &'static str), u64>,
+    /// Per path: distinct acquisitions and admitted versions the watches saw.
+    pub path_grants: BTreeMap<Path, u64>,
+    pub path_writes: BTreeMap<Path, u64>,
+    /// Campaigns of the paths' Pods whose read or claim failed (retried).
+    pub campaigns_failed: u64,
+    /// The scripted stale write on each path, as `planted_accepted`.
+    pub path_planted: BTreeMap<Path, Option<bool>>,
+    /// Creates of the fenced controller judged while their Pod led and committed after a
+    /// successor's write (§6b's CREATE window: reported, not violations).
+    pub creates_in_window: Vec<elected::InWindow>,
     pub observations: usize,
     pub violations: Vec<Violation>,
 }
@@ -270,6 +297,17 @@ impl HaReport {
     }
     pub fn injected(&self) -> u64 {
         self.faults.values().sum()
+    }
+    /// Genuine writes on `path` while `fault` was in place.
+    pub fn on_path(&self, path: Path, fault: Option<HaFault>) -> Availability {
+        self.paths.get(&(path, fault)).copied().unwrap_or_default()
+    }
+    /// The violations the checker found on `path` (`None`: kube-fence's own leases).
+    pub fn violations_on(&self, path: Option<Path>) -> usize {
+        self.violations.iter().filter(|v| Path::of(v) == path).count()
+    }
+    pub fn planted_on(&self, path: Path) -> Option<bool> {
+        self.path_planted.get(&path).copied().flatten()
     }
 }
 
@@ -331,6 +369,41 @@ impl fmt::Display for HaReport {
             )?;
         }
         writeln!(f)?;
+        writeln!(
+            f,
+            "Genuine writes on the client-go Lease paths (a Pod that believes it leads, read then write; leader Lease: its labelled ConfigMaps; fenced controller: an unlabelled ConfigMap patched and a ConfigMap created):"
+        )?;
+        writeln!(f)?;
+        let mut head = String::from("| fault | injected |");
+        for path in Path::ALL {
+            head.push_str(&format!(
+                " {}: attempted / admitted / refused stale / failed closed | through the API server aimed at: sent / failed | slowest admitted, s |",
+                path.describe()
+            ));
+        }
+        writeln!(f, "{head}")?;
+        writeln!(f, "| --- | ---: |{}", " ---: | ---: | ---: |".repeat(Path::ALL.len()))?;
+        for fault in std::iter::once(None).chain(HaFault::ALL.map(Some)) {
+            let (name, injected) = match fault {
+                None => ("(none in place)", "–".to_string()),
+                Some(fault) => (fault.describe(), self.fault(fault).to_string()),
+            };
+            let mut row = format!("| {name} | {injected} |");
+            for path in Path::ALL {
+                let a = self.on_path(path, fault);
+                let via = if fault.is_some() { format!("{} / {}", a.via_target, a.via_target_failed) } else { "–".into() };
+                row.push_str(&format!(
+                    " {} / {} / {} / {} | {via} | {:.2} |",
+                    a.attempted,
+                    a.admitted,
+                    a.refused,
+                    a.failed,
+                    a.slowest_admitted_ms as f64 / 1000.0
+                ));
+            }
+            writeln!(f, "{row}")?;
+        }
+        writeln!(f)?;
         writeln!(f, "| measure | count |")?;
         writeln!(f, "| --- | ---: |")?;
         writeln!(f, "| faults injected | {} |", self.injected())?;
@@ -347,8 +420,56 @@ impl fmt::Display for HaReport {
             None => "not sent",
         };
         writeln!(f, "| scripted stale write across the API servers | {planted} |")?;
+        let per_path = |value: &dyn Fn(Path) -> String| Path::ALL.map(value).join(" / ");
+        writeln!(
+            f,
+            "| client-go Lease paths (leader Lease / fenced controller): acquisitions watched | {} |",
+            per_path(&|p| self.path_grants.get(&p).copied().unwrap_or(0).to_string())
+        )?;
+        writeln!(
+            f,
+            "| client-go Lease paths: versions written (distinct) | {} |",
+            per_path(&|p| self.path_writes.get(&p).copied().unwrap_or(0).to_string())
+        )?;
+        for (outcome, what) in [
+            ("refused", "refused (409 NotHolder)"),
+            ("accepted", "accepted (fenced: no other Pod had taken the Lease since)"),
+            ("failed", "failed closed / unavailable"),
+        ] {
+            writeln!(
+                f,
+                "| client-go Lease paths: delayed writes after a pause {what} | {} |",
+                per_path(&|p| self.path_delayed.get(&(p, outcome)).copied().unwrap_or(0).to_string())
+            )?;
+        }
+        writeln!(
+            f,
+            "| client-go Lease paths: campaigns whose read or claim failed (a compare-and-swap lost to another Pod included; retried) | {} |",
+            self.campaigns_failed
+        )?;
+        let said = |planted: Option<bool>| match planted {
+            Some(true) => "accepted",
+            Some(false) => "refused",
+            None => "not sent",
+        };
+        writeln!(
+            f,
+            "| client-go Lease paths: scripted stale write across the API servers | {} |",
+            per_path(&|p| said(self.planted_on(p)).to_string())
+        )?;
+        writeln!(
+            f,
+            "| fenced controller: creates judged while their Pod led, committed after a successor's write (§6b CREATE window; not promised, not counted as violations) | {} |",
+            self.creates_in_window.len()
+        )?;
         writeln!(f, "| observations checked | {} |", self.observations)?;
-        writeln!(f, "| **violations** | **{}** |", self.violations.len())?;
+        writeln!(
+            f,
+            "| **violations** (kube-fence leases / leader Lease / fenced controller) | **{}** ({} / {}) |",
+            self.violations.len(),
+            self.violations_on(None),
+            per_path(&|p| self.violations_on(Some(p)).to_string())
+        )?;
         writeln!(f)?;
         writeln!(f, "Failed genuine writes by cause:")?;
         for ((fault, aimed, why), n) in &self.causes {
@@ -358,6 +479,16 @@ impl fmt::Display for HaReport {
         }
         for v in self.violations.iter().take(20) {
             writeln!(f, "  - {v}")?;
+        }
+        for w in &self.creates_in_window {
+            writeln!(
+                f,
+                "- CREATE window: {} ({}; the API server took it in {:.1} s before the next acquisition): {}",
+                w.object,
+                w.said,
+                w.before_takeover.as_secs_f64(),
+                w.violation
+            )?;
         }
         Ok(())
     }
@@ -500,6 +631,8 @@ fn object_name(lease: usize, j: usize) -> String {
 }
 
 struct World {
+    /// The client-go Lease paths' Pods ([`Path::ALL`] order).
+    elected: Vec<elected::Pods>,
     /// Clients for API server A and B: `[ADMIN]` the admin's (setup, the scripted write), `[1 + id]`
     /// worker `id`'s (the admin's credentials impersonating user `worker-<id>`: its holder name,
     /// which leases with `identity: User` bind to who asks).
@@ -701,6 +834,25 @@ fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationTok
     vec![lease_task, object_task]
 }
 
+/// Genuine writes sent so far under `fault`, per path (kube-fence's leases first, then [`Path::ALL`]).
+fn sent_under(world: &World, fault: HaFault) -> Vec<u64> {
+    let main = world.stats.availability.lock().map(|a| a.get(&Some(fault)).map_or(0, |a| a.attempted)).unwrap_or(0);
+    let paths = world.stats.paths.availability();
+    std::iter::once(main).chain(Path::ALL.map(|p| paths.get(&(p, Some(fault))).map_or(0, |a| a.attempted))).collect()
+}
+
+/// Holds a fault for `hold`, and then until every path has sent a genuine write since it was
+/// made (at most 20 s more), so that each fault kind meets each path: the condition, not a
+/// longer timer.
+async fn held(world: &World, fault: HaFault, hold: Duration) {
+    let before = sent_under(world, fault);
+    tokio::time::sleep(hold).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sent_under(world, fault).iter().zip(&before).any(|(now, then)| now <= then) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The nemesis: one fault, held, healed, and the cluster seen whole again.
 async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault: HaFault, rng: &mut Rng) {
     let api = rng.below(2) as usize;
@@ -742,14 +894,14 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
                 assert!(Instant::now() < deadline, "no new etcd leader within 60 s");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            tokio::time::sleep(hold).await;
+            held(world, fault, hold).await;
             plane.call(move |ha| ha.start_again(&name).map_err(|e| format!("{e:#}"))).await.expect("start etcd again");
         }
         HaFault::ApiServerKilled => {
             let name = format!("kube-apiserver-{}", api_letter(api));
             let n = name.clone();
             plane.call(move |ha| ha.kill(&n).map_err(|e| format!("{e:#}"))).await.expect("kill an API server");
-            tokio::time::sleep(hold).await;
+            held(world, fault, hold).await;
             plane.call(move |ha| ha.start_again(&name).map_err(|e| format!("{e:#}"))).await.expect("start the API server again");
         }
         HaFault::WebhookReplicaKilled => {
@@ -757,7 +909,7 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
             if let Some(w) = replica.webhook.take() {
                 w.crash().await;
             }
-            tokio::time::sleep(hold).await;
+            held(world, fault, hold).await;
             if world.config.fenced {
                 replica.serve().await;
             }
@@ -767,7 +919,7 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
             if let Some(c) = replica.controller.take() {
                 c.kill();
             }
-            tokio::time::sleep(hold).await;
+            held(world, fault, hold).await;
             replica.start_controller();
         }
     }
@@ -780,7 +932,7 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
             | HaFault::ApiCutFromEtcd
             | HaFault::EtcdMemberIsolated
     ) {
-        tokio::time::sleep(hold).await;
+        held(world, fault, hold).await;
         plane.call(|ha| ha.heal().map_err(|e| format!("{e:#}"))).await.expect("heal");
     }
     plane.whole(Duration::from_secs(180)).await.expect("the cluster is whole again after the fault");
@@ -879,7 +1031,11 @@ pub async fn run(config: HaConfig) -> HaReport {
             kube_fence_test_support::identity::client_as(&plane.kubeconfigs[1], &user).await,
         ]);
     }
+    // The client-go Lease paths: their Pods, Leases and objects, and the FencedController (judged
+    // through both API servers before the run starts, when fenced).
+    let elected = elected::setup(&clients, &plane.kubeconfigs, &ns, config.elected_pods, config.fenced).await;
     let world = Arc::new(World {
+        elected,
         clients: all_clients,
         ns: ns.clone(),
         config: config.clone(),
@@ -890,6 +1046,10 @@ pub async fn run(config: HaConfig) -> HaReport {
     let watch_stop = CancellationToken::new();
     let mut watchers = record(&clients[0], &ns, &world.recorder, &watch_stop);
     watchers.extend(record(&clients[1], &ns, &world.recorder, &watch_stop));
+    let side = Arc::new(Mutex::new(elected::Side::default()));
+    for client in &clients {
+        watchers.extend(elected::record(client, &ns, &world.recorder, &side, &watch_stop));
+    }
 
     let leases: Api<Lease> = Api::namespaced(clients[0].clone(), &ns);
     for i in 0..config.leases {
@@ -914,13 +1074,21 @@ pub async fn run(config: HaConfig) -> HaReport {
         let _ = world.leases(ADMIN, 0).release(&grant).await;
     }
     let planted_accepted = planted(&plane, &world).await;
+    let mut path_planted = BTreeMap::new();
+    for (i, pods) in world.elected.iter().enumerate() {
+        path_planted.insert(pods.path, elected::planted(&plane, &world, i).await);
+    }
     eprintln!(
-        "[ha] set up in {:.1}s; scripted stale write: {planted_accepted:?}; {} workers start",
+        "[ha] set up in {:.1}s; scripted stale write: {planted_accepted:?}, on the client-go Lease paths: {path_planted:?}; {} workers and {} Pods start",
         started.elapsed().as_secs_f64(),
-        config.workers
+        config.workers,
+        world.elected.len() * config.elected_pods
     );
 
-    let workers: Vec<JoinHandle<()>> = (0..config.workers).map(|id| tokio::spawn(world.clone().worker(id))).collect();
+    let mut workers: Vec<JoinHandle<()>> = (0..config.workers).map(|id| tokio::spawn(world.clone().worker(id))).collect();
+    for path in 0..world.elected.len() {
+        workers.extend((0..config.elected_pods).map(|me| tokio::spawn(elected::worker(world.clone(), path, me))));
+    }
     let mut rng = Rng(config.seed ^ 0x4A_FA17);
     let mut last_note = Instant::now();
     let mut round: Vec<HaFault> = Vec::new();
@@ -957,7 +1125,10 @@ pub async fn run(config: HaConfig) -> HaReport {
         .recorder
         .snapshot()
         .iter()
-        .filter_map(|o| if let Observation::Write { resource_version, .. } = o { Some(*resource_version) } else { None })
+        .filter_map(|o| match o {
+            Observation::Write { resource_version, .. } | Observation::HolderWrite { resource_version, .. } => Some(*resource_version),
+            Observation::Grant { .. } => None,
+        })
         .max()
         .unwrap_or(0);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -979,17 +1150,32 @@ pub async fn run(config: HaConfig) -> HaReport {
     }
 
     let observations = world.recorder.snapshot();
-    let violations = history::check(&observations, |_| false);
+    let (violations, creates_in_window) = elected::creates_in_window(history::check(&observations, |_| false), &side);
     let mut writes = HashSet::new();
     let mut grants = HashSet::new();
+    let (mut path_writes, mut path_grants) = (BTreeMap::<Path, HashSet<_>>::new(), BTreeMap::<Path, HashSet<_>>::new());
+    let path_of_lease = |lease: &str| world.elected.iter().map(|p| p.path).find(|p| p.key() == lease);
     for o in &observations {
         match o {
-            Observation::Write { object, resource_version, .. } | Observation::HolderWrite { object, resource_version, .. } => {
+            Observation::Write { object, resource_version, .. } => {
                 writes.insert((object.clone(), *resource_version));
             }
-            Observation::Grant { lease, token, .. } => {
-                grants.insert((lease.clone(), *token));
-            }
+            Observation::HolderWrite { object, lease, resource_version, .. } => match path_of_lease(lease) {
+                Some(path) => {
+                    path_writes.entry(path).or_default().insert((object.clone(), *resource_version));
+                }
+                None => {
+                    writes.insert((object.clone(), *resource_version));
+                }
+            },
+            Observation::Grant { lease, token, .. } => match path_of_lease(lease) {
+                Some(path) => {
+                    path_grants.entry(path).or_default().insert(*token);
+                }
+                None => {
+                    grants.insert((lease.clone(), *token));
+                }
+            },
         }
     }
     let s = &world.stats;
@@ -1008,6 +1194,13 @@ pub async fn run(config: HaConfig) -> HaReport {
         not_holder: s.not_holder.load(Ordering::Relaxed),
         causes: s.causes.lock().map(|c| c.clone()).unwrap_or_default(),
         planted_accepted,
+        paths: s.paths.availability(),
+        path_delayed: s.paths.delayed_counts(),
+        path_grants: path_grants.into_iter().map(|(p, g)| (p, g.len() as u64)).collect(),
+        path_writes: path_writes.into_iter().map(|(p, w)| (p, w.len() as u64)).collect(),
+        campaigns_failed: s.paths.campaigns_failed(),
+        path_planted,
+        creates_in_window,
         observations: observations.len(),
         violations,
     };

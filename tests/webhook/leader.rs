@@ -345,7 +345,7 @@ async fn labelled_objects_and_kubeconfigs(f: &Fixture, widgets: &kube::api::ApiR
     for pod in pods {
         let token = common::identity::pod_token(&f.client, &f.ns, "ctl", pod).await;
         let kubeconfig = common::identity::kubeconfig_with_token(&token).await;
-        let yaml = serde_yaml::to_string(&kubeconfig).expect("kubeconfig yaml");
+        let yaml = serde_saphyr::to_string(&kubeconfig).expect("kubeconfig yaml");
         std::fs::write(dir.path().join(format!("{}.kubeconfig", pod.name_any())), yaml).expect("write kubeconfig");
     }
     dir

@@ -74,7 +74,7 @@ impl Scheduler {
                                "leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": retry},
             "profiles": [{"schedulerName": SCHEDULER_NAME}],
         });
-        std::fs::write(&config, serde_yaml::to_string(&settings).expect("yaml")).expect("write the scheduler configuration");
+        std::fs::write(&config, serde_saphyr::to_string(&settings).expect("yaml")).expect("write the scheduler configuration");
         let log = dir.join(format!("{pod}.log"));
         let stderr = std::fs::File::create(&log).expect("log file");
         let bin =
@@ -138,7 +138,7 @@ async fn kube_scheduler_is_fenced_by_its_lease_alone() {
     for pod in &pods {
         let kubeconfig =
             common::identity::kubeconfig_with_token(&common::identity::pod_token(&f.client, &f.ns, "scheduler", pod).await).await;
-        std::fs::write(dir.path().join(format!("{}.kubeconfig", pod.name_any())), serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
+        std::fs::write(dir.path().join(format!("{}.kubeconfig", pod.name_any())), serde_saphyr::to_string(&kubeconfig).unwrap()).unwrap();
     }
 
     // A leads and does its normal work: status and an Event for a Pod it cannot place.

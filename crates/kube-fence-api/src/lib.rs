@@ -41,11 +41,11 @@ pub fn crds() -> [CustomResourceDefinition; 3] {
 
 /// All CRDs kube-fence owns, as one multi-document YAML stream (what `kube-fence crd` prints and
 /// what `crds/kubefence.io_leases.yaml` holds).
-pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
+pub fn crds_yaml() -> Result<String, serde_saphyr::ser::Error> {
     let mut out = String::new();
     for crd in crds() {
         out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&crd)?);
+        out.push_str(&serde_saphyr::to_string(&crd)?);
     }
     Ok(out)
 }

@@ -151,7 +151,7 @@ pub async fn kubeconfig_as_pod(
 ) -> tempfile::NamedTempFile {
     let kubeconfig = kubeconfig_with_token(path, &pod_token(admin, ns, service_account, pod).await);
     let file = tempfile::NamedTempFile::new().expect("a temporary kubeconfig");
-    serde_yaml::to_writer(&file, &kubeconfig).expect("write the kubeconfig");
+    serde_saphyr::to_io_writer(&mut &file, &kubeconfig).expect("write the kubeconfig");
     file
 }
 

@@ -4,14 +4,13 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::core::admission::Operation as KubeOperation;
 use kube::core::{DynamicResourceScope, ObjectMeta, Resource, Status};
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 
-use crate::admission::judge::facts::{GroupResource, ObjectFacts};
+use crate::admission::judge::facts::{Digest, GroupResource, ObjectFacts};
 
 use crate::admission::judge::facts::Operation;
 
@@ -234,7 +233,7 @@ pub struct Guardable {
     pub metadata: ObjectMeta,
     /// Digest of every field outside `metadata`; computed only for an object being deleted.
     #[serde(skip)]
-    pub content: Option<u64>,
+    pub content: Option<Digest>,
 }
 
 /// The metadata fields fencing and logging read; the rest is skipped unread.
@@ -271,7 +270,7 @@ impl<'de> Visitor<'de> for GuardableVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Guardable, A::Error> {
         let mut metadata: Option<MetadataWire> = None;
-        let mut hasher = DefaultHasher::new();
+        let mut hasher = Hasher::new();
         // Fields before metadata are kept, not hashed, until it says whether the object is being
         // deleted (they are apiVersion and kind from the API server, but any field may come
         // first, e.g. `data` in a client's sorted JSON); after it, they are hashed only when it is.
@@ -281,8 +280,8 @@ impl<'de> Visitor<'de> for GuardableVisitor {
                 let meta: MetadataWire = map.next_value()?;
                 if meta.deletion_timestamp.is_some() {
                     for (key, raw) in &before_metadata {
-                        key.hash(&mut hasher);
-                        raw.get().hash(&mut hasher);
+                        hasher.field(key.as_bytes());
+                        hasher.field(raw.get());
                     }
                 }
                 before_metadata = Vec::new();
@@ -293,8 +292,8 @@ impl<'de> Visitor<'de> for GuardableVisitor {
                 None => before_metadata.push((key, map.next_value()?)),
                 Some(meta) if meta.deletion_timestamp.is_some() => {
                     let raw: Box<serde_json::value::RawValue> = map.next_value()?;
-                    key.hash(&mut hasher);
-                    raw.get().hash(&mut hasher);
+                    hasher.field(key.as_bytes());
+                    hasher.field(raw.get());
                 }
                 Some(_) => {
                     map.next_value::<IgnoredAny>()?;
@@ -304,7 +303,7 @@ impl<'de> Visitor<'de> for GuardableVisitor {
         let MetadataWire { name, namespace, uid, labels, annotations, finalizers, deletion_timestamp, owner_references } =
             metadata.unwrap_or_default();
         let content = deletion_timestamp.is_some().then(|| {
-            owner_references.as_ref().map(|raw| raw.get()).hash(&mut hasher);
+            hasher.optional(owner_references.as_ref().map(|raw| raw.get()));
             hasher.finish()
         });
         let metadata = ObjectMeta { name, namespace, uid, labels, annotations, finalizers, deletion_timestamp, ..ObjectMeta::default() };
@@ -337,15 +336,64 @@ impl Resource for Guardable {
     }
 }
 
+/// SHA-256 over a sequence of fields, each length-prefixed (so `("ab", "c")` and `("a", "bc")`
+/// differ): a digest that is the same in every build and release (std's `DefaultHasher` promises
+/// neither) and that a writer cannot steer into a collision (it sees and chooses the content).
+struct Hasher(ring::digest::Context);
+
+impl Hasher {
+    fn new() -> Hasher {
+        Hasher(ring::digest::Context::new(&ring::digest::SHA256))
+    }
+
+    fn field(&mut self, bytes: impl AsRef<[u8]>) {
+        let bytes = bytes.as_ref();
+        self.0.update(&(bytes.len() as u64).to_le_bytes());
+        self.0.update(bytes);
+    }
+
+    /// `None` and `Some("")` differ.
+    fn optional(&mut self, value: Option<&str>) {
+        match value {
+            None => self.0.update(&[0]),
+            Some(value) => {
+                self.0.update(&[1]);
+                self.field(value);
+            }
+        }
+    }
+
+    /// A map's entries in key order (a `BTreeMap`'s), after its size; `None` and empty differ.
+    fn map(&mut self, map: Option<&BTreeMap<String, String>>) {
+        match map {
+            None => self.0.update(&[0]),
+            Some(map) => {
+                self.0.update(&[1]);
+                self.0.update(&(map.len() as u64).to_le_bytes());
+                for (key, value) in map {
+                    self.field(key);
+                    self.field(value);
+                }
+            }
+        }
+    }
+
+    fn finish(self) -> Digest {
+        let mut digest = [0; 32];
+        digest.copy_from_slice(self.0.finish().as_ref());
+        Digest(digest)
+    }
+}
+
 /// What fencing reads of one object.
 pub fn object_facts(obj: &Guardable) -> ObjectFacts {
     let meta = &obj.metadata;
     // Labels and annotations belong to what a finalizer removal must leave alone.
     let content = obj.content.map(|rest| {
-        let mut hasher = DefaultHasher::new();
-        rest.hash(&mut hasher);
-        meta.labels.hash(&mut hasher);
-        meta.annotations.hash(&mut hasher);
+        let mut hasher = Hasher::new();
+        hasher.field(rest.0);
+        hasher.map(meta.labels.as_ref());
+        hasher.map(meta.annotations.as_ref());
         hasher.finish()
     });
     ObjectFacts {
@@ -524,6 +572,23 @@ mod tests {
         assert!(after.is_some());
         assert_ne!(after, digest(object("", r#","data":{"k":"changed"}"#)), "data after metadata is content");
     }
+
+    /// The digest is SHA-256 over length-prefixed fields: the same in every build and release
+    /// (two webhook versions during an upgrade judge alike), pinned here by value. The value was
+    /// checked outside Rust: Python's hashlib over the same bytes (field = u64 LE length + bytes;
+    /// an absent owner list, labels or annotations = one 0 byte; present = 1, u64 LE count, fields).
+    #[test]
+    fn the_digest_is_pinned() {
+        let object = r#"{"metadata":{"name":"x","deletionTimestamp":"2026-12-03T08:00:00Z","finalizers":["a"]},"data":{"k":"v"}}"#;
+        let body = format!(
+            r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u-1","kind":{{"group":"","version":"v1","kind":"ConfigMap"}},"resource":{{"group":"","version":"v1","resource":"configmaps"}},"name":"x","namespace":"ns","operation":"UPDATE","userInfo":{{"username":"alice"}},"object":{object},"oldObject":{object}}}}}"#
+        );
+        let request = decode(body.as_bytes()).map_err(|e| format!("{e:?}")).unwrap();
+        let digest = request_facts(&request).new.and_then(|n| n.content).map(|d| d.to_string());
+        assert_eq!(digest.as_deref(), Some(PINNED_DIGEST));
+    }
+
+    const PINNED_DIGEST: &str = "c8e0783adf939bc606eb60da23401016a7002854dec438a9f74deb852c5d5b7d";
 
     #[test]
     fn a_subresource_is_named() {

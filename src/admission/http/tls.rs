@@ -7,7 +7,10 @@
 //!   until the next poll finds the pair consistent, so a rotation never fails a handshake.
 //! - self-managed: a CA and a serving certificate made here ([`SelfSigned`]) and kept in a
 //!   Secret that every replica shares (created if absent, so concurrent replicas agree on one
-//!   CA), with the CA put into the webhook configuration's `caBundle`.
+//!   CA), with the CA put into the webhook configuration's `caBundle`. The CA lasts ten years and
+//!   is kept; the serving certificate is short-lived (`--self-managed-tls-lifetime`, 90 days) and
+//!   reissued under the same CA when a third of its lifetime is left (whichever replica sees it
+//!   first writes the Secret; the others load it), so the caBundle never changes for it.
 //!
 //! Either way the webhook can also authenticate its callers ([`ClientAuth`], `--client-ca-file`):
 //! with the API server configured to present a client certificate to webhooks
@@ -21,10 +24,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum_server::tls_rustls::RustlsConfig;
-use chrono::Datelike;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, PostParams};
 use rustls::ServerConfig;
 
@@ -177,13 +181,32 @@ pub struct SelfSigned {
     /// Kept (in the Secret) so a serving certificate can be reissued under the same CA.
     pub ca_key: String,
     pub serving: PemPair,
+    /// When the serving certificate expires (the Secret's [`SERVING_NOT_AFTER_ANNOTATION`]);
+    /// `None` for a Secret written before rotation existed (a ten-year certificate): reissued.
+    pub serving_not_after: Option<Timestamp>,
+}
+
+/// The Secret's annotation recording when its serving certificate expires (RFC 3339), so that
+/// replicas know when to reissue it without parsing X.509.
+pub const SERVING_NOT_AFTER_ANNOTATION: &str = "kubefence.io/serving-not-after";
+
+/// How long a self-managed serving certificate lasts by default.
+pub const DEFAULT_SERVING_LIFETIME: Duration = Duration::from_secs(90 * 24 * 3600);
+
+/// Seconds since the epoch of `at` (0 before it), for rcgen's times: `date_time_ymd(1970, 1, 1)`
+/// plus these.
+fn epoch_seconds(at: Timestamp) -> Duration {
+    Duration::from_secs(u64::try_from(at.as_second()).unwrap_or(0))
 }
 
 /// Valid from yesterday (tolerates a little clock skew with the API server) for ten years.
 fn set_validity(params: &mut rcgen::CertificateParams) {
-    let start = chrono::Utc::now().date_naive() - chrono::Days::new(1);
-    params.not_before = rcgen::date_time_ymd(start.year(), start.month() as u8, start.day() as u8);
-    params.not_after = rcgen::date_time_ymd(start.year() + 10, start.month() as u8, start.day().min(28) as u8);
+    // The calendar date in UTC (jiff: the time crate k8s-openapi already uses).
+    let today = k8s_openapi::jiff::Timestamp::now().to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC).date();
+    let start = today.yesterday().unwrap_or(today);
+    let month = start.month().unsigned_abs();
+    params.not_before = rcgen::date_time_ymd(i32::from(start.year()), month, start.day().unsigned_abs());
+    params.not_after = rcgen::date_time_ymd(i32::from(start.year()) + 10, month, start.day().unsigned_abs().min(28));
 }
 
 /// The CA's parameters. An issuer rebuilt from these and the CA key signs certificates that
@@ -198,8 +221,28 @@ fn ca_params() -> Result<rcgen::CertificateParams, TlsError> {
 }
 
 /// A serving certificate for `dns_names` and `ips`, signed by the kube-fence CA whose key is
-/// given in PEM.
+/// given in PEM, valid ten years.
 pub fn issue_serving(ca_key_pem: &str, dns_names: &[String], ips: &[IpAddr]) -> Result<PemPair, TlsError> {
+    issue_serving_with(ca_key_pem, dns_names, ips, None).map(|(pair, _)| pair)
+}
+
+/// [`issue_serving`], valid from an hour ago (clock skew) for `lifetime` from now when given;
+/// returns when it expires too.
+pub fn issue_serving_for(
+    ca_key_pem: &str,
+    dns_names: &[String],
+    ips: &[IpAddr],
+    lifetime: Duration,
+) -> Result<(PemPair, Timestamp), TlsError> {
+    issue_serving_with(ca_key_pem, dns_names, ips, Some(lifetime)).map(|(pair, not_after)| (pair, not_after.unwrap_or(Timestamp::MAX)))
+}
+
+fn issue_serving_with(
+    ca_key_pem: &str,
+    dns_names: &[String],
+    ips: &[IpAddr],
+    lifetime: Option<Duration>,
+) -> Result<(PemPair, Option<Timestamp>), TlsError> {
     let issuer = rcgen::Issuer::new(ca_params()?, rcgen::KeyPair::from_pem(ca_key_pem)?);
     let key = rcgen::KeyPair::generate()?;
     let mut leaf = rcgen::CertificateParams::new(dns_names.to_vec())?;
@@ -208,8 +251,26 @@ pub fn issue_serving(ca_key_pem: &str, dns_names: &[String], ips: &[IpAddr]) -> 
     leaf.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature, rcgen::KeyUsagePurpose::KeyEncipherment];
     leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
     set_validity(&mut leaf);
+    let mut not_after = None;
+    if let Some(lifetime) = lifetime {
+        let now = Timestamp::now();
+        let until = now.saturating_add(SignedDuration::try_from(lifetime).unwrap_or(SignedDuration::MAX)).unwrap_or(Timestamp::MAX);
+        let since = now.saturating_sub(SignedDuration::from_hours(1)).unwrap_or(now);
+        leaf.not_before = rcgen::date_time_ymd(1970, 1, 1) + epoch_seconds(since);
+        leaf.not_after = rcgen::date_time_ymd(1970, 1, 1) + epoch_seconds(until);
+        // X.509 keeps whole seconds.
+        not_after = Some(Timestamp::from_second(until.as_second()).unwrap_or(until));
+    }
     let cert = leaf.signed_by(&key, &issuer)?;
-    Ok(PemPair { cert: cert.pem().into_bytes(), key: key.serialize_pem().into_bytes() })
+    Ok((PemPair { cert: cert.pem().into_bytes(), key: key.serialize_pem().into_bytes() }, not_after))
+}
+
+/// Whether a serving certificate that expires at `not_after` (`None`: unknown) and was issued
+/// for `lifetime` is due for reissue: a third of its lifetime or less is left.
+pub fn reissue_due(not_after: Option<Timestamp>, lifetime: Duration, now: Timestamp) -> bool {
+    let Some(not_after) = not_after else { return true };
+    let left = now.duration_until(not_after);
+    left <= SignedDuration::try_from(lifetime / 3).unwrap_or(SignedDuration::MAX)
 }
 
 impl SelfSigned {
@@ -222,7 +283,19 @@ impl SelfSigned {
         let ca_cert = ca.self_signed(&ca_key)?.pem();
         let ca_key = ca_key.serialize_pem();
         let serving = issue_serving(&ca_key, dns_names, ips)?;
-        Ok(SelfSigned { ca_cert, ca_key, serving })
+        Ok(SelfSigned { ca_cert, ca_key, serving, serving_not_after: None })
+    }
+
+    /// A fresh CA (ten years) and a serving certificate for `lifetime`.
+    pub fn generate_for(dns_names: &[String], ips: &[IpAddr], lifetime: Duration) -> Result<SelfSigned, TlsError> {
+        let made = SelfSigned::generate(dns_names, ips)?;
+        made.reissued(dns_names, ips, lifetime)
+    }
+
+    /// The same CA with a new serving certificate for `lifetime`.
+    pub fn reissued(&self, dns_names: &[String], ips: &[IpAddr], lifetime: Duration) -> Result<SelfSigned, TlsError> {
+        let (serving, not_after) = issue_serving_for(&self.ca_key, dns_names, ips, lifetime)?;
+        Ok(SelfSigned { serving, serving_not_after: Some(not_after), ..self.clone() })
     }
 
     pub fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
@@ -249,6 +322,7 @@ impl SelfSigned {
                 name: Some(name.into()),
                 namespace: Some(namespace.into()),
                 labels: Some([("app.kubernetes.io/managed-by".to_string(), "kube-fence".to_string())].into()),
+                annotations: self.serving_not_after.map(|t| [(SERVING_NOT_AFTER_ANNOTATION.to_string(), t.to_string())].into()),
                 ..Default::default()
             },
             type_: Some("kubernetes.io/tls".into()),
@@ -266,6 +340,7 @@ impl SelfSigned {
             ca_cert: String::from_utf8_lossy(&get("ca.crt")?).into_owned(),
             ca_key: String::from_utf8_lossy(&get("ca.key")?).into_owned(),
             serving: PemPair { cert: get("tls.crt")?, key: get("tls.key")? },
+            serving_not_after: secret.annotations().get(SERVING_NOT_AFTER_ANNOTATION).and_then(|t| t.parse().ok()),
         })
     }
 }
@@ -279,6 +354,8 @@ pub struct SelfManaged {
     pub dns_names: Vec<String>,
     pub webhook_configuration: String,
     pub client_auth: ClientAuth,
+    /// How long a serving certificate lasts; reissued with a third of it left.
+    pub serving_lifetime: Duration,
 }
 
 impl SelfManaged {
@@ -290,7 +367,7 @@ impl SelfManaged {
         if let Some(secret) = secrets.get_opt(&self.secret).await? {
             return SelfSigned::from_secret(&secret);
         }
-        let made = SelfSigned::generate(&self.dns_names, &[])?;
+        let made = SelfSigned::generate_for(&self.dns_names, &[], self.serving_lifetime)?;
         match secrets.create(&PostParams::default(), &made.to_secret(&self.secret, &self.namespace)).await {
             Ok(_) => Ok(made),
             Err(kube::Error::Api(e)) if e.code == 409 => SelfSigned::from_secret(&secrets.get(&self.secret).await?),
@@ -298,16 +375,49 @@ impl SelfManaged {
         }
     }
 
+    /// The Secret's pair, with its serving certificate reissued under the same CA first when it
+    /// is due ([`reissue_due`]). The write carries the resourceVersion read: of replicas racing
+    /// to reissue, one wins and the others read its certificate next time.
+    pub async fn rotate_if_due(&self, client: &kube::Client) -> Result<SelfSigned, TlsError> {
+        let current = self.ensure_secret(client).await?;
+        if !reissue_due(current.serving_not_after, self.serving_lifetime, Timestamp::now()) {
+            return Ok(current);
+        }
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &self.namespace);
+        let Some(stored) = secrets.get_opt(&self.secret).await? else { return Ok(current) };
+        let read = SelfSigned::from_secret(&stored)?;
+        if read != current {
+            return Ok(read); // changed since: judged next round
+        }
+        let next = read.reissued(&self.dns_names, &[], self.serving_lifetime)?;
+        let mut secret = next.to_secret(&self.secret, &self.namespace);
+        secret.metadata.resource_version = stored.metadata.resource_version.clone();
+        secret.metadata.labels = stored.metadata.labels.clone().or(secret.metadata.labels);
+        match secrets.replace(&self.secret, &PostParams::default(), &secret).await {
+            Ok(_) => {
+                tracing::info!(secret = %self.secret, not_after = ?next.serving_not_after, "self-managed serving certificate reissued under the same CA");
+                Ok(next)
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(read),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// How often [`SelfManaged::maintain`] looks: every 30 s, or a sixth of a short lifetime.
+    pub fn maintain_interval(&self) -> Duration {
+        (self.serving_lifetime / 6).clamp(Duration::from_secs(1), Duration::from_secs(30))
+    }
+
     /// Keeps TLS and the caBundle right: every `interval`, re-reads the Secret (re-creating it
-    /// if deleted — a new CA), swaps a changed pair into `tls`, and sets the caBundle of every
-    /// webhook in the configuration to the Secret's CA.
+    /// if deleted — a new CA; reissuing the serving certificate when due), swaps a changed pair
+    /// into `tls`, and sets the caBundle of every webhook in the configuration to the Secret's CA.
     pub async fn maintain(self, client: kube::Client, tls: RustlsConfig, mut current: SelfSigned, interval: Duration, reloads: Counter) {
         loop {
             if let Err(err) = ensure_ca_bundle(&client, &self.webhook_configuration, &current.ca_cert).await {
                 tracing::warn!(error = %Chain(&err), configuration = %self.webhook_configuration, "cannot set the webhook caBundle; retrying");
             }
             tokio::time::sleep(interval).await;
-            match self.ensure_secret(&client).await.and_then(|pair| Ok((pair.server_config_for(&self.client_auth)?, pair))) {
+            match self.rotate_if_due(&client).await.and_then(|pair| Ok((pair.server_config_for(&self.client_auth)?, pair))) {
                 Ok((config, pair)) if pair != current => {
                     tls.reload_from_config(config);
                     current = pair;
@@ -346,6 +456,34 @@ pub async fn ensure_ca_bundle(client: &kube::Client, configuration: &str, ca_pem
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_serving_certificate_is_reissued_with_a_third_of_its_lifetime_left() {
+        let lifetime = Duration::from_secs(90);
+        let now = Timestamp::now();
+        let at = |secs: i64| now.checked_add(SignedDuration::from_secs(secs)).ok();
+        assert!(!reissue_due(at(31), lifetime, now), "more than a third left");
+        assert!(reissue_due(at(30), lifetime, now), "a third left");
+        assert!(reissue_due(at(-1), lifetime, now), "expired");
+        assert!(reissue_due(None, lifetime, now), "unknown (a Secret from before rotation): reissued");
+    }
+
+    #[test]
+    fn a_reissued_serving_certificate_keeps_the_ca_and_records_its_expiry() {
+        let names = ["fence.ns.svc".to_string()];
+        let first = SelfSigned::generate_for(&names, &[], Duration::from_secs(60)).unwrap();
+        let before = Timestamp::now();
+        let next = first.reissued(&names, &[], Duration::from_secs(3600)).unwrap();
+        assert_eq!((&next.ca_cert, &next.ca_key), (&first.ca_cert, &first.ca_key));
+        assert_ne!(next.serving, first.serving);
+        let not_after = next.serving_not_after.unwrap();
+        let expected = before.checked_add(SignedDuration::from_secs(3600)).unwrap();
+        assert!(not_after.duration_until(expected).abs() <= SignedDuration::from_secs(2), "{not_after} ~ {expected}");
+        let secret = next.to_secret("s", "ns");
+        assert_eq!(SelfSigned::from_secret(&secret).unwrap(), next, "the expiry survives the Secret");
+        // The reissued certificate loads with its key.
+        next.server_config().unwrap();
+    }
 
     /// A CA and a client certificate (EKU clientAuth) it signed: (CA PEM, client cert PEM, key PEM).
     fn client_identity() -> (String, String, String) {

@@ -12,6 +12,27 @@ use kube_fence_api::{Comparison, Enforcement, HolderIdentity};
 /// (`userInfo.extra`): the requester's Pod ([`PodIdentity`]).
 pub const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 
+/// A SHA-256 digest of an object's content (what `crate::admission::http::review` computes for an
+/// object being deleted).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Digest(pub [u8; 32]);
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// Tests name digests by a number.
+#[cfg(test)]
+impl From<u64> for Digest {
+    fn from(n: u64) -> Digest {
+        let mut digest = [0; 32];
+        digest[..8].copy_from_slice(&n.to_le_bytes());
+        Digest(digest)
+    }
+}
+
 /// The operation under admission.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Operation {
@@ -43,7 +64,7 @@ pub struct ObjectFacts {
     /// A digest of everything a finalizer removal must leave unchanged: labels, annotations and
     /// every field outside `metadata`. `None` when it was not computed (then a finalizer removal
     /// is judged like any other write: the safe direction).
-    pub content: Option<u64>,
+    pub content: Option<Digest>,
     /// Value of the `kubefence.io/leader-lease` label: the leader-election Lease whose holder
     /// alone writes the object (judged by `super::leader`).
     pub leader_lease: Option<String>,

@@ -210,11 +210,11 @@ fn a_denial_names_the_lease_the_holder_and_the_requester() {
 fn exempt_identities_and_finalizer_removal_need_no_holder() {
     let gc = Request { user: GC.into(), ..by_pod(Operation::Delete, bound("ctl"), None, None) };
     assert_eq!(outcome(&judge(&gc, Some("web-0_a"))), Ok(Reason::Exempt));
-    let deleting = |finalizers: &[&str], content| {
+    let deleting = |finalizers: &[&str], content: u64| {
         Some(ObjectFacts {
             deleting: true,
             finalizers: finalizers.iter().map(|f| f.to_string()).collect(),
-            content: Some(content),
+            content: Some(crate::admission::judge::facts::Digest::from(content)),
             ..bound("ctl").unwrap_or_default()
         })
     };

@@ -474,7 +474,7 @@ fn deleting(token: Option<&str>, finalizers: &[&str], content: u64) -> Option<Ob
     Some(ObjectFacts {
         deleting: true,
         finalizers: finalizers.iter().map(|f| f.to_string()).collect(),
-        content: Some(content),
+        content: Some(crate::admission::judge::facts::Digest::from(content)),
         ..ObjectFacts::guarded("l", token)
     })
 }
@@ -671,7 +671,7 @@ fn holder_only_objects_still_let_exempt_controllers_and_finalizer_removal_throug
     let side = |finalizers: &[&str]| {
         Some(ObjectFacts {
             deleting: true,
-            content: Some(1),
+            content: Some(crate::admission::judge::facts::Digest::from(1)),
             finalizers: finalizers.iter().map(|f| f.to_string()).collect(),
             ..h(Some("5")).unwrap_or_default()
         })

@@ -1,0 +1,832 @@
+//! The client-go Lease paths of the HA driver (issue 36, item 3): besides kube-fence's own leases,
+//! the same workers-nemesis-checker run exercises, under every fault kind,
+//!
+//! - [`Path::LeaderLease`]: a leader-election Lease (`coordination.k8s.io/v1`, opted into holder
+//!   binding by `kubefence.io/holder-identity: Pod`) and ConfigMaps labelled
+//!   `kubefence.io/leader-lease: <lease>`, judged by `admission::judge::leader` (§6a);
+//! - [`Path::FencedController`]: a `FencedController` (Enforce) naming another such Lease (no
+//!   kube-fence label) and its ServiceAccount `ctl`, whose Pods patch an unlabelled ConfigMap and
+//!   create new ones, judged by the writer webhook at `/writer` (§6b).
+//!
+//! Each path's workers are Pods (never scheduled: each authenticates with a ServiceAccount token
+//! bound to its Pod, as the kubelet would mount it) that campaign as client-go's `LeaseLock` does:
+//! read the Lease, and when it is free or its holder's `renewTime + leaseDurationSeconds` has
+//! passed, replace it (a compare-and-swap on its resourceVersion) naming `<pod>_<term>` as holder,
+//! with `leaseTransitions` one up; renew while writing; release by clearing the holder. A worker
+//! believes it leads while its last renewal was sent less than a lease duration ago — the honest
+//! client. Some cycles stop the worker itself after it read (no renewal, no write) past its lease,
+//! then send the delayed write: the threat case is the **honest but stale writer**, which learns
+//! too late that it lost the Lease (the pause), or whose writes were held by the network (a cut
+//! from its API server) while a successor took over.
+//!
+//! Records come from watches only, through both API servers: each Lease version naming a holder
+//! is a grant of the Pod it names (`<pod>_…`, the identity rule the webhook applies), its token
+//! the Lease's `leaseTransitions` + 1 (one per acquisition, the same across renewals); each
+//! admitted version of a guarded object is a holder-only write by the Pod in its `data.writer`.
+//! The created ConfigMaps are one logical object ([`MADE`]). The checker's holder-only rule
+//! (`history::check`) then says: per object, no write is attributed to an older grant than one
+//! already written under — no write of a Pod that lost the Lease is admitted after the
+//! successor's (or anybody's newer holder's) write. Plus, per Lease: acquisitions strictly
+//! increase and no acquisition went to two Pods (the Lease's own compare-and-swap, across two API
+//! servers). What the guard does not promise, and the check does not ask: a Pod that re-acquired
+//! owns its older writes again, and a CREATE judged before the takeover may commit after it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease as LeaderLease, LeaseSpec as LeaderLeaseSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::config::KubeConfigOptions;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, ResourceExt};
+use kube_fence_api::denial::Reason;
+use kube_fence_api::names::{HOLDER_IDENTITY_LABEL, HOLDER_IS_POD, LEADER_LEASE_LABEL};
+use kube_fence_api::token::Token;
+use kube_fence_api::{FenceMode, FencedController, FencedControllerSpec};
+use kube_fence_test_support::history::{Observation, Violation};
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::{Availability, HaFault, Plane, World, Wrote, bounded, short};
+use crate::torture::{Recorder, Rng};
+
+/// A client-go Lease path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Path {
+    /// Objects labelled `kubefence.io/leader-lease`, written by the Lease's holder Pod.
+    LeaderLease,
+    /// Every write of a fenced ServiceAccount's Pods (an unlabelled ConfigMap, created ConfigMaps).
+    FencedController,
+}
+
+impl Path {
+    pub const ALL: [Path; 2] = [Path::LeaderLease, Path::FencedController];
+    pub fn describe(self) -> &'static str {
+        match self {
+            Path::LeaderLease => "client-go Lease, labelled objects",
+            Path::FencedController => "fenced controller",
+        }
+    }
+    /// The ServiceAccount its Pods run as.
+    fn account(self) -> &'static str {
+        match self {
+            Path::LeaderLease => "elect",
+            Path::FencedController => "ctl",
+        }
+    }
+    /// The `coordination.k8s.io` Lease its Pods campaign on.
+    fn lease(self) -> &'static str {
+        match self {
+            Path::LeaderLease => "ha-elect",
+            Path::FencedController => "ha-ctl",
+        }
+    }
+    /// The Lease's name in the recorded history (apart from kube-fence's leases).
+    pub(super) fn key(self) -> String {
+        format!("coordination/{}", self.lease())
+    }
+    /// Which path a violation is on (`None`: kube-fence's own leases).
+    pub fn of(v: &Violation) -> Option<Path> {
+        let (object, lease) = match v {
+            Violation::TokenNotIncreasing { lease, .. } | Violation::TokenGrantedTwice { lease, .. } => (None, Some(lease)),
+            Violation::StaleWriteAccepted { object, .. } => (Some(object), None),
+            Violation::TokenNeverGranted { object, lease, .. } | Violation::WriterNeverGranted { object, lease, .. } => {
+                (Some(object), Some(lease))
+            }
+            Violation::StaleHolderWriteAccepted { object, .. } => (Some(object), None),
+        };
+        Path::ALL.into_iter().find(|p| {
+            lease.is_some_and(|l| *l == p.key())
+                || object.is_some_and(|o| match p {
+                    Path::LeaderLease => o.starts_with(LED_PREFIX),
+                    Path::FencedController => o == STATE || o == MADE,
+                })
+        })
+    }
+}
+
+/// The leader-Lease path's labelled ConfigMaps are `ha-led-<j>`.
+const LED_PREFIX: &str = "ha-led-";
+/// The fenced controller's unlabelled ConfigMap (patched by the leader).
+pub const STATE: &str = "ha-ctl-state";
+/// The label of the ConfigMaps the fenced controller's leader creates (not a kube-fence label:
+/// only the FencedController fences them).
+const MADE_LABEL: &str = "ha-made";
+/// The logical object the created ConfigMaps are, for the checker: a create of a Pod that lost
+/// the Lease committed after one of its successor's is a stale write like any other.
+pub const MADE: &str = "configmaps/ha-made";
+
+/// Labelled ConfigMaps of the leader-Lease path.
+const LED_OBJECTS: usize = 2;
+
+/// What the watches saw besides the history itself, to tell §6b's CREATE window apart from a
+/// create admitted from a Pod that did not lead ([`creates_in_window`]).
+#[derive(Default)]
+pub struct Side {
+    /// Per created ConfigMap's resourceVersion: its `creationTimestamp` (set by the API server
+    /// just before validating admission calls the webhook), its name and what its writer said
+    /// (note, the fault in place when sent, through which API server).
+    created: BTreeMap<u64, (Timestamp, String, String)>,
+    /// Per (Lease, token): the `acquireTime` of that acquisition.
+    acquired: BTreeMap<(String, Token), Timestamp>,
+}
+
+/// A create by a Pod that led when it was judged, committed after a successor's write: the
+/// CREATE window of docs/design.md §6b (not promised; reported, not a violation).
+#[derive(Clone, Debug)]
+pub struct InWindow {
+    pub violation: Violation,
+    /// The created object, and what its writer said.
+    pub object: String,
+    pub said: String,
+    /// How long before the next acquisition of the Lease the API server took the create in.
+    pub before_takeover: Duration,
+}
+
+/// Splits the checker's findings: a [`Violation::StaleHolderWriteAccepted`] on [`MADE`] whose
+/// create the API server took in (its `creationTimestamp`, second-granular, so rounded up by a
+/// second) before the next acquisition after the writer's grant (that acquisition's
+/// `acquireTime`) was judged while its writer still held the Lease — the webhook admitted it
+/// correctly and the commit came after the takeover: §6b's window, which a create has because it
+/// has no stored object to swap against. Anything else stays a violation.
+pub fn creates_in_window(violations: Vec<Violation>, side: &Mutex<Side>) -> (Vec<Violation>, Vec<InWindow>) {
+    let Ok(side) = side.lock() else { return (violations, Vec::new()) };
+    let key = Path::FencedController.key();
+    let (mut kept, mut window) = (Vec::new(), Vec::new());
+    for v in violations {
+        let found = match &v {
+            Violation::StaleHolderWriteAccepted { object, grant, resource_version, .. } if object == MADE => {
+                let created = side.created.get(resource_version);
+                let next = side.acquired.range((key.clone(), *grant)..).find(|((l, t), _)| *l == key && t > grant).map(|(_, at)| *at);
+                match (created, next) {
+                    (Some((created, name, said)), Some(next)) => {
+                        let taken_in_by = created.saturating_add(SignedDuration::from_secs(1)).unwrap_or(*created);
+                        (taken_in_by <= next).then(|| (name.clone(), said.clone(), next.duration_since(*created)))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        match found {
+            Some((object, said, before)) => {
+                window.push(InWindow { violation: v, object, said, before_takeover: before.try_into().unwrap_or_default() })
+            }
+            None => kept.push(v),
+        }
+    }
+    (kept, window)
+}
+
+/// What one write of a cycle does.
+#[derive(Clone, Debug)]
+enum Step {
+    /// Read, then patch this object.
+    Patch(String),
+    /// Create a new ConfigMap (the fenced controller's made objects).
+    Create,
+}
+
+/// Genuine writes, delayed writes and acquisitions on the client-go Lease paths.
+#[derive(Default)]
+pub struct PathStats {
+    availability: Mutex<BTreeMap<(Path, Option<HaFault>), Availability>>,
+    /// (path, "refused" / "accepted" / "failed") → delayed writes after a pause.
+    delayed: Mutex<BTreeMap<(Path, &'static str), u64>>,
+    /// Campaigns whose read or claim failed (a compare-and-swap lost to another Pod included).
+    campaigns_failed: AtomicU64,
+}
+
+impl PathStats {
+    fn count(&self, path: Path, during: Option<(HaFault, Option<usize>)>, f: impl Fn(&mut Availability) -> &mut u64) {
+        if let Ok(mut a) = self.availability.lock() {
+            *f(a.entry((path, during.map(|d| d.0))).or_default()) += 1;
+        }
+    }
+    fn via(&self, path: Path, during: Option<(HaFault, Option<usize>)>, via: usize, failed: bool) {
+        if during.is_some_and(|d| d.1 == Some(via))
+            && let Ok(mut a) = self.availability.lock()
+        {
+            let entry = a.entry((path, during.map(|d| d.0))).or_default();
+            entry.via_target += 1;
+            entry.via_target_failed += u64::from(failed);
+        }
+    }
+    fn slowest(&self, path: Path, during: Option<(HaFault, Option<usize>)>, millis: u64) {
+        if let Ok(mut a) = self.availability.lock() {
+            let entry = a.entry((path, during.map(|d| d.0))).or_default();
+            entry.slowest_admitted_ms = entry.slowest_admitted_ms.max(millis);
+        }
+    }
+    fn delayed(&self, path: Path, outcome: &'static str) {
+        if let Ok(mut d) = self.delayed.lock() {
+            *d.entry((path, outcome)).or_default() += 1;
+        }
+    }
+    pub fn availability(&self) -> BTreeMap<(Path, Option<HaFault>), Availability> {
+        self.availability.lock().map(|a| a.clone()).unwrap_or_default()
+    }
+    pub fn delayed_counts(&self) -> BTreeMap<(Path, &'static str), u64> {
+        self.delayed.lock().map(|d| d.clone()).unwrap_or_default()
+    }
+    pub fn campaigns_failed(&self) -> u64 {
+        self.campaigns_failed.load(Ordering::Relaxed)
+    }
+}
+
+/// The Pods of one path, each with a client through API server A and one through B.
+pub struct Pods {
+    pub path: Path,
+    names: Vec<String>,
+    clients: Vec<[Client; 2]>,
+    ns: String,
+    /// Created ConfigMaps so far (their names).
+    made: AtomicU64,
+}
+
+/// A ServiceAccount token bound to Pod `pod`, valid for a day (a long run outlasts the tests'
+/// usual hour).
+async fn pod_token(admin: &Client, ns: &str, account: &str, pod: &Pod) -> String {
+    use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
+            }),
+            expiration_seconds: Some(24 * 3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let issued = Api::<ServiceAccount>::namespaced(admin.clone(), ns)
+        .create_token_request(account, &PostParams::default(), &request)
+        .await
+        .expect("a Pod-bound token");
+    issued.status.and_then(|s| s.token).expect("token in the TokenRequest status")
+}
+
+async fn client_with_token(kubeconfig: &std::path::Path, token: &str) -> Client {
+    let kubeconfig = kube_fence_test_support::identity::kubeconfig_with_token(kubeconfig, token);
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
+    Client::try_from(config).expect("client from kubeconfig")
+}
+
+/// ServiceAccount `account` of `ns` may campaign on Leases and write ConfigMaps there, as a
+/// controller's Role lets it.
+async fn controller_rbac(admin: &Client, ns: &str, account: &str) {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": account}})).expect("a literal");
+    Api::<ServiceAccount>::namespaced(admin.clone(), ns).create(&PostParams::default(), &sa).await.expect("create the ServiceAccount");
+    let pp = PatchParams::apply("kube-fence-tests").force();
+    let role: Role = serde_json::from_value(json!({"metadata": {"name": account, "namespace": ns},
+        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
+                  {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["*"]}]}))
+    .expect("a literal");
+    Api::<Role>::namespaced(admin.clone(), ns).patch(account, &pp, &Patch::Apply(&role)).await.expect("role");
+    let binding: RoleBinding = serde_json::from_value(json!({"metadata": {"name": account, "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}]}))
+    .expect("a literal");
+    Api::<RoleBinding>::namespaced(admin.clone(), ns).patch(account, &pp, &Patch::Apply(&binding)).await.expect("role binding");
+}
+
+/// Sets both paths up (before the watches start, so the probes below leave nothing in the
+/// recorded history): ServiceAccounts, Pods, their clients, the Leases and the objects, the
+/// FencedController; with `fenced`, waits until both API servers send each path's writes to
+/// kube-fence and judge its Lease claims by the holder policies.
+pub async fn setup(admin: &[Client; 2], kubeconfigs: &[PathBuf; 2], ns: &str, pods_per_path: usize, fenced: bool) -> Vec<Pods> {
+    let mut paths = Vec::new();
+    for path in Path::ALL {
+        let account = path.account();
+        controller_rbac(&admin[0], ns, account).await;
+        let names: Vec<String> = (0..pods_per_path).map(|i| format!("{account}-{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let made = kube_fence_test_support::identity::pods_of(&admin[0], ns, account, &refs).await;
+        let mut clients = Vec::new();
+        for pod in &made {
+            let token = pod_token(&admin[0], ns, account, pod).await;
+            clients.push([client_with_token(&kubeconfigs[0], &token).await, client_with_token(&kubeconfigs[1], &token).await]);
+        }
+        paths.push(Pods { path, names, clients, ns: ns.to_string(), made: AtomicU64::new(0) });
+    }
+    for pods in &paths {
+        kube_fence_test_support::identity::wait_authorized(&pods.clients[0][0], ns, "coordination.k8s.io", "leases", "update").await;
+        kube_fence_test_support::identity::wait_authorized(&pods.clients[0][1], ns, "", "configmaps", "create").await;
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(admin[0].clone(), ns);
+    let configmap = |name: &str, labels: BTreeMap<String, String>| ConfigMap {
+        metadata: ObjectMeta { name: Some(name.to_string()), labels: Some(labels), ..Default::default() },
+        data: Some([("seq".to_string(), "0".to_string())].into()),
+        ..Default::default()
+    };
+
+    // The leader-Lease path: the Lease opted into holder binding (no holder yet), and its objects
+    // labelled by the admin (who may opt objects in).
+    let leader = Path::LeaderLease;
+    let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": leader.lease(),
+        "labels": {HOLDER_IDENTITY_LABEL: HOLDER_IS_POD}}, "spec": {}}))
+    .expect("a literal");
+    Api::<LeaderLease>::namespaced(admin[0].clone(), ns).create(&PostParams::default(), &lease).await.expect("create the leader Lease");
+    for j in 0..LED_OBJECTS {
+        let labels = [(LEADER_LEASE_LABEL.to_string(), leader.lease().to_string())].into();
+        cms.create(&PostParams::default(), &configmap(&format!("{LED_PREFIX}{j}"), labels)).await.expect("create a leader-bound object");
+    }
+
+    // The fenced controller: its Lease created by one of its Pods as client-go would (no
+    // kube-fence label), its unlabelled ConfigMap, then the admin's FencedController.
+    let ctl = Path::FencedController;
+    let lease: LeaderLease = serde_json::from_value(json!({"metadata": {"name": ctl.lease()}, "spec": {}})).expect("a literal");
+    Api::<LeaderLease>::namespaced(paths[1].clients[0][0].clone(), ns)
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("a controller Pod creates its Lease");
+    cms.create(&PostParams::default(), &configmap(STATE, BTreeMap::new())).await.expect("create the controller's ConfigMap");
+    let mut fence = FencedController::new(
+        ctl.lease(),
+        FencedControllerSpec {
+            lease: ctl.lease().into(),
+            service_accounts: vec![ctl.account().into()],
+            exempt: Vec::new(),
+            mode: FenceMode::Enforce,
+        },
+    );
+    fence.metadata.namespace = Some(ns.to_string());
+    Api::<FencedController>::namespaced(admin[0].clone(), ns)
+        .create(&PostParams::default(), &fence)
+        .await
+        .expect("the admin fences the controller");
+
+    if fenced {
+        for (api, admin) in admin.iter().enumerate() {
+            for pods in &paths {
+                pods.wait_judged(admin, api).await;
+            }
+        }
+    }
+    paths
+}
+
+/// Whether an API error is kube-fence's 409 NotHolder.
+fn not_holder(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409 && s.reason == Reason::NotHolder.as_str())
+}
+
+fn wrote(r: Option<Result<ConfigMap, kube::Error>>) -> Wrote {
+    match r {
+        Some(Ok(_)) => Wrote::Accepted,
+        Some(Err(e)) if not_holder(&e) => Wrote::Stale,
+        Some(Err(kube::Error::Api(s))) => Wrote::Failed(format!("HTTP {} {}: {}", s.code, s.reason, short(&s.message))),
+        Some(Err(_)) => Wrote::Failed("transport error".into()),
+        None => Wrote::Failed("client timeout (8 s)".into()),
+    }
+}
+
+/// How a campaign went.
+enum Campaign {
+    /// This Pod holds the Lease now; the claim was sent at this instant.
+    Acquired(Instant),
+    /// Another holds it and its lease has not run out.
+    Held,
+    /// The read or the claim failed (a lost compare-and-swap included).
+    Failed,
+}
+
+impl Pods {
+    fn leases(&self, me: usize, api: usize) -> Api<LeaderLease> {
+        Api::namespaced(self.clients[me][api].clone(), &self.ns)
+    }
+    fn cms(&self, me: usize, api: usize) -> Api<ConfigMap> {
+        Api::namespaced(self.clients[me][api].clone(), &self.ns)
+    }
+    /// The objects a leader writes in a cycle.
+    fn steps(&self) -> Vec<Step> {
+        match self.path {
+            Path::LeaderLease => (0..LED_OBJECTS).map(|j| Step::Patch(format!("{LED_PREFIX}{j}"))).collect(),
+            Path::FencedController => vec![Step::Patch(STATE.to_string()), Step::Create],
+        }
+    }
+
+    /// Waits (at most 60 s) until API server `api` sends this path's writes by a Pod that does not
+    /// hold the Lease to kube-fence (refused, 409 NotHolder) and refuses a claim of the Lease in
+    /// another Pod's name (the holder policies). An admitted probe is undone by the admin.
+    async fn wait_judged(&self, admin: &Client, api: usize) {
+        let (ns, lease) = (self.ns.as_str(), self.path.lease());
+        let admin_cms: Api<ConfigMap> = Api::namespaced(admin.clone(), ns);
+        let admin_leases: Api<LeaderLease> = Api::namespaced(admin.clone(), ns);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let write = match self.path {
+                Path::LeaderLease => {
+                    let probe = Patch::Merge(json!({"data": {"probe": "a write by no holder"}}));
+                    bounded(self.cms(1, api).patch(&format!("{LED_PREFIX}0"), &PatchParams::default(), &probe)).await
+                }
+                Path::FencedController => {
+                    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "ha-ctl-probe"}})).expect("a literal");
+                    let made = bounded(self.cms(1, api).create(&PostParams::default(), &cm)).await;
+                    if let Some(Ok(_)) = made {
+                        let _ = admin_cms.delete("ha-ctl-probe", &DeleteParams::default()).await;
+                    }
+                    made
+                }
+            };
+            let claim = Patch::Merge(json!({"spec": {"holderIdentity": format!("{}_probe", self.names[0])}}));
+            let spoofed = bounded(self.leases(1, api).patch(lease, &PatchParams::default(), &claim)).await;
+            if let Some(Ok(_)) = spoofed {
+                let _ = admin_leases.patch(lease, &PatchParams::default(), &Patch::Merge(json!({"spec": {"holderIdentity": null}}))).await;
+            }
+            let write_refused = matches!(&write, Some(Err(e)) if not_holder(e));
+            let claim_refused = matches!(&spoofed, Some(Err(kube::Error::Api(s))) if s.code == 403 || s.code == 422);
+            if write_refused && claim_refused {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} through API server {api}: not judged within 60 s (write: {:?}; spoofed claim: {:?})",
+                self.path.describe(),
+                write.map(|r| r.map(|_| "admitted")),
+                spoofed.map(|r| r.map(|_| "admitted"))
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// One campaign, as client-go's LeaseLock makes it: read the Lease; if it is free or its
+    /// holder's lease ran out (by `renewTime`), claim it by a compare-and-swap.
+    async fn campaign(&self, me: usize, api: usize, identity: &str, lease_seconds: u32) -> Campaign {
+        let leases = self.leases(me, api);
+        let Some(Ok(current)) = bounded(leases.get(self.path.lease())).await else { return Campaign::Failed };
+        let spec = current.spec.clone().unwrap_or_default();
+        let now = Timestamp::now();
+        let held_until = spec.renew_time.as_ref().map(|MicroTime(t)| {
+            t.saturating_add(SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(0)))).unwrap_or(*t)
+        });
+        let free = spec.holder_identity.as_deref().unwrap_or_default().is_empty();
+        if !free && held_until.is_some_and(|until| until > now) {
+            return Campaign::Held;
+        }
+        let mut claim = current;
+        claim.spec = Some(LeaderLeaseSpec {
+            holder_identity: Some(identity.to_string()),
+            lease_duration_seconds: Some(lease_seconds as i32),
+            acquire_time: Some(MicroTime(now)),
+            renew_time: Some(MicroTime(now)),
+            lease_transitions: Some(spec.lease_transitions.unwrap_or(0) + 1),
+            ..Default::default()
+        });
+        let sent = Instant::now();
+        match bounded(leases.replace(self.path.lease(), &PostParams::default(), &claim)).await {
+            Some(Ok(_)) => Campaign::Acquired(sent),
+            _ => Campaign::Failed,
+        }
+    }
+
+    /// Renews `identity`'s hold: `Some(true)` renewed, `Some(false)` another holds it now,
+    /// `None` the renewal did not get through.
+    async fn renew(&self, me: usize, api: usize, identity: &str) -> Option<bool> {
+        let leases = self.leases(me, api);
+        let mut current = bounded(leases.get(self.path.lease())).await?.ok()?;
+        let spec = current.spec.get_or_insert_default();
+        if spec.holder_identity.as_deref() != Some(identity) {
+            return Some(false);
+        }
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        bounded(leases.replace(self.path.lease(), &PostParams::default(), &current)).await?.ok().map(|_| true)
+    }
+
+    /// Releases as client-go does (`ReleaseOnCancel`): the holder cleared, if it is still this one.
+    async fn release(&self, me: usize, api: usize, identity: &str) {
+        let leases = self.leases(me, api);
+        let Some(Ok(mut current)) = bounded(leases.get(self.path.lease())).await else { return };
+        let spec = current.spec.get_or_insert_default();
+        if spec.holder_identity.as_deref() != Some(identity) {
+            return;
+        }
+        spec.holder_identity = Some(String::new());
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        let _ = bounded(leases.replace(self.path.lease(), &PostParams::default(), &current)).await;
+    }
+
+    /// One write of `step` by Pod `me` through API server `api`, naming itself as the writer
+    /// (what the checker attributes the version to). A patch has no resourceVersion
+    /// precondition: kube-fence alone decides. `(note, during)`: what the write is, and the fault in place.
+    async fn write(
+        &self,
+        me: usize,
+        api: usize,
+        step: &Step,
+        read: Option<&ConfigMap>,
+        identity: &str,
+        (note, during): (&str, &str),
+    ) -> Wrote {
+        let pod = &self.names[me];
+        let via = super::api_letter(api).to_string();
+        match step {
+            Step::Patch(object) => {
+                let seq =
+                    read.and_then(|r| r.data.as_ref()).and_then(|d| d.get("seq")).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0) + 1;
+                let patch = json!({"data": {"seq": seq.to_string(), "writer": pod, "identity": identity, "note": note, "via": via, "during": during}});
+                wrote(bounded(self.cms(me, api).patch(object, &PatchParams::default(), &Patch::Merge(patch))).await)
+            }
+            Step::Create => {
+                let n = self.made.fetch_add(1, Ordering::Relaxed);
+                let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": format!("ha-made-{pod}-{n}"),
+                    "labels": {MADE_LABEL: "true"}}, "data": {"writer": pod, "identity": identity, "note": note, "via": via, "during": during}}))
+                .expect("a literal");
+                wrote(bounded(self.cms(me, api).create(&PostParams::default(), &cm)).await)
+            }
+        }
+    }
+
+    /// A read before a patch (`Ok(None)` for a create, which reads nothing).
+    async fn read(&self, me: usize, api: usize, step: &Step) -> Result<Option<ConfigMap>, String> {
+        let Step::Patch(object) = step else { return Ok(None) };
+        match bounded(self.cms(me, api).get(object)).await {
+            Some(Ok(cm)) => Ok(Some(cm)),
+            other => Err(super::read_cause(other)),
+        }
+    }
+}
+
+/// Renews a hold in the background while the leader writes, as client-go's renew loop does, and
+/// says whether the leader may still believe it leads: its last renewal that got through was sent
+/// less than a lease duration ago, and no renewal found another holder.
+struct KeepAlive {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+    state: Arc<Mutex<(Instant, bool)>>,
+    lease: Duration,
+}
+
+impl KeepAlive {
+    fn start(world: Arc<World>, path: usize, me: usize, api: usize, identity: String, since: Instant) -> KeepAlive {
+        let lease = Duration::from_secs(u64::from(world.config.lease_seconds));
+        let state = Arc::new(Mutex::new((since, false)));
+        let stop = CancellationToken::new();
+        let (s, st) = (state.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let pods = &world.elected[path];
+            loop {
+                tokio::select! { _ = st.cancelled() => return, _ = tokio::time::sleep(lease / 4) => {} }
+                let sent = Instant::now();
+                match pods.renew(me, api, &identity).await {
+                    Some(true) => {
+                        if let Ok(mut s) = s.lock() {
+                            s.0 = sent;
+                        }
+                    }
+                    Some(false) => {
+                        if let Ok(mut s) = s.lock() {
+                            s.1 = true;
+                        }
+                        return;
+                    }
+                    None => {}
+                }
+            }
+        });
+        KeepAlive { stop, task, state, lease }
+    }
+    fn holding(&self) -> bool {
+        self.state.lock().map(|s| !s.1 && s.0.elapsed() < self.lease).unwrap_or(false)
+    }
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Worker `me` of path `path`: campaign, then a normal cycle (renewing, each step read then
+/// written while it believes it leads) or a pause cycle (read, stop past the lease, the delayed
+/// write), then release.
+pub async fn worker(world: Arc<World>, path: usize, me: usize) {
+    let pods = &world.elected[path];
+    let p = pods.path;
+    let stats = &world.stats.paths;
+    let mut rng = Rng(world.config.seed ^ 0x000C_00D1_7A7E ^ ((path as u64) << 32 | me as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let lease_seconds = world.config.lease_seconds;
+    let mut term = 0u64;
+    while !world.stop.is_cancelled() {
+        let (via_lease, via_write) = (rng.below(2) as usize, rng.below(2) as usize);
+        term += 1;
+        // client-go's identity: the Pod's hostname (its name), `_`, and a fresh suffix per run.
+        let identity = format!("{}_{term}", pods.names[me]);
+        let since = match pods.campaign(me, via_lease, &identity, lease_seconds).await {
+            Campaign::Acquired(at) => at,
+            Campaign::Held => {
+                tokio::time::sleep(rng.millis(100, 400)).await;
+                continue;
+            }
+            Campaign::Failed => {
+                stats.campaigns_failed.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(rng.millis(100, 400)).await;
+                continue;
+            }
+        };
+        let steps = pods.steps();
+        if rng.percent(world.config.pause_percent) {
+            // Honest but stale: the Pod reads, then stops itself (what SIGSTOP or a long GC pause
+            // does) past its lease without renewing, then sends the write it had prepared. Another
+            // Pod may have taken the Lease meanwhile: kube-fence must refuse the write then.
+            let step = &steps[rng.below(steps.len() as u64) as usize];
+            if let Ok(read) = pods.read(me, via_write, step).await {
+                tokio::time::sleep(Duration::from_secs(u64::from(lease_seconds)) + rng.millis(300, 1_500)).await;
+                let during = during_of(&world);
+                let outcome = match pods.write(me, via_write, step, read.as_ref(), &identity, ("delayed", &during)).await {
+                    Wrote::Accepted => "accepted",
+                    Wrote::Stale => "refused",
+                    Wrote::Failed(_) => "failed",
+                };
+                stats.delayed(p, outcome);
+            }
+        } else {
+            // A leader writes for a while: its steps, one to three times.
+            let keep_alive = KeepAlive::start(world.clone(), path, me, via_lease, identity.clone(), since);
+            let rounds = 1 + rng.below(3) as usize;
+            for step in steps.iter().cycle().take(rounds * steps.len()) {
+                if !keep_alive.holding() {
+                    break;
+                }
+                let during = world.stats.current();
+                let sent = Instant::now();
+                stats.count(p, during, |a| &mut a.attempted);
+                let read = match pods.read(me, via_write, step).await {
+                    Ok(read) => read,
+                    Err(why) => {
+                        stats.count(p, during, |a| &mut a.failed);
+                        stats.via(p, during, via_write, true);
+                        world.stats.cause(during, via_write, format!("[{}] {why}", p.describe()));
+                        break;
+                    }
+                };
+                let wrote = pods.write(me, via_write, step, read.as_ref(), &identity, ("normal", &during_of(&world))).await;
+                stats.via(p, during, via_write, matches!(wrote, Wrote::Failed(_)));
+                match wrote {
+                    Wrote::Accepted => {
+                        stats.count(p, during, |a| &mut a.admitted);
+                        stats.slowest(p, during, sent.elapsed().as_millis() as u64);
+                    }
+                    // Its renewals did not get through in time and another Pod took over: the
+                    // honest writer learns it from the refusal.
+                    Wrote::Stale => {
+                        stats.count(p, during, |a| &mut a.refused);
+                        break;
+                    }
+                    Wrote::Failed(why) => {
+                        stats.count(p, during, |a| &mut a.failed);
+                        world.stats.cause(during, via_write, format!("[{}] {why}", p.describe()));
+                        break;
+                    }
+                }
+            }
+            keep_alive.stop().await;
+        }
+        pods.release(me, via_lease, &identity).await;
+        // Let the other Pods campaign before this one does again.
+        tokio::time::sleep(rng.millis(100, 500)).await;
+    }
+}
+
+/// The scripted stale write on path `pods` (its Pods 0 and 1), as [`super::planted`] does for
+/// kube-fence's leases: Pod 0 acquires through A and reads, is cut from A past its lease (no
+/// renewal gets through), Pod 1 acquires through B once the lease ran out and writes every step
+/// through B, and keeps the Lease; the cut heals and Pod 0's delayed writes go to A. `Some(true)`: one was admitted (a
+/// violation the checker must report), `Some(false)`: all were refused (409 NotHolder).
+pub async fn planted(plane: &Plane, world: &World, path: usize) -> Option<bool> {
+    use kube_fence_testenv::ha::{Partition, Source};
+    let pods = &world.elected[path];
+    let lease_seconds = world.config.lease_seconds;
+    let (old, new) = ("planted-old", "planted-new");
+    let (old, new) = (format!("{}_{old}", pods.names[0]), format!("{}_{new}", pods.names[1]));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !matches!(pods.campaign(0, 0, &old, lease_seconds).await, Campaign::Acquired(_)) {
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let steps = pods.steps();
+    let mut reads = Vec::new();
+    for step in &steps {
+        reads.push(pods.read(0, 0, step).await.ok()?);
+    }
+    plane.call(|ha| ha.partition(Partition::ClientFromApi { api: 0, source: Source::Workers }).map_err(|e| format!("{e:#}"))).await.ok()?;
+    let successor = async {
+        // Pod 1 takes over once Pod 0's lease ran out (it cannot renew through the cut).
+        loop {
+            if let Campaign::Acquired(_) = pods.campaign(1, 1, &new, lease_seconds).await {
+                break;
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        for step in &steps {
+            let read = pods.read(1, 1, step).await.ok()?;
+            if !matches!(pods.write(1, 1, step, read.as_ref(), &new, ("planted-successor", "the scripted cut")).await, Wrote::Accepted) {
+                return None;
+            }
+        }
+        // Pod 1 keeps the Lease (it lets it run out): another holds it when Pod 0's writes arrive.
+        Some(())
+    }
+    .await;
+    plane.call(|ha| ha.heal().map_err(|e| format!("{e:#}"))).await.ok()?;
+    plane.whole(Duration::from_secs(60)).await.ok()?;
+    successor?;
+    let mut accepted = false;
+    for (step, read) in steps.iter().zip(&reads) {
+        match pods.write(0, 0, step, read.as_ref(), &old, ("planted-stale", "after the scripted cut")).await {
+            Wrote::Accepted => accepted = true,
+            Wrote::Stale => {}
+            Wrote::Failed(_) => return None,
+        }
+    }
+    Some(accepted)
+}
+
+/// The fault in place now, in words (for the written objects' `data.during`).
+fn during_of(world: &World) -> String {
+    match world.stats.current() {
+        Some((fault, Some(api))) => format!("{} ({})", fault.describe(), super::api_letter(api)),
+        Some((fault, None)) => fault.describe().to_string(),
+        None => "no fault".into(),
+    }
+}
+
+/// The Pod a holder identity names (`<pod>_<anything>`: the webhook's default identity rule).
+fn pod_of(identity: &str) -> &str {
+    identity.split('_').next().unwrap_or_default()
+}
+
+/// Records, through `client`, every version of both paths' Leases that names a holder (a grant
+/// of the Pod it names, token `leaseTransitions + 1`) and every version of their objects that a
+/// Pod wrote (a holder-only write by its `data.writer`).
+pub fn record(client: &Client, ns: &str, recorder: &Recorder, side: &Arc<Mutex<Side>>, stop: &CancellationToken) -> Vec<JoinHandle<()>> {
+    let rv = |meta: &ObjectMeta| meta.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
+    let mut tasks = Vec::new();
+    let leases: Api<LeaderLease> = Api::namespaced(client.clone(), ns);
+    let (r, s, seen) = (recorder.clone(), stop.clone(), side.clone());
+    tasks.push(tokio::spawn(async move {
+        let mut events = watcher::watcher(leases, watcher::Config::default()).default_backoff().boxed();
+        loop {
+            let event = tokio::select! { _ = s.cancelled() => return, e = events.next() => e };
+            let Some(event) = event else { return };
+            let Ok(Event::Apply(lease) | Event::InitApply(lease)) = event else { continue };
+            let Some(path) = Path::ALL.into_iter().find(|p| lease.name_any() == p.lease()) else { continue };
+            let spec = lease.spec.clone().unwrap_or_default();
+            let holder = spec.holder_identity.unwrap_or_default();
+            let token = Token::new(spec.lease_transitions.unwrap_or(0).max(0) as u64 + 1);
+            if let (false, Some(token), Some(resource_version)) = (holder.is_empty(), token, rv(&lease.metadata)) {
+                if let (Some(MicroTime(at)), Ok(mut seen)) = (spec.acquire_time, seen.lock()) {
+                    seen.acquired.entry((path.key(), token)).or_insert(at);
+                }
+                r.push(Observation::Grant { lease: path.key(), holder: pod_of(&holder).to_string(), token, resource_version });
+            }
+        }
+    }));
+    // (watch selector, the path, the recorded object's name: `None` its own).
+    let streams: [(watcher::Config, Path, Option<&'static str>); 3] = [
+        (watcher::Config::default().labels(&format!("{LEADER_LEASE_LABEL}={}", Path::LeaderLease.lease())), Path::LeaderLease, None),
+        (watcher::Config::default().fields(&format!("metadata.name={STATE}")), Path::FencedController, None),
+        (watcher::Config::default().labels(&format!("{MADE_LABEL}=true")), Path::FencedController, Some(MADE)),
+    ];
+    for (selector, path, logical) in streams {
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        let (r, s, seen) = (recorder.clone(), stop.clone(), side.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut events = watcher::watcher(cms, selector).default_backoff().boxed();
+            loop {
+                let event = tokio::select! { _ = s.cancelled() => return, e = events.next() => e };
+                let Some(event) = event else { return };
+                let Ok(Event::Apply(cm) | Event::InitApply(cm)) = event else { continue };
+                let writer = cm.data.as_ref().and_then(|d| d.get("writer")).cloned();
+                if let (Some(holder), Some(resource_version)) = (writer, rv(&cm.metadata)) {
+                    if let (Some(_), Some(created), Ok(mut seen)) = (logical, cm.metadata.creation_timestamp.as_ref(), seen.lock()) {
+                        let data = cm.data.clone().unwrap_or_default();
+                        let field = |k: &str| data.get(k).cloned().unwrap_or_default();
+                        let said = format!("{}, sent through {} during {}", field("note"), field("via"), field("during"));
+                        seen.created.insert(resource_version, (created.0, cm.name_any(), said));
+                    }
+                    let object = logical.map(str::to_string).unwrap_or_else(|| cm.name_any());
+                    r.push(Observation::HolderWrite { object, lease: path.key(), holder, resource_version });
+                    r.watched.fetch_max(resource_version, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    tasks
+}
