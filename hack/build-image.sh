@@ -49,6 +49,10 @@ grep -q 'RUSTFLAGS="-C target-feature=+crt-static"' Dockerfile || die "the Docke
 say "building the static kube-fence binary ($profile profile; release takes minutes on 2 cores)"
 args=(build --locked --bin kube-fence --target x86_64-unknown-linux-gnu)
 [[ $profile == release ]] && args+=(--release)
+# kube_fence_build_info's git_commit and rustc labels (src/telemetry.rs); left out where unknown.
+KUBE_FENCE_GIT_COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || true)
+KUBE_FENCE_RUSTC=$(rustc --version 2>/dev/null | cut -d' ' -f2 || true)
+export KUBE_FENCE_GIT_COMMIT KUBE_FENCE_RUSTC
 RUSTFLAGS="-C target-feature=+crt-static" cargo "${args[@]}" >&2
 bin=$target_dir/x86_64-unknown-linux-gnu/$profile/kube-fence
 [[ -x $bin ]] || die "cargo did not produce $bin"

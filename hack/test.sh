@@ -25,6 +25,9 @@ cargo build --workspace --all-targets --locked
 kf_env=(cargo run --quiet --locked -p kube-fence-testenv --)
 bindir=$("${kf_env[@]}" build --node)
 export KUBE_FENCE_BIN_DIR=$bindir PATH="$bindir:$PATH"
+# promtool, for the chart's PrometheusRule (tests/monitoring.rs): built once from its Go module.
+KUBE_FENCE_PROMTOOL=$(hack/build-promtool.sh)
+export KUBE_FENCE_PROMTOOL
 
 if [[ -z "${KUBECONFIG:-}" ]]; then
   export KUBE_FENCE_ENV_DIR

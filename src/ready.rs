@@ -10,9 +10,10 @@
 //! ```
 //!
 //! - `webhook`: the fencing webhook's HTTPS port (`/validate`, `/writer/…`, `/metrics`,
-//!   `/healthz`, `/readyz`), written by `kube-fence webhook`;
+//!   `/healthz`, `/readyz`), written by `kube-fence webhook` and `kube-fence run`;
 //! - `metrics`: the plain-HTTP port of `/metrics`, `/healthz` and `/readyz`, written by
-//!   `kube-fence controller`.
+//!   `kube-fence controller`, and by `kube-fence webhook` and `kube-fence run` given
+//!   `--metrics-addr`.
 //!
 //! A reader ignores keys it does not know (a later version may add some). `kube-fence run
 //! --local --ready-file` writes the webhook's URL alone, as it always has.

@@ -7,8 +7,39 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+pub mod process;
+
+/// The labels of `kube_fence_build_info`: `version` (the crate's), and `git_commit` and `rustc`
+/// when the build was given them (`KUBE_FENCE_GIT_COMMIT`, `KUBE_FENCE_RUSTC` at compile time, as
+/// hack/build-image.sh does).
+pub fn build_labels() -> Vec<(&'static str, &'static str)> {
+    let mut labels = vec![("version", env!("CARGO_PKG_VERSION"))];
+    if let Some(commit) = option_env!("KUBE_FENCE_GIT_COMMIT").filter(|c| !c.is_empty()) {
+        labels.push(("git_commit", commit));
+    }
+    if let Some(rustc) = option_env!("KUBE_FENCE_RUSTC").filter(|r| !r.is_empty()) {
+        labels.push(("rustc", rustc));
+    }
+    labels
+}
+
+/// A registry with what every kube-fence process exposes before its own metrics:
+/// `kube_fence_build_info` (1, its labels [`build_labels`]) and the process metrics
+/// ([`process::ProcessCollector`]: CPU, memory, file descriptors, start time).
+pub fn registry() -> Registry {
+    let mut registry = Registry::default();
+    registry.register(
+        "kube_fence_build",
+        "kube-fence's build: version (and commit and compiler when known) as labels; always 1",
+        Info::new(build_labels()),
+    );
+    registry.register_collector(Box::new(process::ProcessCollector));
+    registry
+}
 
 /// Log format for `--log-format`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -165,6 +196,27 @@ mod tests {
         let status = response.status();
         let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.expect("a body");
         (status, content_type, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Every registry starts with kube_fence_build_info (1, the crate's version) and the process
+    /// metrics.
+    #[test]
+    fn every_registry_says_the_build_and_the_process() {
+        let text = render(&registry());
+        let info = format!("kube_fence_build_info{{version=\"{}\"", env!("CARGO_PKG_VERSION"));
+        let line = text.lines().find(|l| l.starts_with(&info)).unwrap_or_else(|| panic!("{text}"));
+        assert!(line.ends_with("} 1"), "{line}");
+        assert!(text.contains("# TYPE kube_fence_build info"), "{text}");
+        for (name, kind) in [
+            ("process_cpu_seconds", "counter"),
+            ("process_resident_memory_bytes", "gauge"),
+            ("process_virtual_memory_bytes", "gauge"),
+            ("process_open_fds", "gauge"),
+            ("process_start_time_seconds", "gauge"),
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} {kind}")), "{name}: {text}");
+        }
+        assert!(text.lines().any(|l| l.starts_with("process_cpu_seconds_total ")), "{text}");
     }
 
     #[tokio::test]

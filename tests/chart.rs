@@ -433,7 +433,8 @@ async fn rendered_objects_pass_a_server_side_dry_run_in_both_tls_modes() {
     // Client-certificate authentication of the API server: the flag, the CA mounted, probes on the port.
     let mtls = ok("helm", &["template", "dry", CHART, "-n", &ns, "--set", "webhook.clientCASecret=api-server-ca"], None);
     assert!(mtls.contains("--client-ca-file=/etc/kube-fence/client-ca/ca.crt") && mtls.contains("secretName: api-server-ca"), "{mtls}");
-    assert!(mtls.contains("tcpSocket") && !mtls.contains("path: /readyz"), "{mtls}");
+    // The kubelet presents no client certificate: the probes use the plain-HTTP metrics port.
+    assert!(mtls.contains("httpGet: {path: /readyz, port: metrics, scheme: HTTP}") && !mtls.contains("scheme: HTTPS"), "{mtls}");
 }
 
 #[tokio::test]
@@ -601,6 +602,247 @@ fn the_chart_declares_fenced_controllers_as_fenced_controller_objects() {
     ] {
         let out = run("helm", &["template", "t", CHART, "--set", &bad], None);
         assert!(!out.status.success(), "values {bad} must be rejected by values.schema.json");
+    }
+}
+
+/// `helm template` of the chart with `values` (a JSON object written as a values file), or its
+/// failure (stderr).
+fn render(values: &serde_json::Value) -> Result<Vec<serde_json::Value>, String> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("values.yaml");
+    std::fs::write(&file, serde_saphyr::to_string(values).expect("values")).expect("write values");
+    let out = Command::new(tool("helm"))
+        .args(["template", "cmp", CHART, "-n", "kf-system", "-f"])
+        .arg(&file)
+        .env("HELM_CACHE_HOME", std::env::temp_dir().join("kube-fence-helm-cache"))
+        .output()
+        .unwrap_or_else(|e| panic!("running helm: {e}"));
+    if out.status.success() {
+        Ok(documents(&String::from_utf8_lossy(&out.stdout)))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+fn pod_spec(docs: &[serde_json::Value]) -> serde_json::Value {
+    named(docs, "Deployment", "kube-fence")["spec"]["template"]["spec"].clone()
+}
+
+/// The Deployment's arguments, parsed by kube-fence's own command line.
+fn parsed_run_args(docs: &[serde_json::Value]) -> kube_fence::cli::run::RunArgs {
+    use clap::Parser;
+    let args: Vec<String> = serde_json::from_value(pod_spec(docs)["containers"][0]["args"].clone()).expect("args");
+    let cli = kube_fence::cli::Cli::try_parse_from(std::iter::once("kube-fence".to_string()).chain(args.clone()))
+        .unwrap_or_else(|e| panic!("the chart's args {args:?} parse: {e}"));
+    match cli.command {
+        kube_fence::cli::Command::Run(run) => run,
+        _ => panic!("the chart runs `kube-fence run`: {args:?}"),
+    }
+}
+
+/// The chart used as a subchart: a parent chart made here, with the chart in its charts/ and
+/// `global` values (and values for the subchart), lints and renders.
+#[test]
+fn the_chart_works_as_a_subchart_with_global_values() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let parent = dir.path().join("platform");
+    std::fs::create_dir_all(parent.join("charts")).expect("parent chart");
+    std::fs::create_dir_all(parent.join("templates")).expect("parent templates");
+    std::fs::write(
+        parent.join("templates/configmap.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: platform\ndata:\n  registry: {{ .Values.global.imageRegistry | quote }}\n",
+    )
+    .expect("a parent template");
+    std::fs::write(
+        parent.join("Chart.yaml"),
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\ndescription: a parent chart\ndependencies:\n  - name: kube-fence\n    version: 0.1.0\n",
+    )
+    .expect("Chart.yaml");
+    std::fs::write(
+        parent.join("values.yaml"),
+        "global:\n  imageRegistry: registry.example\n  labels: {team: platform}\nkube-fence:\n  replicaCount: 3\n  commonLabels: {team: platform}\n",
+    )
+    .expect("values.yaml");
+    let copied = Command::new("cp").arg("-r").arg(CHART).arg(parent.join("charts/kube-fence")).status().expect("cp");
+    assert!(copied.success());
+    let parent = parent.to_str().expect("path");
+    ok("helm", &["lint", "--strict", parent], None);
+    let rendered = ok("helm", &["template", "p", parent, "-n", "kf-system", "--set", "global.other=1"], None);
+    let docs = documents(&rendered);
+    let deployment = named(&docs, "Deployment", "p-kube-fence");
+    assert_eq!(deployment["spec"]["replicas"], 3, "the parent's values reach the subchart");
+    assert_eq!(deployment["metadata"]["labels"]["team"], "platform");
+}
+
+/// Every new value lands where values.yaml says, and the defaults are what a fail-closed webhook
+/// wants: a priority class, replicas spread softly, a PDB only where it cannot block a drain, the
+/// container's and Pod's security contexts as they were hard-coded, a plain-HTTP metrics port.
+#[test]
+fn the_chart_values_render_where_they_say() {
+    use serde_json::json;
+    // The defaults (replicaCount 2).
+    let docs = render(&json!({})).expect("defaults render");
+    let pod = pod_spec(&docs);
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    let selector = json!({"matchLabels": {"app.kubernetes.io/name": "kube-fence", "app.kubernetes.io/instance": "cmp"}});
+    let anti = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"];
+    assert_eq!((&anti["topologyKey"], &anti["labelSelector"]), (&json!("kubernetes.io/hostname"), &selector), "{pod}");
+    assert!(pod["affinity"]["podAntiAffinity"].get("requiredDuringSchedulingIgnoredDuringExecution").is_none(), "soft only");
+    let spread = pod["topologySpreadConstraints"].as_array().expect("spread constraints");
+    assert_eq!(
+        spread.iter().map(|c| (c["topologyKey"].as_str().unwrap_or(""), c["whenUnsatisfiable"].as_str().unwrap_or(""))).collect::<Vec<_>>(),
+        [("topology.kubernetes.io/zone", "ScheduleAnyway"), ("kubernetes.io/hostname", "ScheduleAnyway")]
+    );
+    assert!(spread.iter().all(|c| c["labelSelector"] == selector));
+    assert_eq!(
+        pod["securityContext"],
+        json!({"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}})
+    );
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["securityContext"],
+        json!({"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}})
+    );
+    assert_eq!(container["image"], "ghcr.io/kube-fence/kube-fence:0.1.0");
+    let pdb = named(&docs, "PodDisruptionBudget", "kube-fence");
+    assert_eq!((pdb["spec"].get("minAvailable"), &pdb["spec"]["maxUnavailable"]), (None, &json!(1)), "{pdb}");
+    // The metrics port: the flag kube-fence parses, the container's port, the Service's, the probes.
+    assert_eq!(parsed_run_args(&docs).webhook.metrics_addr, Some("0.0.0.0:9090".parse().expect("an address")));
+    assert!(container["ports"].as_array().expect("ports").contains(&json!({"name": "metrics", "containerPort": 9090, "protocol": "TCP"})));
+    let service = named(&docs, "Service", "kube-fence-webhook");
+    assert!(service["spec"]["ports"].as_array().expect("ports").iter().any(|p| p["name"] == "metrics" && p["targetPort"] == "metrics"));
+    assert_eq!(container["readinessProbe"]["httpGet"], json!({"path": "/readyz", "port": "webhook", "scheme": "HTTPS"}));
+    for kind in ["PrometheusRule", "ConfigMap", "ServiceMonitor", "Pod"] {
+        assert!(!docs.iter().any(|d| d["kind"] == kind), "no {kind} by default");
+    }
+
+    // One replica: nothing can keep it during a drain, so no PDB; no spreading either.
+    let docs = render(&json!({"replicaCount": 1})).expect("renders");
+    assert!(!docs.iter().any(|d| d["kind"] == "PodDisruptionBudget"), "no PDB with one replica");
+    let pod = pod_spec(&docs);
+    assert!(pod.get("affinity").is_none() && pod.get("topologySpreadConstraints").is_none(), "{pod}");
+    // Spreading turned off; an explicit minAvailable; no priority class.
+    let docs =
+        render(&json!({"replicaCount": 3, "spreadReplicas": false, "priorityClassName": "", "podDisruptionBudget": {"minAvailable": 2}}))
+            .expect("renders");
+    let pod = pod_spec(&docs);
+    assert!(pod.get("affinity").is_none() && pod.get("topologySpreadConstraints").is_none() && pod.get("priorityClassName").is_none());
+    assert_eq!(named(&docs, "PodDisruptionBudget", "kube-fence")["spec"]["minAvailable"], 2);
+
+    // Everything set at once.
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let affinity = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}});
+    let spread = json!([{"maxSkew": 2, "topologyKey": "rack", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": selector}]);
+    let values = json!({
+        "image": {"repository": "registry.example/kf", "tag": "ignored", "digest": digest},
+        "priorityClassName": "platform-critical",
+        "affinity": affinity,
+        "topologySpreadConstraints": spread,
+        "nodeSelector": {"pool": "system"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+        // Helm merges a map given with the default one: null removes a default key.
+        "podSecurityContext": {"fsGroup": 2000, "runAsUser": null, "runAsGroup": null},
+        "securityContext": {"capabilities": null, "runAsUser": 1000},
+        "extraArgs": ["--quorum-reads-per-namespace=50", "--max-connections=77"],
+        "extraEnv": [{"name": "RUST_LOG", "value": "debug"}],
+        "podLabels": {"tier": "control"},
+        "podAnnotations": {"note": "x"},
+        "commonLabels": {"team": "platform", "cost-center": "42"},
+        "metrics": {"port": 9100, "serviceMonitor": {"enabled": true}},
+        "prometheusRule": {"enabled": true, "labels": {"release": "prom"}},
+        "dashboards": {"enabled": true, "annotations": {"grafana_folder": "kube-fence"}},
+        "tests": {"namespace": "kf-test"},
+        "networkPolicy": {"enabled": true},
+        "webhook": {"clientCASecret": "api-server-ca"},
+    });
+    let docs = render(&values).expect("every value renders");
+    let pod = pod_spec(&docs);
+    let container = &pod["containers"][0];
+    assert_eq!(container["image"], format!("registry.example/kf@{digest}"));
+    assert_eq!(pod["priorityClassName"], "platform-critical");
+    assert_eq!((&pod["affinity"], &pod["topologySpreadConstraints"]), (&affinity, &spread), "given ones replace the defaults");
+    assert_eq!((&pod["nodeSelector"], &pod["tolerations"]), (&values["nodeSelector"], &values["tolerations"]));
+    assert_eq!(pod["securityContext"], json!({"fsGroup": 2000, "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}}));
+    assert_eq!(container["securityContext"], json!({"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "runAsUser": 1000}));
+    let run = parsed_run_args(&docs);
+    assert_eq!((run.webhook.quorum_reads_per_namespace, run.webhook.max_connections), (50, 77), "extraArgs reach kube-fence");
+    assert_eq!(run.webhook.metrics_addr, Some("0.0.0.0:9100".parse().expect("an address")));
+    assert!(container["env"].as_array().expect("env").contains(&json!({"name": "RUST_LOG", "value": "debug"})));
+    let deployment = named(&docs, "Deployment", "kube-fence");
+    let template_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    assert_eq!((&template_labels["tier"], &template_labels["team"]), (&json!("control"), &json!("platform")));
+    assert_eq!(deployment["spec"]["selector"], selector, "the selector stays as it was (it cannot change on upgrade)");
+    assert_eq!(deployment["spec"]["template"]["metadata"]["annotations"]["note"], "x");
+    // commonLabels on every object the chart renders.
+    for doc in &docs {
+        assert_eq!(
+            (&doc["metadata"]["labels"]["team"], &doc["metadata"]["labels"]["cost-center"]),
+            (&json!("platform"), &json!("42")),
+            "{} {}",
+            doc["kind"],
+            doc["metadata"]["name"]
+        );
+    }
+    // The ServiceMonitor scrapes the plain-HTTP port, no TLS to skip, also with clientCASecret;
+    // the probes then use that port's /readyz and /healthz.
+    let monitor = named(&docs, "ServiceMonitor", "kube-fence");
+    assert_eq!(monitor["spec"]["endpoints"], json!([{"port": "metrics", "scheme": "http", "path": "/metrics", "interval": "30s"}]));
+    assert_eq!(container["readinessProbe"]["httpGet"], json!({"path": "/readyz", "port": "metrics", "scheme": "HTTP"}));
+    assert_eq!(container["livenessProbe"]["httpGet"], json!({"path": "/healthz", "port": "metrics", "scheme": "HTTP"}));
+    let policy = named(&docs, "NetworkPolicy", "kube-fence");
+    assert_eq!(
+        policy["spec"]["ingress"][0]["ports"],
+        json!([{"port": "webhook", "protocol": "TCP"}, {"port": "metrics", "protocol": "TCP"}])
+    );
+    let rule = named(&docs, "PrometheusRule", "kube-fence");
+    assert_eq!(rule["metadata"]["labels"]["release"], "prom");
+    let dashboard = named(&docs, "ConfigMap", "kube-fence-dashboard");
+    assert_eq!(
+        (&dashboard["metadata"]["labels"]["grafana_dashboard"], &dashboard["metadata"]["annotations"]["grafana_folder"]),
+        (&json!("1"), &json!("kube-fence"))
+    );
+    let shipped = std::fs::read_to_string(format!("{CHART}/dashboards/kube-fence.json")).expect("the dashboard");
+    assert_eq!(dashboard["data"]["kube-fence.json"], shipped, "the ConfigMap carries the dashboard file as it is");
+    // The helm test: hooks in the test namespace, the Pod running the chart's image's selftest.
+    let test_pod = named(&docs, "Pod", "kube-fence-selftest");
+    assert_eq!(
+        (&test_pod["metadata"]["namespace"], &test_pod["metadata"]["annotations"]["helm.sh/hook"]),
+        (&json!("kf-system"), &json!("test")),
+        "the Pod in the release's namespace (`helm test --logs` reads it there), writing in kf-test"
+    );
+    assert_eq!(test_pod["spec"]["containers"][0]["image"], format!("registry.example/kf@{digest}"));
+    let args: Vec<String> = serde_json::from_value(test_pod["spec"]["containers"][0]["args"].clone()).expect("args");
+    assert_eq!(args, ["selftest", "--namespace=kf-test", "--name=cmp-kube-fence-selftest"]);
+    for (kind, namespace) in [("ServiceAccount", "kf-system"), ("Role", "kf-test"), ("RoleBinding", "kf-test")] {
+        let hook = docs
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == "cmp-kube-fence-selftest" && d["metadata"]["namespace"] == namespace)
+            .unwrap_or_else(|| panic!("the test's {kind} in {namespace}"));
+        assert_eq!(hook["metadata"]["annotations"]["helm.sh/hook"], "test", "{kind}");
+    }
+    // Never selected as one of kube-fence's Pods (the Service's and the Deployment's selector).
+    let pod_labels = test_pod["metadata"]["labels"].as_object().expect("labels");
+    let selected =
+        service["spec"]["selector"].as_object().expect("the Service's selector").iter().all(|(k, v)| pod_labels.get(k) == Some(v));
+    assert!(!selected, "the test Pod is not one of the Service's endpoints: {pod_labels:?}");
+    assert_ne!(pod_labels.get("app.kubernetes.io/instance"), Some(&json!("cmp")), "nor found by instance");
+    let binding = named(&docs, "RoleBinding", "kube-fence-selftest");
+    assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "cmp-kube-fence-selftest", "namespace": "kf-system"}]));
+
+    // Bad input is refused, with a message saying what.
+    let clash = render(&json!({"metrics": {"port": 8443}})).expect_err("metrics.port = webhook.port");
+    assert!(clash.contains("metrics.port and webhook.port must differ"), "{clash}");
+    for bad in [
+        json!({"image": {"digest": "sha256:short"}}),
+        json!({"image": {"digest": "latest"}}),
+        json!({"tests": {"namespace": "Not_A_Namespace"}}),
+        json!({"extraArgs": [""]}),
+        json!({"extraEnv": [{"value": "no name"}]}),
+        json!({"commonLabels": {"n": 1}}),
+        json!({"prometheusRule": {"enable": true}}),
+        json!({"metrics": {"port": 0}}),
+    ] {
+        assert!(render(&bad).is_err(), "values {bad} must be rejected by values.schema.json");
     }
 }
 

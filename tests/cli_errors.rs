@@ -397,6 +397,14 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
         .with_env("KUBE_FENCE_GRANT", &format!("{ns}/l:{token_a}")),
         case("webhook without TLS", kc, &["webhook", "--addr", "127.0.0.1:0"], 2, "bad command line", "the webhook serves HTTPS only"),
         case(
+            "local with a metrics port",
+            kc,
+            &["run", "--local", "--metrics-addr", "127.0.0.1:0"],
+            2,
+            "bad command line",
+            "--metrics-addr is not served with --local",
+        ),
+        case(
             "local webhook port taken",
             kc,
             &[
@@ -796,4 +804,92 @@ async fn delete_removes_exactly_the_version_read_as_holder_or_with_a_token() {
     assert!(configmaps.get_opt("state").await.expect("get").is_none(), "the holder's delete removed it");
     let status = local.stop();
     assert!(status.success(), "{status}\n{}", local.log());
+}
+
+/// `kube-fence selftest` (what the chart's `helm test` runs): where kube-fence fences (a local
+/// instance watching the namespace), the older grant's write is refused and it exits 0, twice in
+/// a row (the second run's grants are newer than the first's objects); where nothing is fenced,
+/// the stale write lands and it exits 1 with one line saying fencing does not work there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selftest_passes_where_writes_are_fenced_and_fails_where_they_are_not() {
+    let client = common::client().await;
+    let fenced = common::namespace(&client, "cli-selftest").await;
+    let unfenced = common::namespace(&client, "cli-selftest-not").await;
+    let kubeconfig = tokio::task::spawn_blocking(kube_fence_testenv::shared_kubeconfig).await.expect("kubeconfig");
+    let home = tempfile::tempdir().expect("HOME");
+    let mut local = Local::start(&kubeconfig, home.path(), &fenced, "selftest", &[]);
+    local.wait_ready();
+    for run in 0..2 {
+        let out = kube_fence(Cluster::Kubeconfig(&kubeconfig), home.path(), &["selftest", "-n", &fenced]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "run {run}: {}\n{stdout}", text(&out.stderr));
+        assert!(
+            stdout.contains("refused (StaleToken), as it must be") && stdout.ends_with(&format!("fencing works in namespace {fenced}")),
+            "{stdout}"
+        );
+    }
+    let stored = Api::<ConfigMap>::namespaced(client.clone(), &fenced).get("kube-fence-selftest").await.expect("the selftest's object");
+    assert_eq!(stored.data.unwrap_or_default().get("written-by").map(String::as_str), Some("newer"));
+
+    // As the chart's `helm test` runs it: as the test's ServiceAccount, with the Role the chart
+    // gives it (one Lease and one ConfigMap, by name), nothing more.
+    let bin = kube_fence_testenv::binaries().expect("binaries");
+    let rendered = Command::new(bin.join("helm"))
+        .args(["template", "cmp", concat!(env!("CARGO_MANIFEST_DIR"), "/charts/kube-fence"), "-n", "kf-system"])
+        .args(["--show-only", "templates/tests/selftest.yaml", "--set", &format!("tests.namespace={fenced}")])
+        .env("HELM_CACHE_HOME", std::env::temp_dir().join("kube-fence-helm-cache"))
+        .output()
+        .expect("helm template");
+    assert!(rendered.status.success(), "{}", text(&rendered.stderr));
+    let rbac: Vec<serde_json::Value> = String::from_utf8_lossy(&rendered.stdout)
+        .split("\n---")
+        .filter_map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).ok())
+        .filter(|doc| doc["kind"] == "Role" || doc["kind"] == "RoleBinding")
+        .collect();
+    assert_eq!(rbac.len(), 2, "Role, RoleBinding");
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rbac});
+    let mut apply = Command::new(bin.join("kubectl"))
+        .args(["apply", "-f", "-"])
+        .env("KUBECONFIG", &kubeconfig)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("kubectl apply");
+    std::io::Write::write_all(&mut apply.stdin.take().expect("stdin"), list.to_string().as_bytes()).expect("write");
+    assert!(apply.wait().expect("kubectl").success(), "the chart's test RBAC applies");
+    // The ServiceAccount of the release's namespace the RoleBinding names (impersonated: its
+    // Pod's identity, without the Pod).
+    let account = "system:serviceaccount:kf-system:cmp-kube-fence-selftest".to_string();
+    let as_test = common::kubeconfig_variant(home.path(), "selftest-account", |config| {
+        for user in common::entries(config, "users", "user") {
+            user.insert("as".into(), account.clone().into());
+        }
+    });
+    let out = kube_fence(Cluster::Kubeconfig(&as_test), home.path(), &["selftest", "-n", &fenced, "--name", "cmp-kube-fence-selftest"]);
+    assert!(out.status.success(), "the test's ServiceAccount can run it: {}\n{}", text(&out.stderr), text(&out.stdout));
+    // Any other name is beyond its Role: it writes nothing. (The client's acquire retries a
+    // forbidden watch until --wait, then says it timed out: exit status 6, not 4.)
+    let out = kube_fence(Cluster::Kubeconfig(&as_test), home.path(), &["selftest", "-n", &fenced, "--name", "other", "--wait", "5s"]);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let leases: Api<kube_fence_api::Lease> = Api::namespaced(client.clone(), &fenced);
+    assert!(leases.get_opt("other").await.expect("get").is_none(), "no Lease beyond the Role was written");
+
+    // The controller of `fenced` grants only there: the unfenced namespace's lease needs a
+    // controller too, which this instance is not. A second local instance watching it, with its
+    // webhook scoped to a namespace that does not exist, grants there and fences nothing.
+    let nothing = format!("{unfenced}-nothing");
+    let mut granting = Local::start(&kubeconfig, home.path(), &unfenced, "selftest-grants", &["--only-namespace", &nothing]);
+    granting.wait_ready();
+    let out = kube_fence(Cluster::Kubeconfig(&kubeconfig), home.path(), &["selftest", "-n", &unfenced, "--name", "probe"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("kube-fence: error: fencing does not work: the write to ConfigMap \"probe\"") && stderr.contains(&unfenced),
+        "{stderr}"
+    );
+    for instance in [&mut local, &mut granting] {
+        let status = instance.stop();
+        assert!(status.success(), "{status}\n{}", instance.log());
+    }
 }

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 
 use super::cluster::{Cluster, ClusterArgs};
@@ -58,7 +57,7 @@ pub async fn run(args: ControllerArgs, at: &ClusterArgs) -> Result<(), Error> {
     options.policy_params = args.policy_path;
 
     let stop = crate::process::shutdown_on_signal();
-    let mut registry = Registry::default();
+    let mut registry = crate::telemetry::registry();
     let controller = tokio::spawn(controller::run(cluster.client.clone(), options, &mut registry, stop.clone().cancelled_owned()));
     // Until a signal; a metrics port that cannot be bound stops the controller too, rather
     // than running blind, and is the error to report.

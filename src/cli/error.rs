@@ -339,6 +339,11 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// `selftest`: the stale write was admitted.
+    #[error(
+        "fencing does not work: the write to {object} with the released, older token {token} was admitted; is that namespace fenced (not kube-fence's own, not excluded, in webhook.onlyNamespaces if set) and kube-fence's ValidatingWebhookConfiguration registered?"
+    )]
+    StaleWriteAdmitted { object: Object, token: String },
     #[error("cannot write to stdout: {}", io(.source))]
     WriteOutput {
         #[source]
@@ -365,6 +370,7 @@ impl Error {
             }
             Error::GetLease { lease, source, server } => explain_lease(server, lease, None, None, source).0,
             Error::CheckHolder { .. } | Error::LostLease { .. } => Exit::NotHeld,
+            Error::StaleWriteAdmitted { .. } => Exit::Failed,
             Error::ReadToken { .. } => Exit::Failed,
             Error::ResolveResourceType { .. } => Exit::NotFound,
             Error::ConnectCluster { server, source } | Error::DiscoverResourceTypes { server, source } => explain_api(server, source).0,

@@ -19,6 +19,7 @@ pub mod lease;
 pub mod lease_run;
 pub mod patch;
 pub mod run;
+pub mod selftest;
 pub mod status;
 pub mod webhook;
 
@@ -80,6 +81,10 @@ pub enum Command {
     /// Print a shell completion script (bash, zsh or fish) for kube-fence, or for kubectl-fence
     /// when invoked by that name.
     Completion(completion::CompletionArgs),
+    /// Check fencing end to end in a fenced namespace (the chart's `helm test`): a lease's
+    /// newer grant writes a guarded ConfigMap, then the older grant's write must be refused.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Selftest(selftest::SelftestArgs),
 }
 
 /// Runs one parsed command line; on success, the exit status (0, or `lease run`'s command's).
@@ -97,6 +102,7 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
         Command::Delegate(args) => delegate::run(args, at).await,
         Command::Status(args) => status::run(args, at).await,
         Command::Completion(args) => completion::run(args),
+        Command::Selftest(args) => selftest::run(args, at).await,
     };
     done.map(|()| 0)
 }
@@ -271,7 +277,7 @@ mod tests {
                 &["lease", "acquire", "l", "--holder", "h", "--duration", "soon"],
                 "invalid value 'soon' for '--duration <DURATION>': not a duration (expected number at 0); write e.g. 15s or 2m (see --help)",
             ),
-            (&["run", "--ready-file", "/tmp/r"], "the following required arguments were not provided: --local (see --help)"),
+            (&["run", "--local-port", "9443"], "the following required arguments were not provided: --local (see --help)"),
             (&["lease", "run", "l"], "the following required arguments were not provided: <COMMAND>... (see --help)"),
         ];
         for (args, want) in cases {
@@ -280,12 +286,18 @@ mod tests {
     }
 
     #[test]
-    fn run_local_takes_a_free_port_unless_told_and_a_ready_file_only_with_local() {
+    fn run_local_takes_a_free_port_unless_told_and_run_takes_a_ready_file() {
         match parse(&["run", "--local"]).map(|cli| cli.command) {
             Ok(Command::Run(run)) => assert_eq!(run.local_port, None),
             other => panic!("{other:?}"),
         }
-        assert!(parse(&["run", "--ready-file", "/tmp/r"]).is_err(), "--ready-file needs --local");
+        match parse(&["run", "--self-managed-tls", "--metrics-addr", "127.0.0.1:0", "--ready-file", "/tmp/r"]).map(|cli| cli.command) {
+            Ok(Command::Run(run)) => {
+                assert_eq!(run.ready_file.as_deref(), Some(std::path::Path::new("/tmp/r")));
+                assert_eq!(run.webhook.metrics_addr, Some("127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"))));
+            }
+            other => panic!("{other:?}"),
+        }
         assert!(parse(&["run", "--local-port", "9443"]).is_err(), "--local-port needs --local");
     }
 

@@ -39,9 +39,10 @@ pub struct RunArgs {
     pub local_configuration: String,
 
     /// With --local: once the webhook serves and is registered and the controller runs, write
-    /// the webhook's address to this file (atomically: it appears complete or not at all).
-    /// Removed again on exit.
-    #[arg(long, requires = "local", value_name = "PATH")]
+    /// the webhook's URL to this file. Without: once the ports are bound, write where they are, as
+    /// `kube-fence webhook --ready-file` does (`webhook=IP:PORT`, `metrics=IP:PORT` with
+    /// --metrics-addr). Atomically (it appears complete or not at all); removed again on exit.
+    #[arg(long, value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
 
     /// Only fence (and run the controller) in this namespace; default: all.
@@ -86,12 +87,17 @@ impl RunArgs {
 
 pub async fn run(args: RunArgs, at: &ClusterArgs) -> Result<(), Error> {
     init_logging(args.webhook.log_format);
+    if args.local && args.webhook.metrics_addr.is_some() {
+        return Err(Error::ParseArguments(
+            "--metrics-addr is not served with --local: the local webhook serves /metrics on its own port (see --help)".into(),
+        ));
+    }
     if !args.local {
         args.webhook.check_tls()?;
     }
     let cluster = Cluster::connect(at).await?;
     let shutdown = crate::process::shutdown_on_signal();
-    let mut registry = Registry::default();
+    let mut registry = crate::telemetry::registry();
     // The leader-election Lease lives in kube-fence's own namespace (where the chart's Role
     // allows it), whatever namespaces the controller watches.
     let mut options =
@@ -118,7 +124,7 @@ pub async fn run(args: RunArgs, at: &ClusterArgs) -> Result<(), Error> {
     let webhook = if args.local {
         local(&cluster, &args, metrics, registry, &shutdown, &controller).await
     } else {
-        super::webhook::serve(&cluster, args.webhook.clone(), metrics, registry, shutdown.clone(), None).await
+        super::webhook::serve(&cluster, args.webhook.clone(), metrics, registry, shutdown.clone(), args.ready_file.as_deref()).await
     };
     shutdown.cancel();
     if webhook.is_err() {

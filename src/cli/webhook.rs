@@ -54,6 +54,14 @@ pub struct WebhookArgs {
     #[arg(long, default_value = "0.0.0.0:8443", env = "KUBE_FENCE_WEBHOOK_ADDR")]
     pub addr: SocketAddr,
 
+    /// Also serve /metrics, /healthz and /readyz over plain HTTP on this address (port 0: one
+    /// the kernel picks; see --ready-file), for a Prometheus that presents no client certificate
+    /// (the chart's ServiceMonitor scrapes it, also with --client-ca-file). /readyz says what the
+    /// webhook port's says: ready once the lease cache has synced. Metrics carry no secrets;
+    /// reviews are served on --addr alone. Not with `run --local`.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+
     /// PEM certificate chain to serve (re-read when it changes: cert-manager, a mounted Secret).
     #[arg(long, requires = "tls_key_file", conflicts_with = "self_managed_tls")]
     pub tls_cert_file: Option<std::path::PathBuf>,
@@ -230,7 +238,7 @@ pub async fn run(command: WebhookCommand, at: &ClusterArgs) -> Result<(), Error>
     init_logging(args.log_format);
     args.check_tls()?;
     let cluster = Cluster::connect(at).await?;
-    let mut registry = Registry::default();
+    let mut registry = crate::telemetry::registry();
     let metrics = Metrics::register(&mut registry);
     let shutdown = crate::process::shutdown_on_signal();
     serve(&cluster, args, metrics, Arc::new(registry), shutdown, ready_file.as_deref()).await
@@ -286,9 +294,19 @@ pub async fn serve(
     };
     let listener = std::net::TcpListener::bind(args.addr).map_err(|source| Error::Listen { addr: args.addr, source })?;
     let bound = listener.local_addr().map_err(|source| Error::Listen { addr: args.addr, source })?;
+    let metrics_port = match args.metrics_addr {
+        Some(addr) => {
+            let failed = |source| Error::ServeMetrics { addr, source };
+            let listener = std::net::TcpListener::bind(addr).map_err(failed)?;
+            listener.set_nonblocking(true).map_err(failed)?;
+            let bound = listener.local_addr().map_err(failed)?;
+            Some((tokio::net::TcpListener::from_std(listener).map_err(failed)?, bound))
+        }
+        None => None,
+    };
     // Said at once, before anything runs that could still log after a failure here.
     if let Some(path) = ready_file {
-        let ready = Ready { webhook: Some(bound), metrics: None };
+        let ready = Ready { webhook: Some(bound), metrics: metrics_port.as_ref().map(|(_, bound)| *bound) };
         ready.write(path).map_err(|source| Error::WriteReadyFile { path: path.to_path_buf(), source })?;
     }
     let config = args.config();
@@ -301,11 +319,24 @@ pub async fn serve(
         only_namespaces = ?config.scope.only_namespaces,
         "fencing webhook serving"
     );
-    let port = Port { listener, tls, metrics, registry };
+    let port = Port { listener, tls, metrics, registry: registry.clone() };
     // The chart registered kube-fence's own configuration: nothing to register before the writer
     // routing starts.
     let nothing = |_| std::future::ready(Ok::<(), std::convert::Infallible>(()));
-    let Ok((running, ())) = start::start(client, &config, port, shutdown, nothing).await;
+    let Ok((running, ())) = start::start(client, &config, port, shutdown.clone(), nothing).await;
+    if let Some((listener, addr)) = metrics_port {
+        // The same readiness as the webhook port's (`server::router`).
+        let leases = running.leases.clone();
+        let ready = move || if leases.is_ready() { Ok(()) } else { Err("lease cache not synced yet") };
+        let router = crate::telemetry::router(registry, ready);
+        tokio::spawn(async move {
+            let served = axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await;
+            if let Err(err) = served {
+                tracing::error!(%addr, err = %crate::telemetry::Chain(&err), "the metrics port stopped serving");
+            }
+        });
+        tracing::info!(%addr, "metrics, health and readiness served over plain HTTP");
+    }
     let served = running.served().await.map_err(|source| Error::ServeWebhook { source });
     if let Some(path) = ready_file {
         let _ = std::fs::remove_file(path);

@@ -177,6 +177,8 @@ pub struct Metrics {
     pub events_suppressed: Counter,
     pub leases_held: Gauge,
     pub reconcile_duration: Histogram,
+    /// 1 while this replica's reconciles run (it leads, or runs without leader election).
+    pub leading: Gauge,
 }
 
 impl Metrics {
@@ -193,6 +195,7 @@ impl Metrics {
             events_suppressed: Counter::default(),
             leases_held: Gauge::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            leading: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("kube_fence_lease");
         r.register("grants", "Grants made (each with a fresh, greater token)", metrics.grants.clone());
@@ -205,6 +208,11 @@ impl Metrics {
         r.register("events_suppressed", "Events on Leases not published: over the Event budget", metrics.events_suppressed.clone());
         r.register("held", "Leases currently held, as last observed", metrics.leases_held.clone());
         r.register("reconcile_duration_seconds", "Time to judge a Lease and write its status", metrics.reconcile_duration.clone());
+        r.register(
+            "leading",
+            "1 while this replica's reconciles run (it leads, or runs without leader election), else 0",
+            metrics.leading.clone(),
+        );
         metrics
     }
 
@@ -312,6 +320,15 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Runs the kube-runtime Controller until `stop` is cancelled.
 async fn reconcile_until(client: Client, options: &ControllerOptions, metrics: Metrics, stop: CancellationToken) -> Result<(), Error> {
+    // 0 again when this ends, also when a lost leadership term drops it.
+    struct Leading(Gauge);
+    impl Drop for Leading {
+        fn drop(&mut self) {
+            self.0.set(0);
+        }
+    }
+    metrics.leading.set(1);
+    let _leading = Leading(metrics.leading.clone());
     let leases: Api<Lease> = match &options.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),

@@ -332,7 +332,7 @@ fn fenced_controller() -> Result<Tree, Error> {
             "metadata": {
                 "name": mark(CONTROLLER_NAME),
                 "namespace": mark(CONTROLLER_NAMESPACE),
-                "labels": {"app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/instance": mark(RELEASE)},
+                "labels": mark(LABELS),
             },
             "spec": spec,
         })
@@ -658,7 +658,8 @@ fn emit_value(tree: &Tree, indent: usize, out: &mut String, path: &str) -> Resul
             emit_seq(items, inner, out, path)?;
         }
         Tree::Include(template) => {
-            let _ = writeln!(out, r#" {{{{- include "{template}" . | nindent {inner} }}}}"#);
+            // `$`: the root context, also inside a `range` (the fenced controllers').
+            let _ = writeln!(out, r#" {{{{- include "{template}" $ | nindent {inner} }}}}"#);
         }
         Tree::Each(_) => return Err(Error::Shape { path: path.into(), reason: "a Helm list is a list item" }),
         scalar => {
