@@ -883,7 +883,7 @@ async fn fenced_throughput(
 
 /// Writes the kube-apiserver's CPU profile over 10 s into `file`, running `work` again and again
 /// meanwhile; how many writes it made.
-async fn profile_while(client: &Client, file: &Path, work: impl AsyncFn() -> anyhow::Result<usize>) -> anyhow::Result<usize> {
+pub(crate) async fn profile_while(client: &Client, file: &Path, work: impl AsyncFn() -> anyhow::Result<usize>) -> anyhow::Result<usize> {
     const PROFILE_SECS: u64 = 10;
     let request = http::Request::get(format!("/debug/pprof/profile?seconds={PROFILE_SECS}")).body(Vec::new())?;
     let profile = {

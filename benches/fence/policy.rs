@@ -152,7 +152,7 @@ async fn measure(args: &Args, table: &mut Table, bench: &mut Bench, ns_policy: &
     fresh_grant(args, table, &policy_cms, &policy_leases, first * 2 + 1).await
 }
 
-/// Writes the kube-apiserver's CPU profile over `PROFILE_SECS` of one kind of write into `file`;
+/// Writes the kube-apiserver's CPU profile over 10 s of one kind of write into `file`;
 /// returns how many writes were made meanwhile.
 async fn profile_under_load<K>(
     client: &kube::Client,
@@ -165,24 +165,7 @@ async fn profile_under_load<K>(
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
-    const PROFILE_SECS: u64 = 10;
-    let request = http::Request::get(format!("/debug/pprof/profile?seconds={PROFILE_SECS}")).body(Vec::new())?;
-    let profile = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            use futures::AsyncReadExt;
-            let mut bytes = Vec::new();
-            client.request_stream(request).await?.read_to_end(&mut bytes).await?;
-            anyhow::Ok(bytes)
-        })
-    };
-    let stop = Instant::now() + Duration::from_secs(PROFILE_SECS + 1);
-    let mut writes = 0;
-    while Instant::now() < stop {
-        writes += updates(cms, writers, writers * 20, guarded, tokens, "pp-").await?.ok;
-    }
-    std::fs::write(file, profile.await??)?;
-    Ok(writes)
+    crate::cluster::profile_while(client, file, async || Ok(updates(cms, writers, writers * 20, guarded, tokens, "pp-").await?.ok)).await
 }
 
 /// The fresh-token case: a grant (the Lease status written), then at once a write with its token.
