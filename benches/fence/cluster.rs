@@ -416,11 +416,17 @@ fn ratio_of(a: Duration, b: Duration) -> f64 {
 // ---------------------------------------------------------------------------------------------
 // 3. Guarded vs unguarded ConfigMap updates through the API server.
 
-async fn guarded_vs_unguarded(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
-    let client = bench.client.clone();
+/// The webhook's registration for section 3: by its URL, for the bench namespace only.
+fn bench_registration(bench: &Bench) -> Registration {
     let mut registration = Registration::new(format!("kf-bench-{}", bench.ns_hook), Endpoint::Url(bench.webhook_url.clone()));
     registration.ca_bundle = Some(bench.ca_pem.clone());
     registration.only_namespaces = Some(vec![bench.ns_hook.clone()]);
+    registration
+}
+
+async fn guarded_vs_unguarded(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
+    let client = bench.client.clone();
+    let registration = bench_registration(bench);
     registration.apply(&client).await?;
     let result = guarded_vs_unguarded_registered(args, table, bench).await;
     registration.remove(&client).await?;
@@ -533,9 +539,7 @@ async fn leader_guarded(args: &Args, table: &mut Table, bench: &mut Bench) -> an
 /// section 3 registers the webhook.
 async fn fenced_only(args: &Args, table: &mut Table, bench: &mut Bench) -> anyhow::Result<()> {
     let client = bench.client.clone();
-    let mut registration = Registration::new(format!("kf-bench-{}", bench.ns_hook), Endpoint::Url(bench.webhook_url.clone()));
-    registration.ca_bundle = Some(bench.ca_pem.clone());
-    registration.only_namespaces = Some(vec![bench.ns_hook.clone()]);
+    let registration = bench_registration(bench);
     registration.apply(&client).await?;
     let result = async {
         let cms = leader_holder(bench).await?;
