@@ -13,12 +13,17 @@
 //!   two API servers, two kube-fence replicas, partitions and kills; the unfenced run (webhook
 //!   never registered) must report violations, or the checker proves nothing on this topology.
 //!
+//! - `faults_ha_sum` (ignored; `hack/torture.sh --ha --sum`): the long HA run made of chunks,
+//!   each a complete run with its own seed (`hack/torture.sh --ha --chunk N`) whose JSON result
+//!   is summed here; `ha_chunk_results_add_up` checks the summing itself.
+//!
 //! All start a control plane of their own whatever `KUBECONFIG` says: they restart its
 //! kube-apiserver and etcd, which no shared cluster may suffer.
 
 mod common;
 mod torture;
 
+use torture::ha::chunks::{ChunkResult, Counts, PathResult, Sum};
 use torture::ha::{HaConfig, HaFault, HaReport, Path};
 use torture::{Config, Fault, Report};
 
@@ -58,9 +63,19 @@ fn write_report(text: &str) {
     }
 }
 
+/// The run's result as JSON at `KF_HA_RESULT` (a chunk of the long run), written before anything
+/// is asserted: a failing chunk's result is kept, and counted.
+fn write_result(report: &HaReport) {
+    if let Ok(path) = std::env::var("KF_HA_RESULT") {
+        let json = serde_json::to_string_pretty(&ChunkResult::of(report)).expect("a result serializes");
+        std::fs::write(&path, json + "\n").unwrap_or_else(|e| panic!("writing {path}: {e}"));
+    }
+}
+
 fn assert_ha_proven(report: &HaReport, config: &HaConfig) {
     println!("{report}");
     write_report(&report.to_string());
+    write_result(report);
     assert!(report.violations.is_empty(), "the history has violations:\n{report}");
     assert_eq!(report.planted_accepted, Some(false), "the scripted stale write across the API servers was not refused:\n{report}");
     assert_eq!(report.injected(), config.faults, "fewer faults than asked (the run hit its time bound):\n{report}");
@@ -70,8 +85,9 @@ fn assert_ha_proven(report: &HaReport, config: &HaConfig) {
         }
     }
     assert!(report.writes_accepted > 0, "no write was accepted:\n{report}");
-    // The client-go Lease paths: the scripted stale write refused, and genuine writes sent under
-    // every fault kind the run injected (so each kind met these paths too).
+    // The other paths (client-go Leases, delegated grants, the PostgreSQL arbiter): the scripted
+    // stale write refused, and genuine writes sent under every fault kind the run injected (so
+    // each kind met these paths too).
     for path in Path::ALL {
         assert_eq!(report.planted_on(path), Some(false), "{}: the scripted stale write was not refused:\n{report}", path.describe());
         assert!(report.path_writes.get(&path).copied().unwrap_or(0) > 0, "{}: no write was admitted:\n{report}", path.describe());
@@ -102,10 +118,13 @@ async fn faults_ha_unfenced() {
     let config = HaConfig { fenced: false, faults: 4, ..HaConfig::short() };
     let report = torture::ha::run(config.clone()).await;
     println!("{report}");
+    if let Ok(path) = std::env::var("KF_TORTURE_REPORT") {
+        let _ = std::fs::write(format!("{path}.unfenced.md"), report.to_string());
+    }
     assert_eq!(report.planted_accepted, Some(true), "without the webhook the scripted stale write must be accepted:\n{report}");
     assert!(!report.violations.is_empty(), "the checker missed the accepted stale write(s):\n{report}");
-    // The same on the client-go Lease paths: the ex-leader's delayed writes are admitted, and the
-    // checker finds them in the watched history.
+    // The same on the other paths: the ex-holder's delayed writes are admitted (the arbiter: its
+    // check dropped, the stale effect commits), and the checker finds them in the recorded history.
     for path in Path::ALL {
         assert_eq!(
             report.planted_on(path),
@@ -124,4 +143,80 @@ async fn faults_ha_long() {
     let config = HaConfig::long_from_env();
     let report = torture::ha::run(config.clone()).await;
     assert_ha_proven(&report, &config);
+}
+
+/// The long run's chunks summed (`hack/torture.sh --ha --sum [DIR]`): every `*.json` under
+/// `KF_HA_CHUNK_DIR`. Fails on any violation in any chunk, on a chunk that injected fewer faults
+/// than asked, and on a fault kind under which some path sent no genuine write.
+#[test]
+#[ignore = "reads the chunk results of the long run: hack/torture.sh --ha --sum"]
+fn faults_ha_sum() {
+    let dir = std::env::var("KF_HA_CHUNK_DIR").unwrap_or_else(|_| "docs/proof/ha-runs".into());
+    let sum = Sum::read_dir(std::path::Path::new(&dir)).unwrap_or_else(|e| panic!("reading the chunk results: {e}"));
+    println!("{sum}");
+    write_report(&sum.to_string());
+    assert!(!sum.chunks.is_empty(), "no chunk results under {dir}");
+    assert!(sum.violations.is_empty(), "the chunks' histories have violations:\n{sum}");
+    assert!(sum.incomplete().is_empty(), "chunks that hit their time bound: {:?}\n{sum}", sum.incomplete());
+    assert!(sum.unexercised().is_empty(), "paths with no genuine write under a fault kind: {:?}\n{sum}", sum.unexercised());
+}
+
+fn chunk(seed: u64, faults: &[(&str, u64)], accepted: u64, violations: &[&str]) -> ChunkResult {
+    let genuine =
+        |n: u64| faults.iter().map(|(f, _)| (f.to_string(), Counts { attempted: n, admitted: n - 1, refused: 1, failed: 0 })).collect();
+    let path = |n: u64| PathResult {
+        writes_accepted: accepted,
+        delayed_refused: 2,
+        planted: "refused".into(),
+        genuine: genuine(n),
+        ..Default::default()
+    };
+    ChunkResult {
+        seed,
+        fenced: true,
+        faults_asked: faults.iter().map(|(_, n)| n).sum(),
+        elapsed_s: 60.0,
+        faults: faults.iter().map(|(f, n)| (f.to_string(), *n)).collect(),
+        paths: [("kube_fence_leases".to_string(), path(3)), ("arbiter".to_string(), path(2))].into(),
+        observations: 100,
+        violations: violations.iter().map(|v| v.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// The summing of chunk results: written and read back as JSON, counts add up, a violation in one
+/// chunk is a violation of the sum, an unfenced (planted) run is not added, a chunk run again is
+/// (and named), a chunk short of its faults is named.
+#[test]
+fn ha_chunk_results_add_up() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut short = chunk(3, &[("EtcdLeaderKilled", 2)], 5, &[]);
+    short.faults_asked = 4;
+    let mut unfenced = chunk(4, &[("EtcdLeaderKilled", 1)], 5, &["stale"]);
+    unfenced.fenced = false;
+    for (name, c) in [
+        ("chunk-0001.json", chunk(1, &[("EtcdLeaderKilled", 2), ("ApiServerKilled", 1)], 10, &[])),
+        ("chunk-0002.json", chunk(2, &[("EtcdLeaderKilled", 1)], 7, &["object x: stale write"])),
+        ("chunk-0002-again.json", chunk(2, &[("EtcdLeaderKilled", 1)], 7, &[])),
+        ("chunk-0003.json", short),
+        ("chunk-0004.json", unfenced),
+    ] {
+        std::fs::write(dir.path().join(name), serde_json::to_string(&c).expect("serializes")).expect("write a chunk result");
+    }
+    std::fs::write(dir.path().join("chunk-0001.md"), "not a result").expect("write a table");
+    let sum = Sum::read_dir(dir.path()).expect("the results read back");
+    // A chunk run again with its seed is added too: a rerun never hides a failed run.
+    assert_eq!(sum.chunks.len(), 4, "{sum}");
+    assert_eq!(sum.injected(), 7, "{sum}");
+    assert_eq!(sum.faults.get("EtcdLeaderKilled"), Some(&6));
+    assert_eq!(sum.paths["arbiter"].writes_accepted, 29);
+    assert_eq!(sum.paths["kube_fence_leases"].genuine["EtcdLeaderKilled"], Counts { attempted: 12, admitted: 8, refused: 4, failed: 0 });
+    assert_eq!(sum.stale_refused(), (16, 10));
+    assert_eq!(sum.violations, vec!["chunk-0002.json: object x: stale write".to_string()]);
+    assert_eq!(sum.incomplete(), vec!["chunk-0003.json"]);
+    assert_eq!(sum.unfenced, vec!["chunk-0004.json"]);
+    assert_eq!(sum.repeated_seeds, vec![2]);
+    assert!(sum.unexercised().is_empty(), "{:?}", sum.unexercised());
+    let text = sum.to_string();
+    assert!(text.contains("| **violations** | **1** |"), "{text}");
 }

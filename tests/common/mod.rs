@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod identity;
 pub mod leader;
+pub mod postgres;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

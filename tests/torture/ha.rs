@@ -11,9 +11,15 @@
 //! B to replica B (both serve one certificate, the registration trusts its CA). Replica A's lease
 //! cache and controller watch through API server A, replica B's through B.
 //!
-//! Beside kube-fence's leases, the client-go Lease paths ([`elected`]): a leader-election Lease
-//! with labelled objects and a fenced controller, campaigned on by Pods, recorded and checked the
-//! same way; every fault is held until each path has sent a genuine write under it.
+//! Beside kube-fence's leases, the other paths ([`Path`]): the client-go Lease paths
+//! ([`elected`]: a leader-election Lease with labelled objects and a fenced controller, campaigned
+//! on by Pods), delegated grants ([`delegated`]: a holder's token written with by a consumer that
+//! holds nothing) and the PostgreSQL arbiter ([`arbiter`]: effects committed under a token and
+//! fenced by the database), each recorded and checked the same way; every fault is held until
+//! each path has sent a genuine write under it.
+//!
+//! Each run's result is also written as JSON ([`chunks`]), so that a long run can be made of
+//! seeded chunks, each a complete run checked on its own, and their results summed.
 //!
 //! Before the schedule, a scripted stale write: a holder reads, a cut keeps it from its API server
 //! past its lease, a successor is granted through the other API server and writes, the cut heals
@@ -31,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::jiff::SignedDuration;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -38,7 +45,7 @@ use kube::{Client, ResourceExt};
 use kube_fence::admission::http::server::Metrics as WebhookMetrics;
 use kube_fence::admission::http::tls::SelfSigned;
 use kube_fence::admission::local::{LocalOptions, LocalWebhook};
-use kube_fence::client::{self as fence, AcquireOptions, Grant, Leases};
+use kube_fence::client::{self as fence, AcquireOptions, Delegated, Grant, Leases};
 use kube_fence_api::names::{HOLDER_ONLY, LEASE_LABEL, WRITER_LABEL};
 use kube_fence_api::{HolderIdentity, Lease, LeaseSpec, Phase};
 use kube_fence_test_support::history::{self, Observation, Violation};
@@ -51,6 +58,9 @@ use tokio_util::sync::CancellationToken;
 use super::{ControllerReplica, Recorder, Rng};
 use crate::common;
 
+mod arbiter;
+pub mod chunks;
+mod delegated;
 mod elected;
 pub use elected::Path;
 
@@ -72,6 +82,10 @@ pub struct HaConfig {
     pub fenced: bool,
     /// Pods of each client-go Lease path ([`Path`]): the leader-Lease path and the fenced controller.
     pub elected_pods: usize,
+    /// Parent/consumer pairs of the delegated-grant path (at least 2: the scripted write uses two).
+    pub delegated_pairs: usize,
+    /// Holders committing to the PostgreSQL arbiter (at least 2).
+    pub arbiter_holders: usize,
     pub seed: u64,
 }
 
@@ -89,6 +103,8 @@ impl HaConfig {
             pause_percent: 25,
             fenced: true,
             elected_pods: 3,
+            delegated_pairs: 2,
+            arbiter_holders: 2,
             seed: super::seed_from_env(),
         }
     }
@@ -107,6 +123,8 @@ impl HaConfig {
             pause_percent: n("KF_HA_PAUSE_PERCENT", 25),
             fenced: n("KF_HA_FENCED", 1) == 1,
             elected_pods: n("KF_HA_ELECTED_PODS", 3) as usize,
+            delegated_pairs: n("KF_HA_DELEGATED_PAIRS", 2).max(2) as usize,
+            arbiter_holders: n("KF_HA_ARBITER_HOLDERS", 2).max(2) as usize,
             seed: super::seed_from_env(),
         }
     }
@@ -136,10 +154,14 @@ pub enum HaFault {
     /// A kube-fence replica's lease controller killed (its task aborted mid-flight) and started
     /// again; the other replica's controller keeps granting.
     ControllerReplicaKilled,
+    /// Every client's clock an hour off (ahead or behind, per cycle): kube-fence holders heartbeat
+    /// by hand with it (the single-API-server torture's skewed heartbeats), client-go Pods judge
+    /// and write `renewTime`/`acquireTime` with it.
+    ClientClockSkewed,
 }
 
 impl HaFault {
-    pub const ALL: [HaFault; 10] = [
+    pub const ALL: [HaFault; 11] = [
         HaFault::WorkersCutFromApi,
         HaFault::KubeFenceCutFromApi,
         HaFault::ApiCutFromEtcdMinority,
@@ -150,8 +172,9 @@ impl HaFault {
         HaFault::ApiServerKilled,
         HaFault::WebhookReplicaKilled,
         HaFault::ControllerReplicaKilled,
+        HaFault::ClientClockSkewed,
     ];
-    fn describe(self) -> &'static str {
+    pub fn describe(self) -> &'static str {
         match self {
             HaFault::WorkersCutFromApi => "workers cut from one API server",
             HaFault::KubeFenceCutFromApi => "a kube-fence replica cut from its API server",
@@ -163,6 +186,7 @@ impl HaFault {
             HaFault::ApiServerKilled => "an API server killed (-9), restarted",
             HaFault::WebhookReplicaKilled => "a webhook replica crashed, restarted",
             HaFault::ControllerReplicaKilled => "a lease controller replica killed, restarted",
+            HaFault::ClientClockSkewed => "client clocks skewed by ±1 h",
         }
     }
 }
@@ -204,8 +228,12 @@ struct Stats {
     not_holder: AtomicU64,
     /// Failed genuine writes by fault, by which API server they went through, and by cause.
     causes: Mutex<Causes>,
-    /// The client-go Lease paths' genuine and delayed writes.
+    /// The other paths' genuine and delayed writes.
     paths: elected::PathStats,
+    /// Heartbeats written by hand with a skewed clock.
+    skewed_heartbeats: Arc<AtomicU64>,
+    /// Where the faults' time went: phase → total.
+    phases: Mutex<BTreeMap<&'static str, Duration>>,
 }
 
 impl Stats {
@@ -216,6 +244,7 @@ impl Stats {
     }
     fn cause(&self, during: Option<(HaFault, Option<usize>)>, via: usize, why: String) {
         let aimed = match during {
+            _ if via == NOT_VIA_API => "",
             Some((_, Some(api))) if api == via => "through it",
             Some((_, Some(_))) => "through the other",
             _ => "",
@@ -252,7 +281,15 @@ impl Stats {
     fn current(&self) -> Option<(HaFault, Option<usize>)> {
         self.current.lock().ok().and_then(|c| *c)
     }
+    fn phase(&self, name: &'static str, took: Duration) {
+        if let Ok(mut p) = self.phases.lock() {
+            *p.entry(name).or_default() += took;
+        }
+    }
 }
+
+/// `via` of a write that goes through no API server (the arbiter's commits).
+const NOT_VIA_API: usize = usize::MAX;
 
 /// The outcome of a run.
 pub struct HaReport {
@@ -287,6 +324,10 @@ pub struct HaReport {
     /// Creates of the fenced controller judged while their Pod led and committed after a
     /// successor's write (§6b's CREATE window: reported, not violations).
     pub creates_in_window: Vec<elected::InWindow>,
+    /// Heartbeats written by hand with a skewed clock (under [`HaFault::ClientClockSkewed`]).
+    pub skewed_heartbeats: u64,
+    /// Where the faults' time went: phase → total over the run.
+    pub phases: BTreeMap<&'static str, Duration>,
     pub observations: usize,
     pub violations: Vec<Violation>,
 }
@@ -371,7 +412,7 @@ impl fmt::Display for HaReport {
         writeln!(f)?;
         writeln!(
             f,
-            "Genuine writes on the client-go Lease paths (a Pod that believes it leads, read then write; leader Lease: its labelled ConfigMaps; fenced controller: an unlabelled ConfigMap patched and a ConfigMap created):"
+            "Genuine writes on the other paths (a writer that believes its holder holds: read then write; leader Lease: a Pod's labelled ConfigMaps; fenced controller: an unlabelled ConfigMap patched and a ConfigMap created; delegated grants: a consumer's token-guarded ConfigMaps, its parent holding; PostgreSQL arbiter: an effect committed per resource, through no API server):"
         )?;
         writeln!(f)?;
         let mut head = String::from("| fault | injected |");
@@ -421,24 +462,25 @@ impl fmt::Display for HaReport {
         };
         writeln!(f, "| scripted stale write across the API servers | {planted} |")?;
         let per_path = |value: &dyn Fn(Path) -> String| Path::ALL.map(value).join(" / ");
+        let paths = Path::ALL.map(Path::describe).join(" / ");
         writeln!(
             f,
-            "| client-go Lease paths (leader Lease / fenced controller): acquisitions watched | {} |",
+            "| other paths ({paths}): acquisitions / grants watched | {} |",
             per_path(&|p| self.path_grants.get(&p).copied().unwrap_or(0).to_string())
         )?;
         writeln!(
             f,
-            "| client-go Lease paths: versions written (distinct) | {} |",
+            "| other paths: versions written (distinct; the arbiter: effects committed) | {} |",
             per_path(&|p| self.path_writes.get(&p).copied().unwrap_or(0).to_string())
         )?;
         for (outcome, what) in [
-            ("refused", "refused (409 NotHolder)"),
-            ("accepted", "accepted (fenced: no other Pod had taken the Lease since)"),
+            ("refused", "refused (409 NotHolder / 409 StaleToken / the arbiter's 0 rows)"),
+            ("accepted", "accepted (fenced: no newer holder had written since)"),
             ("failed", "failed closed / unavailable"),
         ] {
             writeln!(
                 f,
-                "| client-go Lease paths: delayed writes after a pause {what} | {} |",
+                "| other paths: delayed writes after a pause {what} | {} |",
                 per_path(&|p| self.path_delayed.get(&(p, outcome)).copied().unwrap_or(0).to_string())
             )?;
         }
@@ -454,7 +496,7 @@ impl fmt::Display for HaReport {
         };
         writeln!(
             f,
-            "| client-go Lease paths: scripted stale write across the API servers | {} |",
+            "| other paths: scripted stale write across the API servers | {} |",
             per_path(&|p| said(self.planted_on(p)).to_string())
         )?;
         writeln!(
@@ -462,14 +504,22 @@ impl fmt::Display for HaReport {
             "| fenced controller: creates judged while their Pod led, committed after a successor's write (§6b CREATE window; not promised, not counted as violations) | {} |",
             self.creates_in_window.len()
         )?;
+        writeln!(f, "| heartbeats written by hand with a skewed clock | {} |", self.skewed_heartbeats)?;
         writeln!(f, "| observations checked | {} |", self.observations)?;
         writeln!(
             f,
-            "| **violations** (kube-fence leases / leader Lease / fenced controller) | **{}** ({} / {}) |",
+            "| **violations** (kube-fence leases / {paths}) | **{}** ({} / {}) |",
             self.violations.len(),
             self.violations_on(None),
             per_path(&|p| self.violations_on(Some(p)).to_string())
         )?;
+        writeln!(f)?;
+        let injected = self.injected().max(1) as f64;
+        let total: Duration = self.phases.values().sum();
+        writeln!(f, "Where a fault's time goes (mean per fault, {:.2} s in all):", total.as_secs_f64() / injected)?;
+        for (phase, took) in &self.phases {
+            writeln!(f, "- {phase}: {:.2} s", took.as_secs_f64() / injected)?;
+        }
         writeln!(f)?;
         writeln!(f, "Failed genuine writes by cause:")?;
         for ((fault, aimed, why), n) in &self.causes {
@@ -635,13 +685,79 @@ struct World {
     elected: Vec<elected::Pods>,
     /// Clients for API server A and B: `[ADMIN]` the admin's (setup, the scripted write), `[1 + id]`
     /// worker `id`'s (the admin's credentials impersonating user `worker-<id>`: its holder name,
-    /// which leases with `identity: User` bind to who asks).
+    /// which leases with `identity: User` bind to who asks); after them the delegated path's
+    /// parents and consumers and the arbiter's holders ([`World::who_parent`] …).
     clients: Vec<[Client; 2]>,
+    /// The arbiter's PostgreSQL (a Unix socket).
+    conninfo: String,
     ns: String,
     config: HaConfig,
     stats: Stats,
     recorder: Recorder,
     stop: CancellationToken,
+}
+
+/// What a write is fenced with: a holder's grant, or a grant delegated to the writer.
+#[derive(Clone, Copy)]
+enum Fence<'a> {
+    Grant(&'a Grant),
+    Delegated(&'a Delegated),
+}
+
+/// How a holder keeps its kube-fence grant while it (or its consumer) writes: the library's
+/// keep-alive, or — while [`HaFault::ClientClockSkewed`] is in place — heartbeats by hand with its
+/// skewed clock ([`super::skewed_heartbeat`], the single-API-server torture's mechanism), believing
+/// it holds until a lease duration after its last heartbeat that got through.
+enum Beat {
+    Library(fence::KeepAlive),
+    Skewed { stop: CancellationToken, task: JoinHandle<()>, until: Arc<Mutex<Option<Instant>>> },
+}
+
+impl Beat {
+    fn start(client: &Client, ns: &str, grant: &Grant, skew: Option<SignedDuration>, beats: Arc<AtomicU64>) -> Beat {
+        let Some(skew) = skew else { return Beat::Library(Leases::new(client.clone(), ns).keep_alive(grant)) };
+        let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+        let until = Arc::new(Mutex::new(Some(grant.valid_until.into_std())));
+        let stop = CancellationToken::new();
+        let (grant, u, st) = (grant.clone(), until.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            for beat in 0u32.. {
+                tokio::select! { _ = st.cancelled() => return, _ = tokio::time::sleep(grant.duration / 3) => {} }
+                let sent = Instant::now();
+                match super::skewed_heartbeat(&leases, &grant, skew, beat, BOUND).await {
+                    Some(true) => {
+                        beats.fetch_add(1, Ordering::Relaxed);
+                        if let Ok(mut u) = u.lock() {
+                            *u = u.map(|_| sent + grant.duration);
+                        }
+                    }
+                    Some(false) => {
+                        if let Ok(mut u) = u.lock() {
+                            *u = None;
+                        }
+                        return;
+                    }
+                    None => {}
+                }
+            }
+        });
+        Beat::Skewed { stop, task, until }
+    }
+    fn holding(&self) -> bool {
+        match self {
+            Beat::Library(k) => matches!(k.holding(), fence::Holding::Held { .. }),
+            Beat::Skewed { until, .. } => until.lock().ok().and_then(|u| *u).is_some_and(|u| Instant::now() < u),
+        }
+    }
+    async fn stop(self) {
+        match self {
+            Beat::Library(k) => k.stop().await,
+            Beat::Skewed { stop, task, .. } => {
+                stop.cancel();
+                let _ = task.await;
+            }
+        }
+    }
 }
 
 enum Wrote {
@@ -682,8 +798,11 @@ fn read_cause(r: Option<Result<ConfigMap, kube::Error>>) -> String {
 /// Every API call of a worker is bounded: a call that hangs in a cut is given up (its bytes may
 /// still arrive after the heal: that is the point).
 async fn bounded<T>(f: impl Future<Output = T>) -> Option<T> {
-    tokio::time::timeout(Duration::from_secs(8), f).await.ok()
+    tokio::time::timeout(BOUND, f).await.ok()
 }
+
+/// How long a worker's API call may take.
+const BOUND: Duration = Duration::from_secs(8);
 
 impl World {
     fn leases(&self, who: usize, api: usize) -> Leases {
@@ -694,6 +813,24 @@ impl World {
     }
     fn acquire_options(&self) -> AcquireOptions {
         AcquireOptions::default().duration(Duration::from_secs(u64::from(self.config.lease_seconds))).timeout(Duration::from_secs(10))
+    }
+
+    /// `World::clients` index of the delegated path's parent `k`, consumer `k`, the arbiter's holder `k`.
+    fn who_parent(&self, k: usize) -> usize {
+        1 + self.config.workers + k
+    }
+    fn who_consumer(&self, k: usize) -> usize {
+        1 + self.config.workers + self.config.delegated_pairs + k
+    }
+    fn who_arbiter(&self, k: usize) -> usize {
+        1 + self.config.workers + 2 * self.config.delegated_pairs + k
+    }
+
+    /// A skewed clock for a holder's cycle while [`HaFault::ClientClockSkewed`] is in place: an
+    /// hour ahead or behind, at random.
+    fn skew(&self, rng: &mut Rng) -> Option<SignedDuration> {
+        let skewed = self.stats.current().is_some_and(|(f, _)| f == HaFault::ClientClockSkewed);
+        skewed.then(|| if rng.percent(50) { SignedDuration::from_hours(1) } else { SignedDuration::from_hours(-1) })
     }
 
     async fn acquire(&self, who: usize, api: usize, lease: &str, holder: &str) -> Option<Grant> {
@@ -711,9 +848,20 @@ impl World {
 
     /// A fenced merge patch without a resourceVersion precondition (fencing alone decides).
     async fn write(&self, who: usize, api: usize, grant: &Grant, object: &str, read: &ConfigMap, note: &str) -> Wrote {
+        self.write_as(who, api, Fence::Grant(grant), &grant.holder, object, read, note).await
+    }
+
+    /// [`World::write`] by `writer` (named in `data.writer`), fenced by `fence`.
+    #[allow(clippy::too_many_arguments)]
+    async fn write_as(&self, who: usize, api: usize, fence: Fence<'_>, writer: &str, object: &str, read: &ConfigMap, note: &str) -> Wrote {
         let seq = read.data.as_ref().and_then(|d| d.get("seq")).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0) + 1;
-        let patch = json!({"data": {"seq": seq.to_string(), "writer": grant.holder, "note": note, "via": api_letter(api).to_string()}});
-        match bounded(grant.patch(&self.objects(who, api), object, &PatchParams::default(), Patch::Merge(patch))).await {
+        let patch = json!({"data": {"seq": seq.to_string(), "writer": writer, "note": note, "via": api_letter(api).to_string()}});
+        let (objects, params) = (self.objects(who, api), PatchParams::default());
+        let written = match fence {
+            Fence::Grant(grant) => bounded(grant.patch(&objects, object, &params, Patch::Merge(patch))).await,
+            Fence::Delegated(grant) => bounded(grant.patch(&objects, object, &params, Patch::Merge(patch))).await,
+        };
+        match written {
             Some(Ok(written)) => {
                 record_object(&self.recorder, &written);
                 Wrote::Accepted
@@ -752,9 +900,10 @@ impl World {
                     counter.fetch_add(1, Ordering::Relaxed);
                 }
             } else {
-                let keep_alive = self.leases(me, via_lease).keep_alive(&grant);
+                let skew = self.skew(&mut rng);
+                let keep_alive = Beat::start(&self.clients[me][via_lease], &self.ns, &grant, skew, self.stats.skewed_heartbeats.clone());
                 for j in 0..self.config.objects_per_lease {
-                    if !matches!(keep_alive.holding(), fence::Holding::Held { .. }) {
+                    if !keep_alive.holding() {
                         break;
                     }
                     let object = object_name(lease, j);
@@ -843,22 +992,29 @@ fn sent_under(world: &World, fault: HaFault) -> Vec<u64> {
 
 /// Holds a fault for `hold`, and then until every path has sent a genuine write since it was
 /// made (at most 20 s more), so that each fault kind meets each path: the condition, not a
-/// longer timer.
-async fn held(world: &World, fault: HaFault, hold: Duration) {
+/// longer timer. Returns how long it held.
+async fn held(world: &World, fault: HaFault, hold: Duration) -> Duration {
+    let started = Instant::now();
     let before = sent_under(world, fault);
     tokio::time::sleep(hold).await;
+    world.stats.phase("2 hold (drawn from hold_ms)", started.elapsed());
+    let waiting = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(20);
     while sent_under(world, fault).iter().zip(&before).any(|(now, then)| now <= then) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    world.stats.phase("3 hold extended until every path sent a genuine write", waiting.elapsed());
+    started.elapsed()
 }
 
 /// The nemesis: one fault, held, healed, and the cluster seen whole again.
 async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault: HaFault, rng: &mut Rng) {
+    let started = Instant::now();
+    let mut holding = Duration::ZERO;
     let api = rng.below(2) as usize;
     let hold = rng.millis(world.config.hold_ms.0, world.config.hold_ms.1);
     let aimed = match fault {
-        HaFault::EtcdMemberIsolated | HaFault::EtcdLeaderKilled => None,
+        HaFault::EtcdMemberIsolated | HaFault::EtcdLeaderKilled | HaFault::ClientClockSkewed => None,
         _ => Some(api),
     };
     if let Ok(mut c) = world.stats.current.lock() {
@@ -894,14 +1050,14 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
                 assert!(Instant::now() < deadline, "no new etcd leader within 60 s");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            held(world, fault, hold).await;
+            holding += held(world, fault, hold).await;
             plane.call(move |ha| ha.start_again(&name).map_err(|e| format!("{e:#}"))).await.expect("start etcd again");
         }
         HaFault::ApiServerKilled => {
             let name = format!("kube-apiserver-{}", api_letter(api));
             let n = name.clone();
             plane.call(move |ha| ha.kill(&n).map_err(|e| format!("{e:#}"))).await.expect("kill an API server");
-            held(world, fault, hold).await;
+            holding += held(world, fault, hold).await;
             plane.call(move |ha| ha.start_again(&name).map_err(|e| format!("{e:#}"))).await.expect("start the API server again");
         }
         HaFault::WebhookReplicaKilled => {
@@ -909,7 +1065,7 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
             if let Some(w) = replica.webhook.take() {
                 w.crash().await;
             }
-            held(world, fault, hold).await;
+            holding += held(world, fault, hold).await;
             if world.config.fenced {
                 replica.serve().await;
             }
@@ -919,9 +1075,10 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
             if let Some(c) = replica.controller.take() {
                 c.kill();
             }
-            held(world, fault, hold).await;
+            holding += held(world, fault, hold).await;
             replica.start_controller();
         }
+        HaFault::ClientClockSkewed => holding += held(world, fault, hold).await,
     }
     if matches!(
         fault,
@@ -932,10 +1089,13 @@ async fn inject(plane: &Plane, replicas: &mut [Replica; 2], world: &World, fault
             | HaFault::ApiCutFromEtcd
             | HaFault::EtcdMemberIsolated
     ) {
-        held(world, fault, hold).await;
+        holding += held(world, fault, hold).await;
         plane.call(|ha| ha.heal().map_err(|e| format!("{e:#}"))).await.expect("heal");
     }
+    let whole = Instant::now();
     plane.whole(Duration::from_secs(180)).await.expect("the cluster is whole again after the fault");
+    world.stats.phase("5 until the cluster is whole again (etcd healthy with a leader, both API servers ready)", whole.elapsed());
+    world.stats.phase("4 making, healing, restarting", started.elapsed().saturating_sub(holding + whole.elapsed()));
     if let Ok(mut f) = world.stats.faults.lock() {
         *f.entry(fault).or_default() += 1;
     }
@@ -987,6 +1147,9 @@ pub async fn run(config: HaConfig) -> HaReport {
     eprintln!("[ha] starting the HA control plane (seed {}, fenced {})", config.seed, config.fenced);
     let plane = tokio::task::spawn_blocking(Plane::start).await.expect("plane thread").expect("start the HA control plane");
     let clients = [common::client_for(&plane.kubeconfigs[0]).await, common::client_for(&plane.kubeconfigs[1]).await];
+    // The arbiter: Debian's PostgreSQL on a Unix socket of its own (no TCP).
+    let mut postgres = common::postgres::Postgres::start();
+    let db = postgres.wait_ready().await;
     common::install_crds(clients[0].clone()).await;
     let ns = "ha".to_string();
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(clients[0].clone());
@@ -1031,12 +1194,33 @@ pub async fn run(config: HaConfig) -> HaReport {
             kube_fence_test_support::identity::client_as(&plane.kubeconfigs[1], &user).await,
         ]);
     }
+    // The delegated path's parents (worker RBAC: they hold leases) and consumers (ConfigMaps
+    // only), and the arbiter's holders (worker RBAC), in the order of `World::who_*`.
+    let parents: Vec<String> = (0..config.delegated_pairs).map(delegated::parent).collect();
+    let consumers: Vec<String> = (0..config.delegated_pairs).map(delegated::consumer).collect();
+    let holders: Vec<String> = (0..config.arbiter_holders).map(arbiter::holder).collect();
+    for user in parents.iter().chain(&holders) {
+        kube_fence_test_support::identity::grant_worker_rbac(&clients[0], &ns, user).await;
+    }
+    delegated::consumer_rbac(&clients[0], &ns, &consumers).await;
+    for user in parents.iter().chain(&consumers).chain(&holders) {
+        all_clients.push([
+            kube_fence_test_support::identity::client_as(&plane.kubeconfigs[0], user).await,
+            kube_fence_test_support::identity::client_as(&plane.kubeconfigs[1], user).await,
+        ]);
+    }
+    for c in &all_clients[all_clients.len() - consumers.len() - holders.len()..all_clients.len() - holders.len()] {
+        for client in c {
+            kube_fence_test_support::identity::wait_authorized(client, &ns, "", "configmaps", "patch").await;
+        }
+    }
     // The client-go Lease paths: their Pods, Leases and objects, and the FencedController (judged
     // through both API servers before the run starts, when fenced).
     let elected = elected::setup(&clients, &plane.kubeconfigs, &ns, config.elected_pods, config.fenced).await;
     let world = Arc::new(World {
         elected,
         clients: all_clients,
+        conninfo: postgres.conninfo(),
         ns: ns.clone(),
         config: config.clone(),
         stats: Stats::default(),
@@ -1073,22 +1257,30 @@ pub async fn run(config: HaConfig) -> HaReport {
         }
         let _ = world.leases(ADMIN, 0).release(&grant).await;
     }
+    delegated::create(&world).await;
+    arbiter::create(&world, &db).await;
     let planted_accepted = planted(&plane, &world).await;
     let mut path_planted = BTreeMap::new();
     for (i, pods) in world.elected.iter().enumerate() {
         path_planted.insert(pods.path, elected::planted(&plane, &world, i).await);
     }
+    path_planted.insert(Path::Delegated, delegated::planted(&plane, &world).await);
+    path_planted.insert(Path::Arbiter, arbiter::planted(&plane, &world).await);
     eprintln!(
-        "[ha] set up in {:.1}s; scripted stale write: {planted_accepted:?}, on the client-go Lease paths: {path_planted:?}; {} workers and {} Pods start",
+        "[ha] set up in {:.1}s; scripted stale write: {planted_accepted:?}, on the other paths: {path_planted:?}; {} workers, {} Pods, {} delegating pairs and {} arbiter holders start",
         started.elapsed().as_secs_f64(),
         config.workers,
-        world.elected.len() * config.elected_pods
+        world.elected.len() * config.elected_pods,
+        config.delegated_pairs,
+        config.arbiter_holders
     );
 
     let mut workers: Vec<JoinHandle<()>> = (0..config.workers).map(|id| tokio::spawn(world.clone().worker(id))).collect();
     for path in 0..world.elected.len() {
         workers.extend((0..config.elected_pods).map(|me| tokio::spawn(elected::worker(world.clone(), path, me))));
     }
+    workers.extend((0..config.delegated_pairs).map(|k| tokio::spawn(delegated::worker(world.clone(), k))));
+    workers.extend((0..config.arbiter_holders).map(|k| tokio::spawn(arbiter::worker(world.clone(), k))));
     let mut rng = Rng(config.seed ^ 0x4A_FA17);
     let mut last_note = Instant::now();
     let mut round: Vec<HaFault> = Vec::new();
@@ -1105,7 +1297,9 @@ pub async fn run(config: HaConfig) -> HaReport {
             }
         }
         let fault = round.pop().expect("a fault in the round");
-        tokio::time::sleep(rng.millis(300, 1_500)).await;
+        let gap = rng.millis(300, 1_500);
+        tokio::time::sleep(gap).await;
+        world.stats.phase("1 gap before the fault", gap);
         inject(&plane, &mut replicas, &world, fault, &mut rng).await;
         if last_note.elapsed() > Duration::from_secs(30) {
             let a = world.stats.availability.lock().map(|a| a.values().map(|v| v.admitted).sum::<u64>()).unwrap_or(0);
@@ -1149,17 +1343,24 @@ pub async fn run(config: HaConfig) -> HaReport {
         }
     }
 
-    let observations = world.recorder.snapshot();
+    // The arbiter's history is the database's: its effects, in commit order.
+    let mut observations = world.recorder.snapshot();
+    observations.extend(arbiter::effects(&db).await);
     let (violations, creates_in_window) = elected::creates_in_window(history::check(&observations, |_| false), &side);
     let mut writes = HashSet::new();
     let mut grants = HashSet::new();
     let (mut path_writes, mut path_grants) = (BTreeMap::<Path, HashSet<_>>::new(), BTreeMap::<Path, HashSet<_>>::new());
-    let path_of_lease = |lease: &str| world.elected.iter().map(|p| p.path).find(|p| p.key() == lease);
+    let path_of_lease = Path::of_lease;
     for o in &observations {
         match o {
-            Observation::Write { object, resource_version, .. } => {
-                writes.insert((object.clone(), *resource_version));
-            }
+            Observation::Write { object, lease, resource_version, .. } => match path_of_lease(lease) {
+                Some(path) => {
+                    path_writes.entry(path).or_default().insert((object.clone(), *resource_version));
+                }
+                None => {
+                    writes.insert((object.clone(), *resource_version));
+                }
+            },
             Observation::HolderWrite { object, lease, resource_version, .. } => match path_of_lease(lease) {
                 Some(path) => {
                     path_writes.entry(path).or_default().insert((object.clone(), *resource_version));
@@ -1170,7 +1371,7 @@ pub async fn run(config: HaConfig) -> HaReport {
             },
             Observation::Grant { lease, token, .. } => match path_of_lease(lease) {
                 Some(path) => {
-                    path_grants.entry(path).or_default().insert(*token);
+                    path_grants.entry(path).or_default().insert((lease.clone(), *token));
                 }
                 None => {
                     grants.insert((lease.clone(), *token));
@@ -1201,9 +1402,13 @@ pub async fn run(config: HaConfig) -> HaReport {
         campaigns_failed: s.paths.campaigns_failed(),
         path_planted,
         creates_in_window,
+        skewed_heartbeats: s.skewed_heartbeats.load(Ordering::Relaxed),
+        phases: s.phases.lock().map(|p| p.clone()).unwrap_or_default(),
         observations: observations.len(),
         violations,
     };
+    drop(db);
+    drop(postgres);
     drop(plane);
     report
 }

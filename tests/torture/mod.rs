@@ -649,16 +649,12 @@ impl World {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
         for beat in 0..2u32 {
             tokio::time::sleep(Duration::from_millis(u64::from(self.config.lease_seconds) * 1000 / 3)).await;
-            let Some(Ok(mut lease)) = bounded(leases.get(&grant.lease)).await else { return };
-            if fence::loss(Some(&lease), grant).is_some() {
-                return;
-            }
-            let skewed = Timestamp::now().saturating_add(skew).unwrap_or(Timestamp::now());
-            let beat_time = skewed.saturating_add(SignedDuration::from_micros(i64::from(beat))).unwrap_or(skewed);
-            lease.spec.heartbeat_time = Some(MicroTime(beat_time));
-            lease.metadata.managed_fields = None;
-            if let Some(Ok(_)) = bounded(leases.replace(&grant.lease, &PostParams::default(), &lease)).await {
-                self.counters.skewed_heartbeats.fetch_add(1, Ordering::Relaxed);
+            match skewed_heartbeat(&leases, grant, skew, beat, BOUND).await {
+                Some(true) => {
+                    self.counters.skewed_heartbeats.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(false) => return,
+                None => {}
             }
         }
         let object = &objects[rng.below(objects.len() as u64) as usize];
@@ -681,9 +677,29 @@ impl World {
     }
 }
 
+/// One heartbeat by hand from a client whose clock is `skew` off: `spec.heartbeatTime` set to its
+/// (skewed) now, `beat` microseconds on so that two beats differ. `Some(true)`: written;
+/// `Some(false)`: the grant is lost (nothing written); `None`: the read or the write failed or
+/// took longer than `limit`. The controller notices that the heartbeat changed and judges expiry
+/// on its own clock, so the value's skew must not matter.
+pub(crate) async fn skewed_heartbeat(leases: &Api<Lease>, grant: &Grant, skew: SignedDuration, beat: u32, limit: Duration) -> Option<bool> {
+    let mut lease = tokio::time::timeout(limit, leases.get(&grant.lease)).await.ok()?.ok()?;
+    if fence::loss(Some(&lease), grant).is_some() {
+        return Some(false);
+    }
+    let skewed = Timestamp::now().saturating_add(skew).unwrap_or(Timestamp::now());
+    let beat_time = skewed.saturating_add(SignedDuration::from_micros(i64::from(beat))).unwrap_or(skewed);
+    lease.spec.heartbeat_time = Some(MicroTime(beat_time));
+    lease.metadata.managed_fields = None;
+    tokio::time::timeout(limit, leases.replace(&grant.lease, &PostParams::default(), &lease)).await.ok()?.ok().map(|_| true)
+}
+
+/// How long a worker's API call may take.
+const BOUND: Duration = Duration::from_secs(20);
+
 /// Every API call of a worker is bounded: a call that hangs through a restart is given up.
 async fn bounded<T>(f: impl Future<Output = T>) -> Option<T> {
-    tokio::time::timeout(Duration::from_secs(20), f).await.ok()
+    tokio::time::timeout(BOUND, f).await.ok()
 }
 
 struct Faults {

@@ -59,40 +59,84 @@ use tokio_util::sync::CancellationToken;
 use super::{Availability, HaFault, Plane, World, Wrote, bounded, short};
 use crate::torture::{Recorder, Rng};
 
-/// A client-go Lease path.
+/// A path beside kube-fence's own leases (token-guarded and holder-only objects): the client-go
+/// Lease paths (this module), delegated grants ([`super::delegated`]) and the PostgreSQL arbiter
+/// ([`super::arbiter`]). Each is recorded, counted and checked on its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Path {
     /// Objects labelled `kubefence.io/leader-lease`, written by the Lease's holder Pod.
     LeaderLease,
     /// Every write of a fenced ServiceAccount's Pods (an unlabelled ConfigMap, created ConfigMaps).
     FencedController,
+    /// Token-guarded objects written by a consumer the holder handed its grant to (a Job's Pod).
+    Delegated,
+    /// Effects committed in PostgreSQL under a kube-fence token, fenced by the database.
+    Arbiter,
 }
 
 impl Path {
-    pub const ALL: [Path; 2] = [Path::LeaderLease, Path::FencedController];
+    pub const ALL: [Path; 4] = [Path::LeaderLease, Path::FencedController, Path::Delegated, Path::Arbiter];
+    /// The client-go Lease paths, whose Pods this module runs ([`super::World::elected`] order).
+    pub const ELECTED: [Path; 2] = [Path::LeaderLease, Path::FencedController];
     pub fn describe(self) -> &'static str {
         match self {
             Path::LeaderLease => "client-go Lease, labelled objects",
             Path::FencedController => "fenced controller",
+            Path::Delegated => "delegated grants",
+            Path::Arbiter => "PostgreSQL arbiter",
         }
     }
-    /// The ServiceAccount its Pods run as.
+    /// A short name (JSON results, column heads).
+    pub fn slug(self) -> &'static str {
+        match self {
+            Path::LeaderLease => "leader_lease",
+            Path::FencedController => "fenced_controller",
+            Path::Delegated => "delegated",
+            Path::Arbiter => "arbiter",
+        }
+    }
+    /// The ServiceAccount its Pods run as (client-go Lease paths only).
     fn account(self) -> &'static str {
         match self {
             Path::LeaderLease => "elect",
-            Path::FencedController => "ctl",
+            _ => "ctl",
         }
     }
-    /// The `coordination.k8s.io` Lease its Pods campaign on.
+    /// The `coordination.k8s.io` Lease its Pods campaign on (client-go Lease paths only).
     fn lease(self) -> &'static str {
         match self {
             Path::LeaderLease => "ha-elect",
-            Path::FencedController => "ha-ctl",
+            _ => "ha-ctl",
         }
     }
     /// The Lease's name in the recorded history (apart from kube-fence's leases).
     pub(super) fn key(self) -> String {
         format!("coordination/{}", self.lease())
+    }
+    /// Which path a recorded lease (a kube-fence Lease's name, or a client-go Lease's key) is on
+    /// (`None`: kube-fence's own leases of the main workers).
+    pub fn of_lease(lease: &str) -> Option<Path> {
+        if lease.starts_with(super::delegated::PREFIX) {
+            Some(Path::Delegated)
+        } else if lease.starts_with(super::arbiter::PREFIX) {
+            Some(Path::Arbiter)
+        } else {
+            Path::ELECTED.into_iter().find(|p| p.key() == lease)
+        }
+    }
+    /// Which path a recorded object is on (`None`: the main workers').
+    fn of_object(object: &str) -> Option<Path> {
+        if object.starts_with(LED_PREFIX) {
+            Some(Path::LeaderLease)
+        } else if object == STATE || object == MADE {
+            Some(Path::FencedController)
+        } else if object.starts_with(super::delegated::PREFIX) {
+            Some(Path::Delegated)
+        } else if object.starts_with(super::arbiter::OBJECT_PREFIX) {
+            Some(Path::Arbiter)
+        } else {
+            None
+        }
     }
     /// Which path a violation is on (`None`: kube-fence's own leases).
     pub fn of(v: &Violation) -> Option<Path> {
@@ -104,13 +148,7 @@ impl Path {
             }
             Violation::StaleHolderWriteAccepted { object, .. } => (Some(object), None),
         };
-        Path::ALL.into_iter().find(|p| {
-            lease.is_some_and(|l| *l == p.key())
-                || object.is_some_and(|o| match p {
-                    Path::LeaderLease => o.starts_with(LED_PREFIX),
-                    Path::FencedController => o == STATE || o == MADE,
-                })
-        })
+        object.and_then(|o| Path::of_object(o)).or_else(|| lease.and_then(|l| Path::of_lease(l)))
     }
 }
 
@@ -207,12 +245,12 @@ pub struct PathStats {
 }
 
 impl PathStats {
-    fn count(&self, path: Path, during: Option<(HaFault, Option<usize>)>, f: impl Fn(&mut Availability) -> &mut u64) {
+    pub(super) fn count(&self, path: Path, during: Option<(HaFault, Option<usize>)>, f: impl Fn(&mut Availability) -> &mut u64) {
         if let Ok(mut a) = self.availability.lock() {
             *f(a.entry((path, during.map(|d| d.0))).or_default()) += 1;
         }
     }
-    fn via(&self, path: Path, during: Option<(HaFault, Option<usize>)>, via: usize, failed: bool) {
+    pub(super) fn via(&self, path: Path, during: Option<(HaFault, Option<usize>)>, via: usize, failed: bool) {
         if during.is_some_and(|d| d.1 == Some(via))
             && let Ok(mut a) = self.availability.lock()
         {
@@ -221,13 +259,13 @@ impl PathStats {
             entry.via_target_failed += u64::from(failed);
         }
     }
-    fn slowest(&self, path: Path, during: Option<(HaFault, Option<usize>)>, millis: u64) {
+    pub(super) fn slowest(&self, path: Path, during: Option<(HaFault, Option<usize>)>, millis: u64) {
         if let Ok(mut a) = self.availability.lock() {
             let entry = a.entry((path, during.map(|d| d.0))).or_default();
             entry.slowest_admitted_ms = entry.slowest_admitted_ms.max(millis);
         }
     }
-    fn delayed(&self, path: Path, outcome: &'static str) {
+    pub(super) fn delayed(&self, path: Path, outcome: &'static str) {
         if let Ok(mut d) = self.delayed.lock() {
             *d.entry((path, outcome)).or_default() += 1;
         }
@@ -308,7 +346,7 @@ async fn controller_rbac(admin: &Client, ns: &str, account: &str) {
 /// kube-fence and judge its Lease claims by the holder policies.
 pub async fn setup(admin: &[Client; 2], kubeconfigs: &[PathBuf; 2], ns: &str, pods_per_path: usize, fenced: bool) -> Vec<Pods> {
     let mut paths = Vec::new();
-    for path in Path::ALL {
+    for path in Path::ELECTED {
         let account = path.account();
         controller_rbac(&admin[0], ns, account).await;
         let names: Vec<String> = (0..pods_per_path).map(|i| format!("{account}-{i}")).collect();
@@ -414,7 +452,7 @@ impl Pods {
     fn steps(&self) -> Vec<Step> {
         match self.path {
             Path::LeaderLease => (0..LED_OBJECTS).map(|j| Step::Patch(format!("{LED_PREFIX}{j}"))).collect(),
-            Path::FencedController => vec![Step::Patch(STATE.to_string()), Step::Create],
+            _ => vec![Step::Patch(STATE.to_string()), Step::Create],
         }
     }
 
@@ -432,7 +470,7 @@ impl Pods {
                     let probe = Patch::Merge(json!({"data": {"probe": "a write by no holder"}}));
                     bounded(self.cms(1, api).patch(&format!("{LED_PREFIX}0"), &PatchParams::default(), &probe)).await
                 }
-                Path::FencedController => {
+                _ => {
                     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "ha-ctl-probe"}})).expect("a literal");
                     let made = bounded(self.cms(1, api).create(&PostParams::default(), &cm)).await;
                     if let Some(Ok(_)) = made {
@@ -464,11 +502,13 @@ impl Pods {
 
     /// One campaign, as client-go's LeaseLock makes it: read the Lease; if it is free or its
     /// holder's lease ran out (by `renewTime`), claim it by a compare-and-swap.
-    async fn campaign(&self, me: usize, api: usize, identity: &str, lease_seconds: u32) -> Campaign {
+    /// `clock`: how far this Pod's clock is off ([`HaFault::ClientClockSkewed`]); it judges and
+    /// writes times by it, as a Pod on a skewed node does.
+    async fn campaign(&self, me: usize, api: usize, identity: &str, lease_seconds: u32, clock: SignedDuration) -> Campaign {
         let leases = self.leases(me, api);
         let Some(Ok(current)) = bounded(leases.get(self.path.lease())).await else { return Campaign::Failed };
         let spec = current.spec.clone().unwrap_or_default();
-        let now = Timestamp::now();
+        let now = skewed(clock);
         let held_until = spec.renew_time.as_ref().map(|MicroTime(t)| {
             t.saturating_add(SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(0)))).unwrap_or(*t)
         });
@@ -494,19 +534,19 @@ impl Pods {
 
     /// Renews `identity`'s hold: `Some(true)` renewed, `Some(false)` another holds it now,
     /// `None` the renewal did not get through.
-    async fn renew(&self, me: usize, api: usize, identity: &str) -> Option<bool> {
+    async fn renew(&self, me: usize, api: usize, identity: &str, clock: SignedDuration) -> Option<bool> {
         let leases = self.leases(me, api);
         let mut current = bounded(leases.get(self.path.lease())).await?.ok()?;
         let spec = current.spec.get_or_insert_default();
         if spec.holder_identity.as_deref() != Some(identity) {
             return Some(false);
         }
-        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        spec.renew_time = Some(MicroTime(skewed(clock)));
         bounded(leases.replace(self.path.lease(), &PostParams::default(), &current)).await?.ok().map(|_| true)
     }
 
     /// Releases as client-go does (`ReleaseOnCancel`): the holder cleared, if it is still this one.
-    async fn release(&self, me: usize, api: usize, identity: &str) {
+    async fn release(&self, me: usize, api: usize, identity: &str, clock: SignedDuration) {
         let leases = self.leases(me, api);
         let Some(Ok(mut current)) = bounded(leases.get(self.path.lease())).await else { return };
         let spec = current.spec.get_or_insert_default();
@@ -515,7 +555,7 @@ impl Pods {
         }
         spec.holder_identity = Some(String::new());
         spec.lease_duration_seconds = Some(1);
-        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        spec.renew_time = Some(MicroTime(skewed(clock)));
         let _ = bounded(leases.replace(self.path.lease(), &PostParams::default(), &current)).await;
     }
 
@@ -571,7 +611,7 @@ struct KeepAlive {
 }
 
 impl KeepAlive {
-    fn start(world: Arc<World>, path: usize, me: usize, api: usize, identity: String, since: Instant) -> KeepAlive {
+    fn start(world: Arc<World>, path: usize, me: usize, api: usize, identity: String, since: Instant, clock: SignedDuration) -> KeepAlive {
         let lease = Duration::from_secs(u64::from(world.config.lease_seconds));
         let state = Arc::new(Mutex::new((since, false)));
         let stop = CancellationToken::new();
@@ -581,7 +621,7 @@ impl KeepAlive {
             loop {
                 tokio::select! { _ = st.cancelled() => return, _ = tokio::time::sleep(lease / 4) => {} }
                 let sent = Instant::now();
-                match pods.renew(me, api, &identity).await {
+                match pods.renew(me, api, &identity, clock).await {
                     Some(true) => {
                         if let Ok(mut s) = s.lock() {
                             s.0 = sent;
@@ -623,7 +663,8 @@ pub async fn worker(world: Arc<World>, path: usize, me: usize) {
         term += 1;
         // client-go's identity: the Pod's hostname (its name), `_`, and a fresh suffix per run.
         let identity = format!("{}_{term}", pods.names[me]);
-        let since = match pods.campaign(me, via_lease, &identity, lease_seconds).await {
+        let clock = world.skew(&mut rng).unwrap_or(SignedDuration::ZERO);
+        let since = match pods.campaign(me, via_lease, &identity, lease_seconds, clock).await {
             Campaign::Acquired(at) => at,
             Campaign::Held => {
                 tokio::time::sleep(rng.millis(100, 400)).await;
@@ -653,7 +694,7 @@ pub async fn worker(world: Arc<World>, path: usize, me: usize) {
             }
         } else {
             // A leader writes for a while: its steps, one to three times.
-            let keep_alive = KeepAlive::start(world.clone(), path, me, via_lease, identity.clone(), since);
+            let keep_alive = KeepAlive::start(world.clone(), path, me, via_lease, identity.clone(), since, clock);
             let rounds = 1 + rng.below(3) as usize;
             for step in steps.iter().cycle().take(rounds * steps.len()) {
                 if !keep_alive.holding() {
@@ -693,7 +734,7 @@ pub async fn worker(world: Arc<World>, path: usize, me: usize) {
             }
             keep_alive.stop().await;
         }
-        pods.release(me, via_lease, &identity).await;
+        pods.release(me, via_lease, &identity, clock).await;
         // Let the other Pods campaign before this one does again.
         tokio::time::sleep(rng.millis(100, 500)).await;
     }
@@ -711,7 +752,7 @@ pub async fn planted(plane: &Plane, world: &World, path: usize) -> Option<bool> 
     let (old, new) = ("planted-old", "planted-new");
     let (old, new) = (format!("{}_{old}", pods.names[0]), format!("{}_{new}", pods.names[1]));
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !matches!(pods.campaign(0, 0, &old, lease_seconds).await, Campaign::Acquired(_)) {
+    while !matches!(pods.campaign(0, 0, &old, lease_seconds, SignedDuration::ZERO).await, Campaign::Acquired(_)) {
         if Instant::now() > deadline {
             return None;
         }
@@ -726,7 +767,7 @@ pub async fn planted(plane: &Plane, world: &World, path: usize) -> Option<bool> 
     let successor = async {
         // Pod 1 takes over once Pod 0's lease ran out (it cannot renew through the cut).
         loop {
-            if let Campaign::Acquired(_) = pods.campaign(1, 1, &new, lease_seconds).await {
+            if let Campaign::Acquired(_) = pods.campaign(1, 1, &new, lease_seconds, SignedDuration::ZERO).await {
                 break;
             }
             if Instant::now() > deadline {
@@ -767,6 +808,11 @@ fn during_of(world: &World) -> String {
     }
 }
 
+/// Now by a clock `clock` off.
+fn skewed(clock: SignedDuration) -> Timestamp {
+    Timestamp::now().saturating_add(clock).unwrap_or(Timestamp::now())
+}
+
 /// The Pod a holder identity names (`<pod>_<anything>`: the webhook's default identity rule).
 fn pod_of(identity: &str) -> &str {
     identity.split('_').next().unwrap_or_default()
@@ -786,7 +832,7 @@ pub fn record(client: &Client, ns: &str, recorder: &Recorder, side: &Arc<Mutex<S
             let event = tokio::select! { _ = s.cancelled() => return, e = events.next() => e };
             let Some(event) = event else { return };
             let Ok(Event::Apply(lease) | Event::InitApply(lease)) = event else { continue };
-            let Some(path) = Path::ALL.into_iter().find(|p| lease.name_any() == p.lease()) else { continue };
+            let Some(path) = Path::ELECTED.into_iter().find(|p| lease.name_any() == p.lease()) else { continue };
             let spec = lease.spec.clone().unwrap_or_default();
             let holder = spec.holder_identity.unwrap_or_default();
             let token = Token::new(spec.lease_transitions.unwrap_or(0).max(0) as u64 + 1);

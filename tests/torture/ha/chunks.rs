@@ -1,0 +1,351 @@
+//! A long run made of chunks (issue 36: ≥ 2,000 faults take longer than one sitting): each chunk
+//! is a complete run of its own — its own control plane, its own seed, its own history, checked
+//! on its own — whose result is written as JSON ([`ChunkResult`]); [`Sum`] adds the results of a
+//! directory of chunks into one table. A violation in any chunk is a violation of the sum, and a
+//! chunk that did not inject every fault it was asked for is named as incomplete, not hidden.
+//!
+//! `hack/torture.sh --ha --chunk N` runs chunk N (seed 36000 + N) and writes
+//! `chunk-NNNN.json` (and the chunk's full table as `chunk-NNNN.md`) under `KF_HA_CHUNK_DIR`
+//! (default `docs/proof/ha-runs`); `hack/torture.sh --ha --sum [DIR]` prints the sum.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path as FsPath;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Availability, HaFault, HaReport, Path};
+
+/// Genuine writes: attempted, admitted, refused as stale, failed closed / unavailable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub attempted: u64,
+    pub admitted: u64,
+    pub refused: u64,
+    pub failed: u64,
+}
+
+impl From<Availability> for Counts {
+    fn from(a: Availability) -> Counts {
+        Counts { attempted: a.attempted, admitted: a.admitted, refused: a.refused, failed: a.failed }
+    }
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, o: Counts) {
+        self.attempted += o.attempted;
+        self.admitted += o.admitted;
+        self.refused += o.refused;
+        self.failed += o.failed;
+    }
+}
+
+/// One path of one chunk.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathResult {
+    /// Distinct versions the watches saw admitted (the arbiter: effects the database committed).
+    pub writes_accepted: u64,
+    /// Distinct grants / acquisitions the watches saw.
+    pub grants: u64,
+    /// Delayed writes after a pause: refused as stale, accepted (no newer write in between), failed.
+    pub delayed_refused: u64,
+    pub delayed_accepted: u64,
+    pub delayed_failed: u64,
+    /// The scripted stale write: "refused", "accepted" or "not sent".
+    pub planted: String,
+    pub violations: u64,
+    /// Genuine writes by the fault in place (`HaFault` name, or "none").
+    pub genuine: BTreeMap<String, Counts>,
+}
+
+/// What one chunk (one complete run) wrote.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChunkResult {
+    pub seed: u64,
+    /// The webhook registered and the arbiter's check in place (false: the planted-fault run).
+    pub fenced: bool,
+    pub faults_asked: u64,
+    pub elapsed_s: f64,
+    /// The commit the chunk ran (`KF_HA_COMMIT`, set by hack/torture.sh).
+    pub commit: String,
+    /// Faults injected, by `HaFault` name.
+    pub faults: BTreeMap<String, u64>,
+    /// "kube_fence_leases" (the main workers') and each [`Path::slug`].
+    pub paths: BTreeMap<String, PathResult>,
+    pub observations: u64,
+    /// The checker's findings, in words (empty: none).
+    pub violations: Vec<String>,
+    /// §6b's CREATE window (reported, not violations).
+    pub creates_in_window: u64,
+    /// Where the faults' time went, seconds in all per phase.
+    pub phases_s: BTreeMap<String, f64>,
+}
+
+/// The main workers' leases, in [`ChunkResult::paths`].
+pub const MAIN: &str = "kube_fence_leases";
+
+fn fault_key(fault: Option<HaFault>) -> String {
+    fault.map_or_else(|| "none".to_string(), |f| format!("{f:?}"))
+}
+
+fn said(planted: Option<bool>) -> String {
+    match planted {
+        Some(true) => "accepted",
+        Some(false) => "refused",
+        None => "not sent",
+    }
+    .to_string()
+}
+
+impl ChunkResult {
+    pub fn of(report: &HaReport) -> ChunkResult {
+        let mut paths = BTreeMap::new();
+        let main = PathResult {
+            writes_accepted: report.writes_accepted,
+            grants: report.grants,
+            delayed_refused: report.delayed_refused,
+            delayed_accepted: report.delayed_accepted,
+            delayed_failed: report.delayed_failed,
+            planted: said(report.planted_accepted),
+            violations: report.violations_on(None) as u64,
+            genuine: report.availability.iter().map(|(f, a)| (fault_key(*f), Counts::from(*a))).collect(),
+        };
+        paths.insert(MAIN.to_string(), main);
+        for path in Path::ALL {
+            let delayed = |outcome| report.path_delayed.get(&(path, outcome)).copied().unwrap_or(0);
+            let genuine =
+                report.paths.iter().filter(|((p, _), _)| *p == path).map(|((_, f), a)| (fault_key(*f), Counts::from(*a))).collect();
+            paths.insert(
+                path.slug().to_string(),
+                PathResult {
+                    writes_accepted: report.path_writes.get(&path).copied().unwrap_or(0),
+                    grants: report.path_grants.get(&path).copied().unwrap_or(0),
+                    delayed_refused: delayed("refused"),
+                    delayed_accepted: delayed("accepted"),
+                    delayed_failed: delayed("failed"),
+                    planted: said(report.planted_on(path)),
+                    violations: report.violations_on(Some(path)) as u64,
+                    genuine,
+                },
+            );
+        }
+        ChunkResult {
+            seed: report.config.seed,
+            fenced: report.config.fenced,
+            faults_asked: report.config.faults,
+            elapsed_s: report.elapsed.as_secs_f64(),
+            commit: std::env::var("KF_HA_COMMIT").unwrap_or_default(),
+            faults: report.faults.iter().map(|(f, n)| (format!("{f:?}"), *n)).collect(),
+            paths,
+            observations: report.observations as u64,
+            violations: report.violations.iter().map(ToString::to_string).collect(),
+            creates_in_window: report.creates_in_window.len() as u64,
+            phases_s: report.phases.iter().map(|(p, d)| (p.to_string(), d.as_secs_f64())).collect(),
+        }
+    }
+
+    pub fn injected(&self) -> u64 {
+        self.faults.values().sum()
+    }
+}
+
+/// The sum of chunk results.
+#[derive(Debug, Default)]
+pub struct Sum {
+    /// (file, seed, faults injected / asked, violations, seconds) per chunk.
+    pub chunks: Vec<(String, u64, u64, u64, usize, f64)>,
+    pub faults: BTreeMap<String, u64>,
+    pub paths: BTreeMap<String, PathResult>,
+    pub observations: u64,
+    pub violations: Vec<String>,
+    pub creates_in_window: u64,
+    pub phases_s: BTreeMap<String, f64>,
+    /// Chunks run unfenced (planted-fault runs): listed, never added.
+    pub unfenced: Vec<String>,
+    /// Seeds seen more than once (a chunk run again: both runs are added).
+    pub repeated_seeds: Vec<u64>,
+}
+
+impl Sum {
+    pub fn add(&mut self, name: &str, c: &ChunkResult) {
+        if !c.fenced {
+            self.unfenced.push(name.to_string());
+            return;
+        }
+        // A chunk run again with its seed is another run (the timing differs): it is added too,
+        // so that a rerun can never hide a failed one; the seed is listed.
+        if self.chunks.iter().any(|(_, seed, ..)| *seed == c.seed) {
+            self.repeated_seeds.push(c.seed);
+        }
+        self.chunks.push((name.to_string(), c.seed, c.injected(), c.faults_asked, c.violations.len(), c.elapsed_s));
+        for (f, n) in &c.faults {
+            *self.faults.entry(f.clone()).or_default() += n;
+        }
+        for (p, r) in &c.paths {
+            let s = self.paths.entry(p.clone()).or_default();
+            s.writes_accepted += r.writes_accepted;
+            s.grants += r.grants;
+            s.delayed_refused += r.delayed_refused;
+            s.delayed_accepted += r.delayed_accepted;
+            s.delayed_failed += r.delayed_failed;
+            s.violations += r.violations;
+            if r.planted != "refused" {
+                s.planted = format!("{} {name}: {}", s.planted, r.planted).trim().to_string();
+            }
+            for (f, counts) in &r.genuine {
+                *s.genuine.entry(f.clone()).or_default() += *counts;
+            }
+        }
+        self.observations += c.observations;
+        self.violations.extend(c.violations.iter().map(|v| format!("{name}: {v}")));
+        self.creates_in_window += c.creates_in_window;
+        for (p, s) in &c.phases_s {
+            *self.phases_s.entry(p.clone()).or_default() += s;
+        }
+    }
+
+    /// Every `*.json` under `dir`.
+    pub fn read_dir(dir: &FsPath) -> Result<Sum, String> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        files.sort();
+        let mut sum = Sum::default();
+        for file in files {
+            let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let chunk: ChunkResult = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+            let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            sum.add(&name, &chunk);
+        }
+        Ok(sum)
+    }
+
+    pub fn injected(&self) -> u64 {
+        self.faults.values().sum()
+    }
+    /// Chunks that injected fewer faults than asked (hit their time bound).
+    pub fn incomplete(&self) -> Vec<&str> {
+        self.chunks.iter().filter(|(_, _, injected, asked, ..)| injected < asked).map(|(n, ..)| n.as_str()).collect()
+    }
+    /// (fault, path) pairs of a fault kind injected under which the path sent no genuine write.
+    pub fn unexercised(&self) -> Vec<(String, String)> {
+        let mut missing = Vec::new();
+        for fault in self.faults.iter().filter(|(_, n)| **n > 0).map(|(f, _)| f) {
+            for (path, r) in &self.paths {
+                if r.genuine.get(fault).is_none_or(|c| c.attempted == 0) {
+                    missing.push((fault.clone(), path.clone()));
+                }
+            }
+        }
+        missing
+    }
+    /// Stale writes refused, on every path: delayed writes refused after a pause, and genuine
+    /// writes refused because the writer's holder had lost the lease meanwhile.
+    pub fn stale_refused(&self) -> (u64, u64) {
+        let delayed = self.paths.values().map(|r| r.delayed_refused).sum();
+        let genuine = self.paths.values().flat_map(|r| r.genuine.values()).map(|c| c.refused).sum();
+        (delayed, genuine)
+    }
+}
+
+fn describe_fault(key: &str) -> String {
+    HaFault::ALL.into_iter().find(|f| format!("{f:?}") == key).map_or_else(|| key.to_string(), |f| f.describe().to_string())
+}
+
+fn describe_path(key: &str) -> String {
+    if key == MAIN {
+        return "kube-fence leases (token-guarded and holder-only objects)".into();
+    }
+    Path::ALL.into_iter().find(|p| p.slug() == key).map_or_else(|| key.to_string(), |p| p.describe().to_string())
+}
+
+impl fmt::Display for Sum {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let seconds: f64 = self.chunks.iter().map(|c| c.5).sum();
+        writeln!(
+            f,
+            "kube-fence on the HA topology, {} chunks (each a complete run with its own seed, checked on its own): {} faults, {:.1} h",
+            self.chunks.len(),
+            self.injected(),
+            seconds / 3600.0
+        )?;
+        writeln!(f)?;
+        let all = |fault: &str| -> Counts {
+            let mut c = Counts::default();
+            for r in self.paths.values() {
+                c += r.genuine.get(fault).copied().unwrap_or_default();
+            }
+            c
+        };
+        writeln!(f, "| fault | injected | genuine writes attempted | admitted | refused stale | failed closed / unavailable |")?;
+        writeln!(f, "| --- | ---: | ---: | ---: | ---: | ---: |")?;
+        let none = all("none");
+        writeln!(f, "| (none in place) | – | {} | {} | {} | {} |", none.attempted, none.admitted, none.refused, none.failed)?;
+        for (fault, n) in &self.faults {
+            let c = all(fault);
+            writeln!(f, "| {} | {n} | {} | {} | {} | {} |", describe_fault(fault), c.attempted, c.admitted, c.refused, c.failed)?;
+        }
+        writeln!(f)?;
+        writeln!(
+            f,
+            "| path | writes accepted | stale writes refused (delayed after a pause / genuine, holder had lost) | delayed writes accepted (nothing newer in between) | failed closed (genuine / delayed) | scripted stale write | violations |"
+        )?;
+        writeln!(f, "| --- | ---: | ---: | ---: | ---: | --- | ---: |")?;
+        for (path, r) in &self.paths {
+            let genuine = r.genuine.values().fold(Counts::default(), |mut a, c| {
+                a += *c;
+                a
+            });
+            let planted = if r.planted.is_empty() { "refused in every chunk".to_string() } else { r.planted.clone() };
+            writeln!(
+                f,
+                "| {} | {} | {} / {} | {} | {} / {} | {planted} | {} |",
+                describe_path(path),
+                r.writes_accepted,
+                r.delayed_refused,
+                genuine.refused,
+                r.delayed_accepted,
+                genuine.failed,
+                r.delayed_failed,
+                r.violations
+            )?;
+        }
+        writeln!(f)?;
+        let (delayed, genuine) = self.stale_refused();
+        let accepted: u64 = self.paths.values().map(|r| r.writes_accepted).sum();
+        let failed: u64 = self.paths.values().map(|r| r.delayed_failed + r.genuine.values().map(|c| c.failed).sum::<u64>()).sum();
+        writeln!(f, "| measure | count |")?;
+        writeln!(f, "| --- | ---: |")?;
+        writeln!(f, "| faults injected | {} |", self.injected())?;
+        writeln!(f, "| writes accepted (all paths) | {accepted} |")?;
+        writeln!(f, "| stale writes refused (delayed / genuine) | {} ({delayed} / {genuine}) |", delayed + genuine)?;
+        writeln!(f, "| writes failed closed / unavailable | {failed} |")?;
+        writeln!(f, "| observations checked | {} |", self.observations)?;
+        writeln!(f, "| §6b CREATE window (reported, not violations) | {} |", self.creates_in_window)?;
+        writeln!(f, "| **violations** | **{}** |", self.violations.len())?;
+        writeln!(f)?;
+        let injected = self.injected().max(1) as f64;
+        writeln!(f, "Where a fault's time goes (mean per fault, {:.2} s in all):", self.phases_s.values().sum::<f64>() / injected)?;
+        for (phase, s) in &self.phases_s {
+            writeln!(f, "- {phase}: {:.2} s", s / injected)?;
+        }
+        writeln!(f)?;
+        writeln!(f, "Chunks (file, seed, faults injected / asked, violations, minutes):")?;
+        for (name, seed, injected, asked, violations, s) in &self.chunks {
+            writeln!(f, "- {name}: seed {seed}, {injected} / {asked}, {violations}, {:.0}", s / 60.0)?;
+        }
+        for name in &self.unfenced {
+            writeln!(f, "- {name}: unfenced (a planted-fault run), not added")?;
+        }
+        for seed in &self.repeated_seeds {
+            writeln!(f, "- seed {seed} run again: every run of it added")?;
+        }
+        for v in self.violations.iter().take(50) {
+            writeln!(f, "  - {v}")?;
+        }
+        Ok(())
+    }
+}
