@@ -234,6 +234,8 @@ struct Stats {
     skewed_heartbeats: Arc<AtomicU64>,
     /// Where the faults' time went: phase → total.
     phases: Mutex<BTreeMap<&'static str, Duration>>,
+    /// Per path of [`sent_under`]: holds it had sent nothing under, and the time waited for it.
+    waited: Mutex<BTreeMap<usize, (u64, Duration)>>,
 }
 
 impl Stats {
@@ -280,6 +282,15 @@ impl Stats {
     }
     fn current(&self) -> Option<(HaFault, Option<usize>)> {
         self.current.lock().ok().and_then(|c| *c)
+    }
+    /// Path `i` of [`sent_under`] had sent no genuine write by the end of a hold (`first`), or
+    /// did after `took` more.
+    fn waited_on(&self, i: usize, took: Duration, first: bool) {
+        if let Ok(mut w) = self.waited.lock() {
+            let entry = w.entry(i).or_default();
+            entry.0 += u64::from(first);
+            entry.1 += took;
+        }
     }
     fn phase(&self, name: &'static str, took: Duration) {
         if let Ok(mut p) = self.phases.lock() {
@@ -328,6 +339,8 @@ pub struct HaReport {
     pub skewed_heartbeats: u64,
     /// Where the faults' time went: phase → total over the run.
     pub phases: BTreeMap<&'static str, Duration>,
+    /// Per path (kube-fence leases, then [`Path::ALL`]): holds extended for it, and the time waited.
+    pub waited: BTreeMap<usize, (u64, Duration)>,
     pub observations: usize,
     pub violations: Vec<Violation>,
 }
@@ -520,6 +533,17 @@ impl fmt::Display for HaReport {
         for (phase, took) in &self.phases {
             writeln!(f, "- {phase}: {:.2} s", took.as_secs_f64() / injected)?;
         }
+        let names: Vec<&str> = std::iter::once("kube-fence leases").chain(Path::ALL.map(Path::describe)).collect();
+        let waits: Vec<String> = self
+            .waited
+            .iter()
+            .map(|(i, (n, d))| format!("{} {n}× ({:.1} s in all)", names.get(*i).copied().unwrap_or("?"), d.as_secs_f64()))
+            .collect();
+        writeln!(
+            f,
+            "- holds extended for a path with no genuine write yet: {}",
+            if waits.is_empty() { "none".into() } else { waits.join(", ") }
+        )?;
         writeln!(f)?;
         writeln!(f, "Failed genuine writes by cause:")?;
         for ((fault, aimed, why), n) in &self.causes {
@@ -722,7 +746,9 @@ impl Beat {
         let (grant, u, st) = (grant.clone(), until.clone(), stop.clone());
         let task = tokio::spawn(async move {
             for beat in 0u32.. {
-                tokio::select! { _ = st.cancelled() => return, _ = tokio::time::sleep(grant.duration / 3) => {} }
+                // The first heartbeat at once (before the first write), then every third of the lease.
+                let pause = if beat == 0 { Duration::ZERO } else { grant.duration / 3 };
+                tokio::select! { _ = st.cancelled() => return, _ = tokio::time::sleep(pause) => {} }
                 let sent = Instant::now();
                 match super::skewed_heartbeat(&leases, &grant, skew, beat, BOUND).await {
                     Some(true) => {
@@ -902,43 +928,52 @@ impl World {
             } else {
                 let skew = self.skew(&mut rng);
                 let keep_alive = Beat::start(&self.clients[me][via_lease], &self.ns, &grant, skew, self.stats.skewed_heartbeats.clone());
-                for j in 0..self.config.objects_per_lease {
-                    if !keep_alive.holding() {
+                // With a skewed clock the holder keeps writing past its lease's first duration, so
+                // that it holds only by the heartbeats its skewed clock wrote.
+                let until = skew.map(|_| Instant::now() + grant.duration * 3 / 2);
+                'cycle: loop {
+                    for j in 0..self.config.objects_per_lease {
+                        if !keep_alive.holding() {
+                            break 'cycle;
+                        }
+                        let object = object_name(lease, j);
+                        let during = self.stats.current();
+                        let sent = Instant::now();
+                        let count = |f: fn(&mut Availability) -> &mut u64| self.stats.count(during, f);
+                        count(|a| &mut a.attempted);
+                        let read = match bounded(self.objects(me, via_write).get(&object)).await {
+                            Some(Ok(read)) => read,
+                            other => {
+                                count(|a| &mut a.failed);
+                                self.stats.count_via(during, via_write, true);
+                                self.stats.cause(during, via_write, read_cause(other));
+                                break 'cycle;
+                            }
+                        };
+                        let wrote = self.write(me, via_write, &grant, &object, &read, "normal").await;
+                        let took = sent.elapsed().as_millis() as u64;
+                        self.stats.count_via(during, via_write, matches!(wrote, Wrote::Failed(_)));
+                        match wrote {
+                            Wrote::Accepted => {
+                                count(|a| &mut a.admitted);
+                                self.stats.slowest(during, took);
+                                self.stats.admitted();
+                            }
+                            Wrote::Stale => {
+                                count(|a| &mut a.refused);
+                                break 'cycle;
+                            }
+                            Wrote::Failed(why) => {
+                                count(|a| &mut a.failed);
+                                self.stats.cause(during, via_write, why);
+                                break 'cycle;
+                            }
+                        }
+                    }
+                    if !until.is_some_and(|u| Instant::now() < u) {
                         break;
                     }
-                    let object = object_name(lease, j);
-                    let during = self.stats.current();
-                    let sent = Instant::now();
-                    let count = |f: fn(&mut Availability) -> &mut u64| self.stats.count(during, f);
-                    count(|a| &mut a.attempted);
-                    let read = match bounded(self.objects(me, via_write).get(&object)).await {
-                        Some(Ok(read)) => read,
-                        other => {
-                            count(|a| &mut a.failed);
-                            self.stats.count_via(during, via_write, true);
-                            self.stats.cause(during, via_write, read_cause(other));
-                            break;
-                        }
-                    };
-                    let wrote = self.write(me, via_write, &grant, &object, &read, "normal").await;
-                    let took = sent.elapsed().as_millis() as u64;
-                    self.stats.count_via(during, via_write, matches!(wrote, Wrote::Failed(_)));
-                    match wrote {
-                        Wrote::Accepted => {
-                            count(|a| &mut a.admitted);
-                            self.stats.slowest(during, took);
-                            self.stats.admitted();
-                        }
-                        Wrote::Stale => {
-                            count(|a| &mut a.refused);
-                            break;
-                        }
-                        Wrote::Failed(why) => {
-                            count(|a| &mut a.failed);
-                            self.stats.cause(during, via_write, why);
-                            break;
-                        }
-                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 keep_alive.stop().await;
             }
@@ -1000,8 +1035,25 @@ async fn held(world: &World, fault: HaFault, hold: Duration) -> Duration {
     world.stats.phase("2 hold (drawn from hold_ms)", started.elapsed());
     let waiting = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while sent_under(world, fault).iter().zip(&before).any(|(now, then)| now <= then) && Instant::now() < deadline {
+    // Which paths the extension waited on, and how long for each.
+    let mut behind: Vec<usize> =
+        sent_under(world, fault).iter().zip(&before).enumerate().filter(|(_, (n, t))| n <= t).map(|(i, _)| i).collect();
+    for &i in &behind {
+        world.stats.waited_on(i, Duration::ZERO, true);
+    }
+    while !behind.is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = sent_under(world, fault);
+        behind.retain(|&i| {
+            let still = now[i] <= before[i];
+            if !still {
+                world.stats.waited_on(i, waiting.elapsed(), false);
+            }
+            still
+        });
+    }
+    for &i in &behind {
+        world.stats.waited_on(i, waiting.elapsed(), false);
     }
     world.stats.phase("3 hold extended until every path sent a genuine write", waiting.elapsed());
     started.elapsed()
@@ -1404,6 +1456,7 @@ pub async fn run(config: HaConfig) -> HaReport {
         creates_in_window,
         skewed_heartbeats: s.skewed_heartbeats.load(Ordering::Relaxed),
         phases: s.phases.lock().map(|p| p.clone()).unwrap_or_default(),
+        waited: s.waited.lock().map(|w| w.clone()).unwrap_or_default(),
         observations: observations.len(),
         violations,
     };

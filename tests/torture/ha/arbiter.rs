@@ -161,29 +161,38 @@ pub async fn worker(world: Arc<World>, k: usize) {
         } else {
             let skew = world.skew(&mut rng);
             let beat = Beat::start(&world.clients[me][via_lease], &world.ns, &grant, skew, world.stats.skewed_heartbeats.clone());
-            for j in 0..RESOURCES {
-                if !beat.holding() {
+            // With a skewed clock the holder keeps writing past its lease's first duration, so
+            // that it holds only by the heartbeats its skewed clock wrote.
+            let until = skew.map(|_| Instant::now() + grant.duration * 3 / 2);
+            'cycle: loop {
+                for j in 0..RESOURCES {
+                    if !beat.holding() {
+                        break 'cycle;
+                    }
+                    let during = world.stats.current();
+                    let sent = Instant::now();
+                    let count = |f: fn(&mut Availability) -> &mut u64| stats.count(p, during, f);
+                    count(|a| &mut a.attempted);
+                    match commit(&mut db, &resource(lease, j), &grant, "normal", fenced).await {
+                        Committed::Written => {
+                            count(|a| &mut a.admitted);
+                            stats.slowest(p, during, sent.elapsed().as_millis() as u64);
+                        }
+                        Committed::Refused => {
+                            count(|a| &mut a.refused);
+                            break 'cycle;
+                        }
+                        Committed::Failed(why) => {
+                            count(|a| &mut a.failed);
+                            world.stats.cause(during, usize::MAX, format!("[{}] {why}", p.describe()));
+                            break 'cycle;
+                        }
+                    }
+                }
+                if !until.is_some_and(|u| Instant::now() < u) {
                     break;
                 }
-                let during = world.stats.current();
-                let sent = Instant::now();
-                let count = |f: fn(&mut Availability) -> &mut u64| stats.count(p, during, f);
-                count(|a| &mut a.attempted);
-                match commit(&mut db, &resource(lease, j), &grant, "normal", fenced).await {
-                    Committed::Written => {
-                        count(|a| &mut a.admitted);
-                        stats.slowest(p, during, sent.elapsed().as_millis() as u64);
-                    }
-                    Committed::Refused => {
-                        count(|a| &mut a.refused);
-                        break;
-                    }
-                    Committed::Failed(why) => {
-                        count(|a| &mut a.failed);
-                        world.stats.cause(during, usize::MAX, format!("[{}] {why}", p.describe()));
-                        break;
-                    }
-                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
             beat.stop().await;
         }
