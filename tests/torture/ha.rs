@@ -970,7 +970,7 @@ impl World {
                             }
                         }
                     }
-                    if !until.is_some_and(|u| Instant::now() < u) {
+                    if until.is_none_or(|u| Instant::now() >= u) {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;

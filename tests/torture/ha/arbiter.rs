@@ -136,7 +136,7 @@ async fn commit(db: &mut tokio_postgres::Client, resource: &str, grant: &Grant, 
 /// Arbiter worker `k`: acquire, commit an effect on each resource of the lease while holding (a
 /// genuine write), or prepare, stop past the lease and commit late (the delayed write); release.
 pub async fn worker(world: Arc<World>, k: usize) {
-    let mut rng = Rng(world.config.seed ^ 0xA4B1_7E4 ^ (k as u64 + 1).wrapping_mul(0x94D0_49BB_1331_11EB));
+    let mut rng = Rng(world.config.seed ^ 0x0A4B_17E4 ^ (k as u64 + 1).wrapping_mul(0x94D0_49BB_1331_11EB));
     let mut db = connect(&world.conninfo).await;
     let me = world.who_arbiter(k);
     let stats = &world.stats.paths;
@@ -189,7 +189,7 @@ pub async fn worker(world: Arc<World>, k: usize) {
                         }
                     }
                 }
-                if !until.is_some_and(|u| Instant::now() < u) {
+                if until.is_none_or(|u| Instant::now() >= u) {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -157,7 +157,7 @@ pub async fn worker(world: Arc<World>, k: usize) {
                         }
                     }
                 }
-                if !until.is_some_and(|u| Instant::now() < u) {
+                if until.is_none_or(|u| Instant::now() >= u) {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
