@@ -103,8 +103,8 @@ impl HaConfig {
             pause_percent: 25,
             fenced: true,
             elected_pods: 3,
-            delegated_pairs: 2,
-            arbiter_holders: 2,
+            delegated_pairs: 3,
+            arbiter_holders: 3,
             seed: super::seed_from_env(),
         }
     }
@@ -123,8 +123,8 @@ impl HaConfig {
             pause_percent: n("KF_HA_PAUSE_PERCENT", 25),
             fenced: n("KF_HA_FENCED", 1) == 1,
             elected_pods: n("KF_HA_ELECTED_PODS", 3) as usize,
-            delegated_pairs: n("KF_HA_DELEGATED_PAIRS", 2).max(2) as usize,
-            arbiter_holders: n("KF_HA_ARBITER_HOLDERS", 2).max(2) as usize,
+            delegated_pairs: n("KF_HA_DELEGATED_PAIRS", 3).max(2) as usize,
+            arbiter_holders: n("KF_HA_ARBITER_HOLDERS", 3).max(2) as usize,
             seed: super::seed_from_env(),
         }
     }
@@ -775,9 +775,15 @@ impl Beat {
             Beat::Skewed { until, .. } => until.lock().ok().and_then(|u| *u).is_some_and(|u| Instant::now() < u),
         }
     }
+    /// Stops heartbeating. The library's `KeepAlive::stop` waits for a heartbeat in flight, which
+    /// hangs as long as a cut does (the kube client has no shorter timeout): bounded here, the
+    /// heartbeat then ends on its own (a compare-and-swap that finds the lease released is a loss,
+    /// never a write).
     async fn stop(self) {
         match self {
-            Beat::Library(k) => k.stop().await,
+            Beat::Library(k) => {
+                let _ = bounded(k.stop()).await;
+            }
             Beat::Skewed { stop, task, .. } => {
                 stop.cancel();
                 let _ = task.await;
@@ -928,52 +934,48 @@ impl World {
             } else {
                 let skew = self.skew(&mut rng);
                 let keep_alive = Beat::start(&self.clients[me][via_lease], &self.ns, &grant, skew, self.stats.skewed_heartbeats.clone());
-                // With a skewed clock the holder keeps writing past its lease's first duration, so
-                // that it holds only by the heartbeats its skewed clock wrote.
-                let until = skew.map(|_| Instant::now() + grant.duration * 3 / 2);
-                'cycle: loop {
-                    for j in 0..self.config.objects_per_lease {
-                        if !keep_alive.holding() {
-                            break 'cycle;
-                        }
-                        let object = object_name(lease, j);
-                        let during = self.stats.current();
-                        let sent = Instant::now();
-                        let count = |f: fn(&mut Availability) -> &mut u64| self.stats.count(during, f);
-                        count(|a| &mut a.attempted);
-                        let read = match bounded(self.objects(me, via_write).get(&object)).await {
-                            Some(Ok(read)) => read,
-                            other => {
-                                count(|a| &mut a.failed);
-                                self.stats.count_via(during, via_write, true);
-                                self.stats.cause(during, via_write, read_cause(other));
-                                break 'cycle;
-                            }
-                        };
-                        let wrote = self.write(me, via_write, &grant, &object, &read, "normal").await;
-                        let took = sent.elapsed().as_millis() as u64;
-                        self.stats.count_via(during, via_write, matches!(wrote, Wrote::Failed(_)));
-                        match wrote {
-                            Wrote::Accepted => {
-                                count(|a| &mut a.admitted);
-                                self.stats.slowest(during, took);
-                                self.stats.admitted();
-                            }
-                            Wrote::Stale => {
-                                count(|a| &mut a.refused);
-                                break 'cycle;
-                            }
-                            Wrote::Failed(why) => {
-                                count(|a| &mut a.failed);
-                                self.stats.cause(during, via_write, why);
-                                break 'cycle;
-                            }
-                        }
+                for j in 0..self.config.objects_per_lease {
+                    // With a skewed clock the holder writes its last object a lease and a half after its
+                    // first: by then it holds only by the heartbeats its skewed clock wrote.
+                    if j > 0 && j + 1 == self.config.objects_per_lease && skew.is_some() {
+                        tokio::time::sleep(grant.duration * 3 / 2).await;
                     }
-                    if until.is_none_or(|u| Instant::now() >= u) {
+                    if !keep_alive.holding() {
                         break;
                     }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let object = object_name(lease, j);
+                    let during = self.stats.current();
+                    let sent = Instant::now();
+                    let count = |f: fn(&mut Availability) -> &mut u64| self.stats.count(during, f);
+                    count(|a| &mut a.attempted);
+                    let read = match bounded(self.objects(me, via_write).get(&object)).await {
+                        Some(Ok(read)) => read,
+                        other => {
+                            count(|a| &mut a.failed);
+                            self.stats.count_via(during, via_write, true);
+                            self.stats.cause(during, via_write, read_cause(other));
+                            break;
+                        }
+                    };
+                    let wrote = self.write(me, via_write, &grant, &object, &read, "normal").await;
+                    let took = sent.elapsed().as_millis() as u64;
+                    self.stats.count_via(during, via_write, matches!(wrote, Wrote::Failed(_)));
+                    match wrote {
+                        Wrote::Accepted => {
+                            count(|a| &mut a.admitted);
+                            self.stats.slowest(during, took);
+                            self.stats.admitted();
+                        }
+                        Wrote::Stale => {
+                            count(|a| &mut a.refused);
+                            break;
+                        }
+                        Wrote::Failed(why) => {
+                            count(|a| &mut a.failed);
+                            self.stats.cause(during, via_write, why);
+                            break;
+                        }
+                    }
                 }
                 keep_alive.stop().await;
             }
