@@ -714,6 +714,8 @@ struct World {
     clients: Vec<[Client; 2]>,
     /// The arbiter's PostgreSQL (a Unix socket).
     conninfo: String,
+    /// What the client-go paths' watches saw besides the history (and the Pods' skewed clocks).
+    side: Arc<Mutex<elected::Side>>,
     ns: String,
     config: HaConfig,
     stats: Stats,
@@ -1275,6 +1277,7 @@ pub async fn run(config: HaConfig) -> HaReport {
         elected,
         clients: all_clients,
         conninfo: postgres.conninfo(),
+        side: Arc::new(Mutex::new(elected::Side::default())),
         ns: ns.clone(),
         config: config.clone(),
         stats: Stats::default(),
@@ -1284,7 +1287,7 @@ pub async fn run(config: HaConfig) -> HaReport {
     let watch_stop = CancellationToken::new();
     let mut watchers = record(&clients[0], &ns, &world.recorder, &watch_stop);
     watchers.extend(record(&clients[1], &ns, &world.recorder, &watch_stop));
-    let side = Arc::new(Mutex::new(elected::Side::default()));
+    let side = world.side.clone();
     for client in &clients {
         watchers.extend(elected::record(client, &ns, &world.recorder, &side, &watch_stop));
     }

@@ -174,8 +174,11 @@ pub struct Side {
     /// just before validating admission calls the webhook), its name and what its writer said
     /// (note, the fault in place when sent, through which API server).
     created: BTreeMap<u64, (Timestamp, String, String)>,
-    /// Per (Lease, token): the `acquireTime` of that acquisition.
-    acquired: BTreeMap<(String, Token), Timestamp>,
+    /// Per (Lease, token): the `acquireTime` of that acquisition, and the holder identity that wrote it.
+    acquired: BTreeMap<(String, Token), (Timestamp, String)>,
+    /// Holder identities whose Pod's clock was off ([`super::HaFault::ClientClockSkewed`]), by how
+    /// much: their `acquireTime` is corrected by it (it was written by the Pod's clock).
+    pub clocks: BTreeMap<String, SignedDuration>,
 }
 
 /// A create by a Pod that led when it was judged, committed after a successor's write: the
@@ -204,7 +207,10 @@ pub fn creates_in_window(violations: Vec<Violation>, side: &Mutex<Side>) -> (Vec
         let found = match &v {
             Violation::StaleHolderWriteAccepted { object, grant, resource_version, .. } if object == MADE => {
                 let created = side.created.get(resource_version);
-                let next = side.acquired.range((key.clone(), *grant)..).find(|((l, t), _)| *l == key && t > grant).map(|(_, at)| *at);
+                let next = side.acquired.range((key.clone(), *grant)..).find(|((l, t), _)| *l == key && t > grant).map(|(_, (at, who))| {
+                    let off = side.clocks.get(who).copied().unwrap_or(SignedDuration::ZERO);
+                    at.saturating_sub(off).unwrap_or(*at)
+                });
                 match (created, next) {
                     (Some((created, name, said)), Some(next)) => {
                         let taken_in_by = created.saturating_add(SignedDuration::from_secs(1)).unwrap_or(*created);
@@ -289,6 +295,9 @@ pub struct Pods {
     ns: String,
     /// Created ConfigMaps so far (their names).
     made: AtomicU64,
+    /// Per Pod: the Lease record it last saw (holder, renewTime, transitions) and when it first saw
+    /// it, by its own monotonic clock — client-go's `observedTime`.
+    observed: Mutex<BTreeMap<usize, (String, Instant)>>,
 }
 
 /// A ServiceAccount token bound to Pod `pod`, valid for a day (a long run outlasts the tests'
@@ -357,7 +366,7 @@ pub async fn setup(admin: &[Client; 2], kubeconfigs: &[PathBuf; 2], ns: &str, po
             let token = pod_token(&admin[0], ns, account, pod).await;
             clients.push([client_with_token(&kubeconfigs[0], &token).await, client_with_token(&kubeconfigs[1], &token).await]);
         }
-        paths.push(Pods { path, names, clients, ns: ns.to_string(), made: AtomicU64::new(0) });
+        paths.push(Pods { path, names, clients, ns: ns.to_string(), made: AtomicU64::new(0), observed: Mutex::default() });
     }
     for pods in &paths {
         kube_fence_test_support::identity::wait_authorized(&pods.clients[0][0], ns, "coordination.k8s.io", "leases", "update").await;
@@ -500,8 +509,11 @@ impl Pods {
         }
     }
 
-    /// One campaign, as client-go's LeaseLock makes it: read the Lease; if it is free or its
-    /// holder's lease ran out (by `renewTime`), claim it by a compare-and-swap.
+    /// One campaign, as client-go's LeaseLock makes it: read the Lease; if it is free, or its
+    /// record (holder, `renewTime`, transitions) has not changed for `leaseDurationSeconds` since
+    /// this Pod first saw it (client-go's `observedTime`, a local monotonic clock: the times in
+    /// the record are the holder's, never compared with this Pod's clock), claim it by a
+    /// compare-and-swap.
     /// `clock`: how far this Pod's clock is off ([`HaFault::ClientClockSkewed`]); it judges and
     /// writes times by it, as a Pod on a skewed node does.
     async fn campaign(&self, me: usize, api: usize, identity: &str, lease_seconds: u32, clock: SignedDuration) -> Campaign {
@@ -509,11 +521,20 @@ impl Pods {
         let Some(Ok(current)) = bounded(leases.get(self.path.lease())).await else { return Campaign::Failed };
         let spec = current.spec.clone().unwrap_or_default();
         let now = skewed(clock);
-        let held_until = spec.renew_time.as_ref().map(|MicroTime(t)| {
-            t.saturating_add(SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(0)))).unwrap_or(*t)
-        });
+        let record = format!("{:?} {:?} {:?}", spec.holder_identity, spec.renew_time, spec.lease_transitions);
+        let observed_at = match self.observed.lock() {
+            Ok(mut observed) => match observed.get(&me) {
+                Some((seen, at)) if *seen == record => *at,
+                _ => {
+                    observed.insert(me, (record, Instant::now()));
+                    Instant::now()
+                }
+            },
+            Err(_) => Instant::now(),
+        };
+        let duration = Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0));
         let free = spec.holder_identity.as_deref().unwrap_or_default().is_empty();
-        if !free && held_until.is_some_and(|until| until > now) {
+        if !free && observed_at.elapsed() < duration {
             return Campaign::Held;
         }
         let mut claim = current;
@@ -664,6 +685,11 @@ pub async fn worker(world: Arc<World>, path: usize, me: usize) {
         // client-go's identity: the Pod's hostname (its name), `_`, and a fresh suffix per run.
         let identity = format!("{}_{term}", pods.names[me]);
         let clock = world.skew(&mut rng).unwrap_or(SignedDuration::ZERO);
+        if !clock.is_zero()
+            && let Ok(mut side) = world.side.lock()
+        {
+            side.clocks.insert(identity.clone(), clock);
+        }
         let since = match pods.campaign(me, via_lease, &identity, lease_seconds, clock).await {
             Campaign::Acquired(at) => at,
             Campaign::Held => {
@@ -838,7 +864,7 @@ pub fn record(client: &Client, ns: &str, recorder: &Recorder, side: &Arc<Mutex<S
             let token = Token::new(spec.lease_transitions.unwrap_or(0).max(0) as u64 + 1);
             if let (false, Some(token), Some(resource_version)) = (holder.is_empty(), token, rv(&lease.metadata)) {
                 if let (Some(MicroTime(at)), Ok(mut seen)) = (spec.acquire_time, seen.lock()) {
-                    seen.acquired.entry((path.key(), token)).or_insert(at);
+                    seen.acquired.entry((path.key(), token)).or_insert((at, holder.clone()));
                 }
                 r.push(Observation::Grant { lease: path.key(), holder: pod_of(&holder).to_string(), token, resource_version });
             }
