@@ -11,7 +11,7 @@
 //!
 //! PostgreSQL is Debian's, started by the run as tests/arbiter.rs starts it
 //! ([`crate::common::postgres`]): a Unix socket in a temporary directory, no TCP at all, so its
-//! traffic never leaves the host's loopback-free socket directory. Network faults reach this path
+//! traffic touches no network, the host's or the topology's. Network faults reach this path
 //! through the grants (acquired and renewed through the API servers the nemesis cuts and kills),
 //! not through the database: a holder cut from its API server keeps committing, its lease
 //! expires, a successor is granted through the other API server and commits, and the old holder's
@@ -185,7 +185,7 @@ pub async fn worker(world: Arc<World>, k: usize) {
                     }
                     Committed::Failed(why) => {
                         count(|a| &mut a.failed);
-                        world.stats.cause(during, usize::MAX, format!("[{}] {why}", p.describe()));
+                        world.stats.cause(during, super::NOT_VIA_API, format!("[{}] {why}", p.describe()));
                         break;
                     }
                 }
