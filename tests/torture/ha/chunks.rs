@@ -262,6 +262,15 @@ fn describe_path(key: &str) -> String {
     Path::ALL.into_iter().find(|p| p.slug() == key).map_or_else(|| key.to_string(), |p| p.describe().to_string())
 }
 
+impl Sum {
+    /// The entries of `map` in `order`, then any others.
+    fn ordered<'a, V>(&self, map: &'a BTreeMap<String, V>, order: Vec<String>) -> Vec<(&'a String, &'a V)> {
+        let mut out: Vec<(&String, &V)> = order.iter().filter_map(|k| map.get_key_value(k)).collect();
+        out.extend(map.iter().filter(|(k, _)| !order.contains(k)));
+        out
+    }
+}
+
 impl fmt::Display for Sum {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let seconds: f64 = self.chunks.iter().map(|c| c.5).sum();
@@ -284,7 +293,7 @@ impl fmt::Display for Sum {
         writeln!(f, "| --- | ---: | ---: | ---: | ---: | ---: |")?;
         let none = all("none");
         writeln!(f, "| (none in place) | – | {} | {} | {} | {} |", none.attempted, none.admitted, none.refused, none.failed)?;
-        for (fault, n) in &self.faults {
+        for (fault, n) in self.ordered(&self.faults, HaFault::ALL.map(|f| format!("{f:?}")).to_vec()) {
             let c = all(fault);
             writeln!(f, "| {} | {n} | {} | {} | {} | {} |", describe_fault(fault), c.attempted, c.admitted, c.refused, c.failed)?;
         }
@@ -294,7 +303,8 @@ impl fmt::Display for Sum {
             "| path | writes accepted | stale writes refused (delayed after a pause / genuine, holder had lost) | delayed writes accepted (nothing newer in between) | failed closed (genuine / delayed) | scripted stale write | violations |"
         )?;
         writeln!(f, "| --- | ---: | ---: | ---: | ---: | --- | ---: |")?;
-        for (path, r) in &self.paths {
+        let order = std::iter::once(MAIN.to_string()).chain(Path::ALL.map(|p| p.slug().to_string())).collect();
+        for (path, r) in self.ordered(&self.paths, order) {
             let genuine = r.genuine.values().fold(Counts::default(), |mut a, c| {
                 a += *c;
                 a
