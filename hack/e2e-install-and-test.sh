@@ -83,7 +83,7 @@ say "running the end-to-end suite against the installed Pods"
 KF_STATUS_PAUSE_ROUNDS=${KF_STATUS_PAUSE_ROUNDS:-20} cargo test --locked --test e2e -- --test-threads 2 --nocapture
 if [[ -n ${CONTAINERD_ADDRESS:-} ]]; then
   say "running the leader-go pause cycles (2 replicas, image $LEADER_GO_IMAGE): labelled objects, then everything with the writer opted in"
-  # 20 cycles each here; the README's 100-cycle figures were measured with LEADER_GO_CYCLES=100.
+  # 20 cycles each here; the 100-cycle figures of docs/fence-an-existing-operator.md were measured with LEADER_GO_CYCLES=100.
   LEADER_GO_CYCLES=${LEADER_GO_CYCLES:-20} cargo test --locked --test e2e \
     leader::a_paused_leader_pod -- --ignored --test-threads 1 --nocapture
   say "running the delegated Job's pause cycles (image $DELEGATED_WRITER_IMAGE)"

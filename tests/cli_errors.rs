@@ -586,13 +586,13 @@ async fn webhook_and_controller_write_where_they_listen_to_their_ready_files() {
     }
 }
 
-/// The README's exit-status table and `--help` list the same statuses.
+/// The exit-status table of docs/reference/exit-statuses.md and `--help` list the same statuses.
 #[test]
-fn the_readme_and_the_help_document_the_same_exit_statuses() {
+fn the_reference_and_the_help_document_the_same_exit_statuses() {
     let home = tempfile::tempdir().expect("HOME");
     let help = text(&kube_fence(Cluster::None, home.path(), &["--help"]).stdout);
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
-    let in_readme: Vec<i32> = readme
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference/exit-statuses.md")).expect("exit-statuses.md");
+    let in_page: Vec<i32> = page
         .lines()
         .skip_while(|l| !l.starts_with("| exit | cause |"))
         .take_while(|l| l.starts_with('|'))
@@ -601,7 +601,7 @@ fn the_readme_and_the_help_document_the_same_exit_statuses() {
         .collect();
     let in_help: Vec<i32> = (0..=255).filter(|code| documented(&help, *code).is_some()).collect();
     assert!(in_help.len() >= 9, "--help documents the exit statuses:\n{help}");
-    assert_eq!(in_readme, in_help, "README.md's exit table and --help agree");
+    assert_eq!(in_page, in_help, "docs/reference/exit-statuses.md's exit table and --help agree");
 }
 
 /// A failure with a nested cause, without a cluster: a delegated grant whose token does not parse

@@ -123,7 +123,7 @@ pub struct WebhookArgs {
 
     /// Accept connections only from clients presenting a certificate signed by a CA in this PEM
     /// file: configure the API server to present one to webhooks (an AdmissionConfiguration
-    /// kubeconfig, README "Authenticating the API server"), and nobody else can reach the webhook.
+    /// kubeconfig, docs/operations/webhook-port.md), and nobody else can reach the webhook.
     #[arg(long, value_name = "PEM")]
     pub client_ca_file: Option<std::path::PathBuf>,
 
