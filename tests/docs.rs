@@ -318,7 +318,8 @@ fn run_page_locally(page: &Page, shared: &Path) -> Result<usize, Failure> {
         return Ok(0);
     }
     let dir = tempfile::tempdir().expect("page dir");
-    let slug: String = page.path.trim_end_matches(".md").chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    let slug: String =
+        page.path.trim_end_matches(".md").chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
     let namespace = format!("docs-{}-{}", &slug[..slug.len().min(40)].trim_end_matches('-'), std::process::id());
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::copy(shared, &kubeconfig).expect("copy the kubeconfig");
@@ -393,7 +394,10 @@ fn every_shell_block_runs() {
     let shared = kube_fence_testenv::shared_kubeconfig();
     // The CRDs, as a cluster with kube-fence has them (the README's tour applies them too).
     kubectl(&shared, &["apply", "-f", &format!("{ROOT}/crds/")]);
-    kubectl(&shared, &["wait", "--for", "condition=established", "--timeout=60s", "crd/leases.kubefence.io", "crd/fencedcontrollers.kubefence.io"]);
+    kubectl(
+        &shared,
+        &["wait", "--for", "condition=established", "--timeout=60s", "crd/leases.kubefence.io", "crd/fencedcontrollers.kubefence.io"],
+    );
     let (mut ran, mut failures, mut summary) = (0, Vec::new(), String::new());
     for page in pages() {
         let counts = |m: fn(&Mark) -> bool| page.blocks.iter().filter(|b| m(&b.mark)).count();
@@ -556,7 +560,8 @@ fn anchors(text: &str) -> Vec<String> {
             text.replace_range(at + 1..end, "");
         }
         let base = anchor(&text);
-        let repeats = out.iter().filter(|a| **a == base || a.starts_with(&format!("{base}-")) && a[base.len() + 1..].parse::<u32>().is_ok()).count();
+        let repeats =
+            out.iter().filter(|a| **a == base || a.starts_with(&format!("{base}-")) && a[base.len() + 1..].parse::<u32>().is_ok()).count();
         out.push(if repeats == 0 { base } else { format!("{base}-{repeats}") });
     }
     out
@@ -626,6 +631,9 @@ fn every_relative_link_and_anchor_resolves() {
 #[test]
 fn anchors_and_links_are_read_as_github_does() {
     let page = "# Title\n\n## The policy path (section 3p)\n\n```sh\n# not a heading\n```\n\n## `status`\n\n## Holder-only objects: status — and deletes\n\n## Title\n\n## See [the page](other.md#x)\n\nSee [a](other.md#x) and `[b](not-a-link.md)`.\n";
-    assert_eq!(anchors(page), ["title", "the-policy-path-section-3p", "status", "holder-only-objects-status--and-deletes", "title-1", "see-the-page"]);
+    assert_eq!(
+        anchors(page),
+        ["title", "the-policy-path-section-3p", "status", "holder-only-objects-status--and-deletes", "title-1", "see-the-page"]
+    );
     assert_eq!(links(page), [(15, "other.md#x".to_string()), (17, "other.md#x".to_string())]);
 }

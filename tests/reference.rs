@@ -252,6 +252,7 @@ fn the_events_reference_lists_every_reason_of_the_webhook() {
 
 #[test]
 fn the_metric_names_in_a_text_are_found() {
-    let names = metric_names_in("`kube_fence_lease_grants_total`, rate(kube_fence_webhook_decision_duration_seconds_bucket[5m]) my_kube_fence_x");
+    let names =
+        metric_names_in("`kube_fence_lease_grants_total`, rate(kube_fence_webhook_decision_duration_seconds_bucket[5m]) my_kube_fence_x");
     assert_eq!(names.into_iter().collect::<Vec<_>>(), ["kube_fence_lease_grants_total", "kube_fence_webhook_decision_duration_seconds"]);
 }
