@@ -45,7 +45,7 @@ fn check_region(page: &str, what: &str, content: &str) {
 }
 
 /// The built binary's `--help` for `args`, with an empty environment (no variable a flag reads
-/// shows up as its value) and a fixed width.
+/// shows up as its value) and no terminal (clap wraps at 100 columns).
 fn help(args: &[&str]) -> String {
     let home = tempfile::tempdir().expect("HOME");
     let out = Command::new(env!("CARGO_BIN_EXE_kube-fence"))
@@ -54,6 +54,8 @@ fn help(args: &[&str]) -> String {
         .env_clear()
         .env("HOME", home.path())
         .env("COLUMNS", "100")
+        // No terminal anywhere: clap would wrap to its width.
+        .stdin(std::process::Stdio::null())
         .output()
         .expect("run kube-fence");
     assert!(out.status.success(), "kube-fence {} --help: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
