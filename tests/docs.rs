@@ -242,7 +242,21 @@ fn run_blocks(page: &str, blocks: &[&Block], setting: &Setting) -> Result<String
             });
             let (at, command, status) = match trapped {
                 Some((line, code, command)) => {
-                    let from = origin.get(line.saturating_sub(1)).copied().unwrap_or(0);
+                    // bash names a line inside a command continued with `\`: report the command
+                    // from its first line, as the page has it (and what bash ran, for a pipeline).
+                    let lines: Vec<&str> = script.lines().collect();
+                    let mut first = line.clamp(1, lines.len());
+                    while first > 1 && lines[first - 2].trim_end().ends_with('\\') {
+                        first -= 1;
+                    }
+                    let mut last = first;
+                    while last < lines.len() && lines[last - 1].trim_end().ends_with('\\') {
+                        last += 1;
+                    }
+                    let source = lines[first - 1..last].join("\n");
+                    let from = origin.get(first - 1).copied().unwrap_or(0);
+                    let words = |s: &str| s.replace("\\\n", " ").split_whitespace().collect::<Vec<_>>().join(" ");
+                    let command = if words(&source).contains(&words(&command)) { source } else { format!("{source}` (bash: `{command}") };
                     (format!("{page}:{from}"), command, format!("exit status {code}"))
                 }
                 None => (format!("{page}:{}", blocks.first().map_or(0, |b| b.line)), "(bash)".to_string(), status.to_string()),
@@ -515,6 +529,10 @@ fn a_failing_block_is_reported_with_its_page_line_and_command() {
     assert!(failure.output.contains("hello from a list") && !failure.output.contains("never"), "{report}");
     // The blocks before it ran in the same session; one that passes is Ok.
     assert!(run_blocks(&page.path, &local[..1], &setting).is_ok());
+    // A command continued over lines is named from its first line, whole.
+    let continued = parse("continued.md", "```sh\necho one\ntest 1 = \\\n  2\necho never\n```\n");
+    let failure = run_blocks("continued.md", &continued.blocks.iter().collect::<Vec<_>>(), &setting).expect_err("fails");
+    assert_eq!((failure.at.as_str(), failure.command.as_str()), ("continued.md:3", "test 1 = \\\n  2"), "{failure}");
     // A block that does not end in time is reported too.
     let slow = parse("slow.md", "```sh\nsleep 30\n```\n");
     let quick = Setting { timeout: Duration::from_secs(1), ..setting };
