@@ -228,7 +228,12 @@ fn run_blocks(page: &str, blocks: &[&Block], setting: &Setting) -> Result<String
     if status.is_none() {
         let _ = child.wait();
     }
-    std::thread::sleep(Duration::from_millis(200));
+    // Time to stop cleanly (a kube-fence removes its webhook registration on SIGTERM), then KILL.
+    let alive = || Command::new("kill").args(["-0", "--", &group]).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let _ = Command::new("kill").args(["-KILL", "--", &group]).stderr(Stdio::null()).status();
     let output = std::fs::read_to_string(&log).unwrap_or_default();
     match status {
