@@ -25,7 +25,7 @@ if [[ ! -x "$dir/dashboard-check" ]]; then
   (
     cd "$work"
     export GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=-mod=mod CGO_ENABLED=0
-    go mod init kube-fence.dev/dashboard-check >&2 2>/dev/null
+    go mod init kube-fence.dev/dashboard-check >&2
     go mod edit -require="$sdk@$GRAFANA_FOUNDATION_SDK_VERSION"
     go build -trimpath -ldflags "-s -w" -o "$dir/dashboard-check.tmp" . >&2
   )
