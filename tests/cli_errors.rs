@@ -201,6 +201,8 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
         let (kubeconfig, role, binding) = limited(user, verbs);
         Api::<Role>::namespaced(client.clone(), &ns).create(&PostParams::default(), &role).await.expect("create the Role");
         Api::<RoleBinding>::namespaced(client.clone(), &ns).create(&PostParams::default(), &binding).await.expect("create the RoleBinding");
+        // In effect before the cases run: the refusal they show is of the verb left out.
+        common::identity::wait_user_authorized(&client, user, &ns, "kubefence.io", "leases", "get", None).await;
         limited_kubeconfigs.push(kubeconfig);
     }
     let missing_ns = format!("{ns}-missing");
@@ -922,7 +924,10 @@ async fn selftest_passes_where_writes_are_fenced_and_fails_where_they_are_not() 
             user.insert("as".into(), account.clone().into());
         }
     });
-    let out = kube_fence(Cluster::Kubeconfig(&as_test), home.path(), &["selftest", "-n", &fenced, "--name", "cmp-kube-fence-selftest"]);
+    // The Role in effect first: acquire fails at once on a refused watch.
+    let lease = "cmp-kube-fence-selftest";
+    common::identity::wait_user_authorized(&client, &account, &fenced, "kubefence.io", "leases", "watch", Some(lease)).await;
+    let out = kube_fence(Cluster::Kubeconfig(&as_test), home.path(), &["selftest", "-n", &fenced, "--name", lease]);
     assert!(out.status.success(), "the test's ServiceAccount can run it: {}\n{}", text(&out.stderr), text(&out.stdout));
     // Any other name is beyond its Role: it writes nothing, and fails at once with the refusal
     // of the list its acquire watches with (exit status 4), not after --wait as a timeout (6).
