@@ -223,7 +223,9 @@ fn the_dashboard_matches_grafanas_dashboard_schema() {
     assert!(ok, "dashboard-check refuses the chart's dashboard:\n{said}");
     assert!(said.contains(&format!("ok ({panels} panels, {queries} queries, 2 variables)")), "every panel and query checked: {said}");
 
-    let planted: [(&str, fn(&mut Value), &str); 5] = [
+    // (the fault, how it is planted, where the refusal must say it is)
+    type Planted = (&'static str, fn(&mut Value), &'static str);
+    let planted: [Planted; 5] = [
         (
             "a misspelt query field",
             |d| d["panels"][1]["targets"][0]["exp"] = d["panels"][1]["targets"][0]["expr"].take(),
