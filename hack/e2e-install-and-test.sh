@@ -19,7 +19,8 @@
 #              KF_STATUS_PAUSE_ROUNDS=20, 2 test threads); the leader-go Pods' pause cycles
 #              (tests/e2e/leader.rs, LEADER_GO_CYCLES=20) where the node's containerd reports
 #              host process ids (CONTAINERD_ADDRESS set, as on the node); tests/operations.rs
-#              (--ignored, 1 thread)
+#              (--ignored, 1 thread); the documentation's in-cluster blocks (tests/docs.rs,
+#              --ignored), the last of which uninstalls the release
 #   checked    helm uninstall leaves no webhook configuration; no Pod in the cluster tried to
 #              pull an image (every image was loaded, nothing reaches a registry)
 # On failure it stops where it failed: the caller tears the cluster down.
@@ -83,7 +84,7 @@ say "running the end-to-end suite against the installed Pods"
 KF_STATUS_PAUSE_ROUNDS=${KF_STATUS_PAUSE_ROUNDS:-20} cargo test --locked --test e2e -- --test-threads 2 --nocapture
 if [[ -n ${CONTAINERD_ADDRESS:-} ]]; then
   say "running the leader-go pause cycles (2 replicas, image $LEADER_GO_IMAGE): labelled objects, then everything with the writer opted in"
-  # 20 cycles each here; the README's 100-cycle figures were measured with LEADER_GO_CYCLES=100.
+  # 20 cycles each here; the 100-cycle figures of docs/fence-an-existing-operator.md were measured with LEADER_GO_CYCLES=100.
   LEADER_GO_CYCLES=${LEADER_GO_CYCLES:-20} cargo test --locked --test e2e \
     leader::a_paused_leader_pod -- --ignored --test-threads 1 --nocapture
   say "running the delegated Job's pause cycles (image $DELEGATED_WRITER_IMAGE)"
@@ -95,8 +96,14 @@ fi
 say "running the operations tests"
 cargo test --locked --test operations -- --ignored --test-threads 1 --nocapture
 
+# The documentation's blocks marked in-cluster (tests/docs.rs), in page order: docs/install.md
+# checks that the release fences, upgrades it and, last, uninstalls it.
+say "running the documentation's in-cluster blocks"
+cargo test --locked --test docs in_cluster_blocks_run_against_the_installed_chart -- --ignored --exact --nocapture
 say "uninstalling (the webhook configuration goes first)"
-helm uninstall "$RELEASE" --namespace "$NAMESPACE" --wait >&2
+if helm status "$RELEASE" --namespace "$NAMESPACE" >/dev/null 2>&1; then
+  helm uninstall "$RELEASE" --namespace "$NAMESPACE" --wait >&2
+fi
 if kubectl get validatingwebhookconfiguration "$RELEASE" >/dev/null 2>&1; then
   die "the webhook configuration survived uninstall"
 fi

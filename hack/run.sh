@@ -6,7 +6,7 @@
 #   hack/run.sh --demo-only same, but stop everything after the demonstration
 #
 # The cluster's API server must run on this machine (`kube-fence run --local` registers its
-# webhook by a 127.0.0.1 URL). For a remote cluster, install the Helm chart instead (README).
+# webhook by a 127.0.0.1 URL). For a remote cluster, install the Helm chart instead (docs/install.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 demo_only=false

@@ -28,6 +28,10 @@ export KUBE_FENCE_BIN_DIR=$bindir PATH="$bindir:$PATH"
 # promtool, for the chart's PrometheusRule (tests/monitoring.rs): built once from its Go module.
 KUBE_FENCE_PROMTOOL=$(hack/build-promtool.sh)
 export KUBE_FENCE_PROMTOOL
+# dashboard-check, for the chart's Grafana dashboard (tests/monitoring.rs): Grafana's dashboard
+# schema (the Grafana Foundation SDK's Go types), built once from its Go module.
+KUBE_FENCE_DASHBOARD_CHECK=$(hack/build-dashboard-check.sh)
+export KUBE_FENCE_DASHBOARD_CHECK
 
 if [[ -z "${KUBECONFIG:-}" ]]; then
   export KUBE_FENCE_ENV_DIR

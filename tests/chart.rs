@@ -846,6 +846,37 @@ fn the_chart_values_render_where_they_say() {
     }
 }
 
+/// `tls.selfManaged.lifetime` reaches kube-fence as `--self-managed-tls-lifetime` (parsed by its
+/// own command line) in selfManaged mode, 90 days by default as kube-fence's own default; in
+/// certManager mode kube-fence makes no certificate and gets no lifetime; values.schema.json
+/// refuses what is not a duration kube-fence reads.
+#[test]
+fn the_self_managed_certificate_lifetime_reaches_kube_fence() {
+    use serde_json::json;
+    use std::time::Duration;
+    let day = Duration::from_secs(24 * 3600);
+    let lifetime = |docs: &[serde_json::Value]| parsed_run_args(docs).webhook.self_managed_tls_lifetime;
+    let args = |docs: &[serde_json::Value]| -> Vec<String> {
+        serde_json::from_value(pod_spec(docs)["containers"][0]["args"].clone()).expect("args")
+    };
+    let docs = render(&json!({})).expect("defaults render");
+    assert!(args(&docs).contains(&"--self-managed-tls-lifetime=2160h".to_string()), "{:?}", args(&docs));
+    assert_eq!(lifetime(&docs), 90 * day);
+    for (value, expected) in [("30d", 30 * day), ("1d12h", day + 12 * day / 24), ("720h", 30 * day), ("45m", Duration::from_secs(2700))] {
+        let docs = render(&json!({"tls": {"selfManaged": {"lifetime": value}}})).unwrap_or_else(|e| panic!("{value}: {e}"));
+        assert_eq!(lifetime(&docs), expected, "tls.selfManaged.lifetime={value}");
+    }
+    let docs = render(&json!({"tls": {"mode": "certManager", "selfManaged": {"lifetime": "30d"}}})).expect("certManager renders");
+    let certificate = named(&docs, "Certificate", "kube-fence-webhook");
+    assert_eq!(certificate["spec"]["duration"], "2160h", "cert-manager's lifetime is tls.certManager.duration");
+    assert!(!args(&docs).iter().any(|a| a.starts_with("--self-managed-tls")), "{:?}", args(&docs));
+    for bad in [json!(""), json!("30"), json!("30 days"), json!("1y"), json!("-5h"), json!("1.5h"), json!("30D"), json!(30)] {
+        let refused = render(&json!({"tls": {"selfManaged": {"lifetime": bad}}}));
+        assert!(refused.is_err(), "tls.selfManaged.lifetime={bad} must be rejected by values.schema.json");
+    }
+    assert!(render(&json!({"tls": {"selfManaged": {"lifetme": "30d"}}})).is_err(), "a misspelt key is rejected");
+}
+
 /// The FlowSchema of `apiPriority`: the API server classifies the webhook's reads of Leases
 /// (coordination.k8s.io and kubefence.io, any namespace) into kube-fence's own priority level,
 /// and nobody else's requests — another ServiceAccount's reads of the same Leases, the

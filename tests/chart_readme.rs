@@ -132,9 +132,10 @@ fn readme(rows: &[Row]) -> String {
     let mut out = String::from(
         "# kube-fence Helm chart\n\n\
          Fencing tokens for Kubernetes: a Lease controller that grants strictly increasing tokens, and a\n\
-         validating webhook that rejects stale writes. The project's README says what it is and how to\n\
-         fence a worker or a controller; docs/operations/when-kube-fence-is-down.md says what to do when\n\
-         its webhook is down.\n\n\
+         validating webhook that rejects stale writes. The project's README says what it is;\n\
+         docs/install.md how to install, check and upgrade it; docs/fence-a-worker.md and\n\
+         docs/fence-an-existing-operator.md how to fence a worker or a controller;\n\
+         docs/operations/when-kube-fence-is-down.md what to do when its webhook is down.\n\n\
          ```sh\n\
          kubectl apply -f crds/\n\
          helm install kube-fence charts/kube-fence --namespace kube-fence --create-namespace\n\

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ObjectMeta, PostParams};
 
 /// Debug renderings of Rust/Kubernetes types and raw OS errors: never in a plain message.
@@ -170,6 +171,40 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
             user.insert("as".into(), "kube-fence-test-nobody".into());
         }
     });
+    // Users allowed everything `lease acquire` does to a Lease but watch it (nowatch), or list
+    // and watch it (nolist): the watch acquire waits with is refused, at its start or at its
+    // initial list.
+    let limited = |user: &str, verbs: &[&str]| {
+        let kubeconfig = common::kubeconfig_variant(home, user, |config| {
+            for entry in common::entries(config, "users", "user") {
+                entry.insert("as".into(), user.into());
+            }
+        });
+        let role: Role = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": user},
+            "rules": [{"apiGroups": ["kubefence.io"], "resources": ["leases"], "verbs": verbs}],
+        }))
+        .expect("a Role");
+        let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": user},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }))
+        .expect("a RoleBinding");
+        (kubeconfig, role, binding)
+    };
+    let mut limited_kubeconfigs = Vec::new();
+    for (user, verbs) in [
+        ("kube-fence-test-nowatch", &["get", "list", "create", "update", "patch"][..]),
+        ("kube-fence-test-nolist", &["get", "create", "update", "patch"][..]),
+    ] {
+        let (kubeconfig, role, binding) = limited(user, verbs);
+        Api::<Role>::namespaced(client.clone(), &ns).create(&PostParams::default(), &role).await.expect("create the Role");
+        Api::<RoleBinding>::namespaced(client.clone(), &ns).create(&PostParams::default(), &binding).await.expect("create the RoleBinding");
+        // In effect before the cases run: the refusal they show is of the verb left out.
+        common::identity::wait_user_authorized(&client, user, &ns, "kubefence.io", "leases", "get", None).await;
+        limited_kubeconfigs.push(kubeconfig);
+    }
     let missing_ns = format!("{ns}-missing");
     let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let busy_port = busy.local_addr().expect("addr").port().to_string();
@@ -251,6 +286,30 @@ async fn every_failure_a_user_can_cause_is_one_line_with_its_documented_exit_sta
             4,
             "RBAC",
             "User \"kube-fence-test-nobody\" cannot get resource \"leases\"",
+        ),
+        case(
+            "forbidden by RBAC (acquire's watch)",
+            Some(&limited_kubeconfigs[0]),
+            &["lease", "acquire", "nowatch", "--holder", "c", "--wait", "60s", "-n", &ns],
+            4,
+            "RBAC",
+            "User \"kube-fence-test-nowatch\" cannot watch resource \"leases\"",
+        ),
+        case(
+            "forbidden by RBAC (acquire's list)",
+            Some(&limited_kubeconfigs[1]),
+            &["lease", "acquire", "nolist", "--holder", "c", "--wait", "60s", "-n", &ns],
+            4,
+            "RBAC",
+            "User \"kube-fence-test-nolist\" cannot list resource \"leases\"",
+        ),
+        case(
+            "forbidden by RBAC (lease run's watch)",
+            Some(&limited_kubeconfigs[0]),
+            &["lease", "run", "nowatch-run", "--holder", "c", "--wait", "60s", "-n", &ns, "--", "true"],
+            4,
+            "RBAC",
+            "User \"kube-fence-test-nowatch\" cannot watch resource \"leases\"",
         ),
         case(
             "missing namespace (get)",
@@ -586,13 +645,13 @@ async fn webhook_and_controller_write_where_they_listen_to_their_ready_files() {
     }
 }
 
-/// The README's exit-status table and `--help` list the same statuses.
+/// The exit-status table of docs/reference/exit-statuses.md and `--help` list the same statuses.
 #[test]
-fn the_readme_and_the_help_document_the_same_exit_statuses() {
+fn the_reference_and_the_help_document_the_same_exit_statuses() {
     let home = tempfile::tempdir().expect("HOME");
     let help = text(&kube_fence(Cluster::None, home.path(), &["--help"]).stdout);
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
-    let in_readme: Vec<i32> = readme
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference/exit-statuses.md")).expect("exit-statuses.md");
+    let in_page: Vec<i32> = page
         .lines()
         .skip_while(|l| !l.starts_with("| exit | cause |"))
         .take_while(|l| l.starts_with('|'))
@@ -601,7 +660,7 @@ fn the_readme_and_the_help_document_the_same_exit_statuses() {
         .collect();
     let in_help: Vec<i32> = (0..=255).filter(|code| documented(&help, *code).is_some()).collect();
     assert!(in_help.len() >= 9, "--help documents the exit statuses:\n{help}");
-    assert_eq!(in_readme, in_help, "README.md's exit table and --help agree");
+    assert_eq!(in_page, in_help, "docs/reference/exit-statuses.md's exit table and --help agree");
 }
 
 /// A failure with a nested cause, without a cluster: a delegated grant whose token does not parse
@@ -865,12 +924,17 @@ async fn selftest_passes_where_writes_are_fenced_and_fails_where_they_are_not() 
             user.insert("as".into(), account.clone().into());
         }
     });
-    let out = kube_fence(Cluster::Kubeconfig(&as_test), home.path(), &["selftest", "-n", &fenced, "--name", "cmp-kube-fence-selftest"]);
+    // The Role in effect first: acquire fails at once on a refused watch.
+    let lease = "cmp-kube-fence-selftest";
+    common::identity::wait_user_authorized(&client, &account, &fenced, "kubefence.io", "leases", "watch", Some(lease)).await;
+    let out = kube_fence(Cluster::Kubeconfig(&as_test), home.path(), &["selftest", "-n", &fenced, "--name", lease]);
     assert!(out.status.success(), "the test's ServiceAccount can run it: {}\n{}", text(&out.stderr), text(&out.stdout));
-    // Any other name is beyond its Role: it writes nothing. (The client's acquire retries a
-    // forbidden watch until --wait, then says it timed out: exit status 6, not 4.)
-    let out = kube_fence(Cluster::Kubeconfig(&as_test), home.path(), &["selftest", "-n", &fenced, "--name", "other", "--wait", "5s"]);
-    assert!(!out.status.success(), "{}", text(&out.stdout));
+    // Any other name is beyond its Role: it writes nothing, and fails at once with the refusal
+    // of the list its acquire watches with (exit status 4), not after --wait as a timeout (6).
+    let out = kube_fence(Cluster::Kubeconfig(&as_test), home.path(), &["selftest", "-n", &fenced, "--name", "other", "--wait", "60s"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}\n{}", text(&out.stdout));
+    assert!(stderr.contains(&format!("User \"{account}\" cannot list resource \"leases\"")), "{stderr}");
     let leases: Api<kube_fence_api::Lease> = Api::namespaced(client.clone(), &fenced);
     assert!(leases.get_opt("other").await.expect("get").is_none(), "no Lease beyond the Role was written");
 

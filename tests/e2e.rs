@@ -201,7 +201,7 @@ async fn kube_fence_works_as_a_kubectl_plugin() {
     kf.stop().await;
 }
 
-/// The README's run command, exactly as written (`hack/run.sh --demo-only`), on a control plane
+/// The README's run command (its "Two commands"), exactly as written (`hack/run.sh --demo-only`), on a control plane
 /// of its own: it must end with the stale write rejected.
 #[test]
 fn the_readme_demonstration_rejects_the_stale_write() {

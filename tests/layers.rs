@@ -1,7 +1,7 @@
 //! The import graph of `src/`, read from the code: every `use` and every path that starts with
 //! `crate`, `self` or `super`, from each module file to the module file it names. It must have no
 //! circle, and no arrow may run from a lower layer up to a higher one (the layers are listed in
-//! [`LAYERS`], lowest first; the README's "Where things are" names them). Test modules (`mod
+//! [`LAYERS`], lowest first; docs/development.md's "Where things are" names them). Test modules (`mod
 //! tests`) are left out: nothing imports them. Pure: no cluster.
 
 use std::collections::{BTreeMap, BTreeSet};

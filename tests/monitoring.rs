@@ -5,13 +5,18 @@
 //! metrics and the lease controller's leadership; a lease granted twice and a stale write judged
 //! put samples into the families the alerts read. Then:
 //! - the Grafana dashboard (charts/kube-fence/dashboards/kube-fence.json) is well formed and each
-//!   panel's every expression reads only metrics the process exposes (and only reasons that
-//!   exist);
+//!   panel's every expression, and the namespace variable's query, reads only metrics the process
+//!   exposes (and only reasons that exist);
 //! - the rendered PrometheusRule passes `promtool check rules`, and `promtool test rules`
 //!   evaluates every alert against series made from the scrape: as scraped (held steady, nothing
 //!   fires), and with the faults each alert is about (nothing scraped, the scraped counters
 //!   growing, the leadership gauge at 0: each alert fires, with its labels). promtool is built
 //!   from its Go module by hack/build-promtool.sh.
+//!
+//! Without a cluster: the dashboard matches Grafana's dashboard schema (hack/dashboard-check, the
+//! Grafana Foundation SDK's Go types, built by hack/build-dashboard-check.sh), which refuses a
+//! planted bad dashboard; and every expression of its panels is PromQL that `promtool check
+//! rules` parses, once Grafana's variables are put in as Grafana puts them in.
 
 mod common;
 
@@ -181,6 +186,143 @@ fn promtool() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
+fn dashboard_check() -> PathBuf {
+    if let Some(path) = std::env::var_os("KUBE_FENCE_DASHBOARD_CHECK") {
+        return path.into();
+    }
+    let out = Command::new(format!("{ROOT}/hack/build-dashboard-check.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("hack/build-dashboard-check.sh");
+    assert!(out.status.success(), "hack/build-dashboard-check.sh failed");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn shipped_dashboard() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(format!("{CHART}/dashboards/kube-fence.json")).expect("the dashboard")).expect("JSON")
+}
+
+/// dashboard-check on `dashboard`: (passed, what it printed).
+fn check_dashboard(dir: &Path, name: &str, dashboard: &Value) -> (bool, String) {
+    let file = dir.join(name);
+    std::fs::write(&file, serde_json::to_string_pretty(dashboard).expect("JSON")).expect("write the dashboard");
+    let out = Command::new(dashboard_check()).arg(&file).output().expect("run dashboard-check");
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// The dashboard the chart ships is one Grafana's dashboard schema accepts, field by field (the
+/// panels' options and the Prometheus queries by their own types), and the same check refuses
+/// dashboards with planted faults, naming where each is.
+#[test]
+fn the_dashboard_matches_grafanas_dashboard_schema() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shipped = shipped_dashboard();
+    let panels = shipped["panels"].as_array().expect("panels").len();
+    let queries: usize = shipped["panels"].as_array().expect("panels").iter().map(|p| p["targets"].as_array().map_or(0, Vec::len)).sum();
+    let (ok, said) = check_dashboard(dir.path(), "shipped.json", &shipped);
+    assert!(ok, "dashboard-check refuses the chart's dashboard:\n{said}");
+    assert!(said.contains(&format!("ok ({panels} panels, {queries} queries, 2 variables)")), "every panel and query checked: {said}");
+
+    // (the fault, how it is planted, where the refusal must say it is)
+    type Planted = (&'static str, fn(&mut Value), &'static str);
+    let planted: [Planted; 5] = [
+        (
+            "a misspelt query field",
+            |d| d["panels"][1]["targets"][0]["exp"] = d["panels"][1]["targets"][0]["expr"].take(),
+            "panels[1].targets[0]",
+        ),
+        (
+            "a legend without calcs",
+            |d| _ = d["panels"][2]["options"]["legend"].as_object_mut().expect("legend").remove("calcs"),
+            "panels[2].options.legend.calcs",
+        ),
+        ("a width as a string", |d| d["panels"][0]["gridPos"]["w"] = json!("12"), "panels[0].gridPos.w"),
+        ("an unknown panel type", |d| d["panels"][3]["type"] = json!("timeseries2"), "panels[3].type"),
+        ("a field of no dashboard", |d| d["refreshInterval"] = json!("30s"), "unexpected field 'refreshInterval'"),
+    ];
+    for (i, (fault, plant, named)) in planted.into_iter().enumerate() {
+        let mut bad = shipped.clone();
+        plant(&mut bad);
+        assert_ne!(bad, shipped, "{fault}: planted");
+        let (ok, said) = check_dashboard(dir.path(), &format!("bad-{i}.json"), &bad);
+        assert!(!ok, "dashboard-check accepts a dashboard with {fault}:\n{said}");
+        assert!(said.contains(named), "{fault}: the refusal names {named}:\n{said}");
+    }
+}
+
+/// An expression as Grafana sends it to Prometheus: each variable (`$name`, `${name}`) replaced
+/// by a value of its (the multi-value namespace variable as Grafana puts it into a regex match,
+/// Grafana's own `$__…` intervals by durations). A variable that is neither is left as it is.
+fn interpolated(expr: &str, variables: &BTreeSet<&str>) -> String {
+    let value = |name: &str| match name {
+        "__rate_interval" | "__interval" => Some("1m"),
+        "__range" => Some("6h"),
+        "namespace" if variables.contains(name) => Some("(?:kube-fence|kube-fence-canary)"),
+        _ if variables.contains(name) => Some("x"),
+        _ => None,
+    };
+    let mut out = String::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let (name, len) = match after.strip_prefix('{') {
+            Some(braced) => braced.split_once('}').map_or(("", 0), |(name, _)| (name, name.len() + 2)),
+            None => {
+                let len = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(after.len());
+                (&after[..len], len)
+            }
+        };
+        match value(name) {
+            Some(v) => out.push_str(v),
+            None => out.push_str(&rest[at..at + 1 + len]),
+        }
+        rest = &after[len..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `promtool check rules` on recording rules made of `exprs`: (passed, what it printed).
+fn promql_parses(dir: &Path, exprs: &[(String, String)]) -> (bool, String) {
+    let rules: Vec<Value> = exprs.iter().map(|(record, expr)| json!({"record": record, "expr": expr})).collect();
+    let file = dir.join("dashboard-rules.yaml");
+    std::fs::write(&file, serde_saphyr::to_string(&json!({"groups": [{"name": "dashboard", "rules": rules}]})).expect("yaml"))
+        .expect("rules file");
+    let out = Command::new(promtool()).arg("check").arg("rules").arg(&file).output().expect("promtool check rules");
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// Every query of the dashboard is PromQL Prometheus parses (promtool's parser, on recording
+/// rules made of them), using only variables the dashboard defines; a planted syntax error is
+/// refused, so the check can fail.
+#[test]
+fn the_dashboards_expressions_parse_as_promql() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let dashboard = shipped_dashboard();
+    let variables: BTreeSet<&str> =
+        dashboard["templating"]["list"].as_array().expect("variables").iter().filter_map(|v| v["name"].as_str()).collect();
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap_or_else(|| panic!("{}: an expr", panel["title"]));
+            let sent = interpolated(expr, &variables);
+            assert!(!sent.contains('$'), "{}: {expr} uses a variable the dashboard does not define", panel["title"]);
+            exprs.push((format!("dashboard:panel{}:{}", panel["id"], target["refId"].as_str().expect("refId")), sent));
+        }
+    }
+    assert!(exprs.len() >= 12, "the queries: {exprs:?}");
+    let (ok, said) = promql_parses(dir.path(), &exprs);
+    assert!(ok, "promtool check rules on the dashboard's queries:\n{said}\n{exprs:#?}");
+    assert!(said.contains(&format!("{} rules found", exprs.len())), "promtool read every query: {said}");
+
+    let mut bad = exprs.clone();
+    bad[0].1 = bad[0].1.replacen("sum by (verdict, reason) (", "sum by (verdict, reason) ((", 1);
+    assert_ne!(bad, exprs, "the syntax error is planted");
+    let (ok, said) = promql_parses(dir.path(), &bad);
+    assert!(!ok, "promtool parses an unbalanced expression: {said}");
+}
+
 /// kube-fence run, as the chart's Pod runs it, fencing only `ns` (where nothing is labelled).
 fn start(ns: &str, dir: &Path) -> (Process, PathBuf, String) {
     let tls = kube_fence::admission::http::tls::SelfSigned::generate(&["localhost".into()], &[std::net::Ipv4Addr::LOCALHOST.into()])
@@ -309,15 +451,18 @@ async fn the_dashboard_and_the_alerts_read_what_a_running_kube_fence_exposes() {
     let reasons: BTreeSet<&str> = kube_fence_api::denial::Reason::ALL.iter().map(|r| r.as_str()).collect();
 
     // The dashboard.
-    let dashboard: Value =
-        serde_json::from_str(&std::fs::read_to_string(format!("{CHART}/dashboards/kube-fence.json")).expect("the dashboard"))
-            .expect("JSON");
+    let dashboard = shipped_dashboard();
     for key in ["title", "uid", "schemaVersion", "panels", "templating"] {
         assert!(dashboard.get(key).is_some(), "the dashboard has {key}");
     }
     let variables: BTreeSet<&str> =
         dashboard["templating"]["list"].as_array().expect("variables").iter().filter_map(|v| v["name"].as_str()).collect();
     assert_eq!(variables, BTreeSet::from(["datasource", "namespace"]));
+    // The namespace variable's values: label_values(METRIC, namespace).
+    let namespace = dashboard["templating"]["list"].as_array().into_iter().flatten().find(|v| v["name"] == "namespace");
+    let query = namespace.and_then(|v| v["query"]["query"].as_str()).expect("the namespace variable's query");
+    let metric = query.strip_prefix("label_values(").and_then(|q| q.split(',').next()).unwrap_or_else(|| panic!("{query}"));
+    assert!(exposed.contains(metric.trim()), "the namespace variable reads {metric}, which kube-fence does not expose");
     let panels = dashboard["panels"].as_array().expect("panels");
     let ids: BTreeSet<i64> = panels.iter().map(|p| p["id"].as_i64().expect("a panel id")).collect();
     assert_eq!(ids.len(), panels.len(), "panel ids are unique");
@@ -462,6 +607,18 @@ async fn the_dashboard_and_the_alerts_read_what_a_running_kube_fence_exposes() {
     );
     eprintln!("MEASURED monitoring: {} series scraped; {} alerts evaluated steady and faulty", scraped.len(), names.len());
     drop(process);
+}
+
+#[test]
+fn grafana_variables_are_put_into_expressions_as_grafana_does() {
+    let variables = BTreeSet::from(["namespace", "datasource"]);
+    assert_eq!(
+        interpolated(r#"rate(x{namespace=~"$namespace",ds="${datasource}"}[$__rate_interval])"#, &variables),
+        r#"rate(x{namespace=~"(?:kube-fence|kube-fence-canary)",ds="x"}[1m])"#
+    );
+    // Not a variable of the dashboard: left in, so the test of the dashboard's queries fails.
+    assert_eq!(interpolated(r#"x{namespace=~"$namespaces"}"#, &variables), r#"x{namespace=~"$namespaces"}"#);
+    assert_eq!(interpolated("x{a=\"${nope}\"}", &variables), "x{a=\"${nope}\"}");
 }
 
 #[test]

@@ -137,7 +137,7 @@ async fn kubectl_runs_the_plugin_with_its_own_context_kubeconfig_and_namespace()
         text(&elsewhere.stderr)
     );
 
-    // kubectl itself refuses its own flags before a plugin's name (kubectl 1.37): the README
+    // kubectl itself refuses its own flags before a plugin's name (kubectl 1.37): docs/reference/cli.md
     // says so, and this pins it.
     let before = run(Some(&two_contexts), &["--context", "work", "fence", "status"]);
     assert!(!before.status.success());

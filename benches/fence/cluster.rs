@@ -697,6 +697,23 @@ async fn writer_fenced(args: &Args, table: &mut Table, bench: &mut Bench, holder
             others.patch("others-plain", &PatchParams::default(), &Patch::Merge(&patch)).await?;
             samples.push(t.elapsed());
         }
+        if let Some(dir) = &args.profile_apiserver
+            && (count == 0 || count == 1_000)
+        {
+            // Where everyone else's added CPU goes: 10 s profiles of the admin's updates with 0 and
+            // 1,000 FencedControllers routed (`go tool pprof -top -diff_base 0 1000`).
+            std::fs::create_dir_all(dir)?;
+            let file = dir.join(format!("apiserver-others-{count}-routed.pprof"));
+            let writes = profile_while(&bench.client, &file, async || {
+                for _ in 0..50 {
+                    let patch = json!({"data": {"seq": Instant::now().elapsed().as_nanos().to_string()}});
+                    others.patch("others-plain", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                }
+                Ok(50)
+            })
+            .await?;
+            eprintln!("[3] kube-apiserver CPU profile over {writes} of another identity's writes: {}", file.display());
+        }
         by_count.push((count, samples));
     }
     let base = by_count[0].1.clone();

@@ -155,8 +155,9 @@ pub async fn run(args: LeaseArgs, at: &ClusterArgs) -> Result<u8, Error> {
             let (leases, lease) = at(&target);
             let mut options = AcquireOptions::default().timeout(wait);
             options.duration = duration;
-            // One read first: acquire retries a failing watch until --wait runs out, which
-            // would report a refusal (RBAC, no API server) as a timeout.
+            // One read first: acquire fails at once on a refused watch (RBAC), but retries one
+            // that fails otherwise (no API server, no such namespace) until --wait runs out,
+            // which would report the cause as a timeout.
             let readable = match leases.get(&target.name).await {
                 Ok(_) | Err(client::Error::LeaseNotFound { .. }) => Ok(()),
                 Err(err) => Err(err),

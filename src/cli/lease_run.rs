@@ -64,8 +64,9 @@ pub async fn run(cluster: &Cluster, request: RunLease) -> Result<ExitStatus, Err
     let lease = Object::namespaced("lease", &request.namespace, &request.name);
     let holder = request.holder.clone();
 
-    // Acquire as `lease acquire` does (one read first, so a refusal is not reported as a
-    // timeout), but cancellable by SIGINT/SIGTERM: the claim is then withdrawn.
+    // Acquire as `lease acquire` does (one read first, so an unreachable API server or a
+    // missing namespace is not reported as a timeout; a refused watch fails at once in
+    // acquire), but cancellable by SIGINT/SIGTERM: the claim is then withdrawn.
     let cancel = tokio_util::sync::CancellationToken::new();
     let mut options = AcquireOptions::default().cancel(cancel.clone());
     options.duration = request.duration;

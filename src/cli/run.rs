@@ -137,6 +137,23 @@ pub async fn run(args: RunArgs, at: &ClusterArgs) -> Result<(), Error> {
     super::controller::stopped(controller, &cluster.server).await
 }
 
+/// Every metric kube-fence registers, with no samples yet, in the text exposition format: the
+/// build and process metrics, the FencedController status's, the lease controller's and the
+/// webhook's — what `run` serves (`controller` and `webhook` serve a part of it). The metrics
+/// reference (docs/reference/metrics.md) is generated from it (tests/reference.rs).
+pub fn every_metric() -> String {
+    let mut registry = crate::telemetry::registry();
+    crate::fenced::controller::Metrics::register(&mut registry);
+    crate::lease::controller::Metrics::register(&mut registry);
+    let webhook = Metrics::register(&mut registry);
+    // The families whose label values are made on first use, used once, so that they are listed
+    // (with their label names) like the others.
+    let fenced = kube_fence_api::denial::Reason::Fenced;
+    webhook.decided(&crate::admission::judge::verdict::Verdict::Allow { reason: fenced }, 0.0);
+    webhook.refused(crate::admission::metrics::Refusal::TooLarge);
+    crate::telemetry::render(&registry)
+}
+
 /// `run --local`: serve and register, say so (log line and ready file), run until shutdown,
 /// then unregister.
 async fn local(

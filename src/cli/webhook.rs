@@ -123,7 +123,7 @@ pub struct WebhookArgs {
 
     /// Accept connections only from clients presenting a certificate signed by a CA in this PEM
     /// file: configure the API server to present one to webhooks (an AdmissionConfiguration
-    /// kubeconfig, README "Authenticating the API server"), and nobody else can reach the webhook.
+    /// kubeconfig, docs/operations/webhook-port.md), and nobody else can reach the webhook.
     #[arg(long, value_name = "PEM")]
     pub client_ca_file: Option<std::path::PathBuf>,
 
@@ -180,7 +180,7 @@ pub struct WebhookArgs {
     /// How the holder fences act on a write by a Pod that does not hold the Lease (objects
     /// labelled kubefence.io/leader-lease, and every write of opted-in writers). Enforce: denied
     /// (409 NotHolder). Audit: admitted, with a warning to the writer saying what Enforce would
-    /// have said, and counted in kube_fence_webhook_decisions{verdict="warned"} — to try a fence
+    /// have said, and counted in kube_fence_webhook_decisions_total{verdict="warned"} — to try a fence
     /// on a running controller before enforcing it. Token-guarded objects follow their lease's
     /// own spec.fencing.enforcement.
     #[arg(long, value_enum, default_value_t = HolderFences::Enforce)]

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::config::Kubeconfig;
 use kube_fence_test_support::identity as on;
-pub use kube_fence_test_support::identity::{grant_worker_rbac, pod_token, pods_of, wait_authorized, worker_pods};
+pub use kube_fence_test_support::identity::{grant_worker_rbac, pod_token, pods_of, wait_authorized, wait_user_authorized, worker_pods};
 
 /// A client that acts as `user`.
 pub async fn client_as(user: &str) -> Client {

@@ -2,7 +2,7 @@
 //! partitioned, delayed: it sends the write it prepared under an old grant) or a worker with
 //! ordinary RBAC (the built-in `edit` role plus kube-fence Leases) tried against the installed
 //! webhook. Each test says which case it covers; where Kubernetes gives no way to close a path,
-//! the test pins down exactly what is and is not promised (README, "What is fenced").
+//! the test pins down exactly what is and is not promised (docs/what-is-fenced.md).
 
 use std::time::{Duration, Instant};
 
@@ -102,7 +102,7 @@ async fn status_writes_cannot_move_the_guard() {
 /// carry objects without the guard's labels (Scale, Eviction), so the webhook's object selector
 /// cannot see that the target is guarded, and `pods/ephemeralcontainers` cannot change metadata.
 /// None of them is fenced — but none can move the guard either: the recorded token and the lease
-/// label are unchanged afterwards. README: do not grant workers these verbs.
+/// label are unchanged afterwards. docs/what-is-fenced.md: do not grant workers these verbs.
 #[tokio::test]
 async fn scale_eviction_and_ephemeral_containers_are_not_fenced_and_leave_the_guard() {
     let f = Fixture::new("attack-scale").await;

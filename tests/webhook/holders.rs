@@ -158,7 +158,7 @@ async fn the_writer_label_is_removed_only_by_the_holder() {
     f.stop().await;
 }
 
-/// The README's matrix, holder-only column, for the paths not covered above (stale ex-holder
+/// docs/what-is-fenced.md's matrix, holder-only column, for the paths not covered above (stale ex-holder
 /// Pod with ordinary RBAC): server-side apply and deletecollection are refused `NotHolder`;
 /// `/scale` is not fenced (the Scale carries no labels) and leaves the guard; a finalizer
 /// removal from an object being deleted is admitted from anyone, so deletion completes.

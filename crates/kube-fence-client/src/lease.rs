@@ -9,7 +9,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
 use kube::api::{Api, PostParams};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::watch_object;
+use kube::runtime::watcher::{self, watch_object};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -188,6 +188,11 @@ impl Leases {
     /// timeout, or until cancelled — while another holder has it. Returns the grant with its
     /// fencing token. On timeout or cancellation the claim is withdrawn.
     ///
+    /// It watches the Lease while it waits, so the caller needs `list` and `watch` on
+    /// `leases.kubefence.io` besides `get`, `create` and `update`. A watch the API server
+    /// refuses (401, 403) fails the call at once with that refusal ([`Error::Kube`]) instead of
+    /// being retried until the timeout; other watch errors are retried.
+    ///
     /// If `holder` already holds the lease, the grant is renewed and returned with its token
     /// unchanged: give every incarnation of a worker its own identity (e.g. pod name plus a
     /// start time) so a restarted worker gets a fresh token.
@@ -216,7 +221,14 @@ impl Leases {
             let seen = tokio::select! {
                 item = versions.next() => match item {
                     Some(Ok(seen)) => seen,
-                    Some(Err(err)) => { tracing::debug!(%err, "watching the lease"); continue }
+                    Some(Err(err)) => match refused(&err) {
+                        // Not allowed to list or watch the Lease: waiting cannot change that.
+                        Some(refusal) => {
+                            self.withdraw(name, holder).await;
+                            return Err(refusal.into());
+                        }
+                        None => { tracing::debug!(%err, "watching the lease"); continue }
+                    },
                     None => return Err(Error::Missing("watch stream")),
                 },
                 _ = sleep_until_opt(deadline) => {
@@ -407,6 +419,21 @@ impl Leases {
     }
 }
 
+/// The API server's refusal of a watch (its initial list, its start or an error in its stream)
+/// for this caller: 401 (credentials rejected) or 403 (RBAC). Retrying, as the watcher's backoff
+/// does for every error, cannot end it; anything else (the API server unreachable, a watch that
+/// expired) may pass.
+fn refused(err: &watcher::Error) -> Option<kube::Error> {
+    let status = match err {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status))
+        | watcher::Error::WatchError(status) => status,
+        _ => return None,
+    };
+    matches!(status.code, 401 | 403).then(|| kube::Error::Api(status.clone()))
+}
+
 /// What one compare-and-swap edit of a Lease's spec decided.
 enum Edit<T> {
     /// The Lease was changed in place: write it back, then return the value.
@@ -542,6 +569,29 @@ mod tests {
             ..Default::default()
         });
         l
+    }
+
+    fn status(code: u16, reason: &str) -> Box<kube::core::Status> {
+        Box::new(kube::core::Status { code, reason: reason.into(), message: format!("{reason} ({code})"), ..Default::default() })
+    }
+
+    /// A watch the API server refuses for the caller ends acquire at once, with the refusal;
+    /// what may pass (the server unreachable or failing, an expired watch) is retried.
+    #[rstest]
+    #[case::list_forbidden(watcher::Error::InitialListFailed(kube::Error::Api(status(403, "Forbidden"))), Some(403))]
+    #[case::watch_forbidden(watcher::Error::WatchStartFailed(kube::Error::Api(status(403, "Forbidden"))), Some(403))]
+    #[case::stream_forbidden(watcher::Error::WatchFailed(kube::Error::Api(status(403, "Forbidden"))), Some(403))]
+    #[case::credentials_rejected(watcher::Error::WatchError(status(401, "Unauthorized")), Some(401))]
+    #[case::expired(watcher::Error::WatchError(status(410, "Expired")), None)]
+    #[case::server_error(watcher::Error::WatchStartFailed(kube::Error::Api(status(500, "InternalError"))), None)]
+    #[case::throttled(watcher::Error::InitialListFailed(kube::Error::Api(status(429, "TooManyRequests"))), None)]
+    #[case::no_resource_version(watcher::Error::NoResourceVersion, None)]
+    fn refused_watches_are_not_retried(#[case] err: watcher::Error, #[case] code: Option<u16>) {
+        let refusal = refused(&err).map(|refusal| match refusal {
+            kube::Error::Api(status) => status.code,
+            other => panic!("{err}: refused as {other}, not as the API server's status"),
+        });
+        assert_eq!(refusal, code, "{err}");
     }
 
     #[rstest]

@@ -63,6 +63,44 @@ pub async fn grant_worker_rbac(admin: &Client, ns: &str, user: &str) {
         };
         Api::<RoleBinding>::namespaced(admin.clone(), ns).patch(&binding, &pp, &Patch::Apply(&rb)).await.expect("worker role binding");
     }
+    // Both bindings in effect: a worker's first call is often an acquire, which fails at once
+    // on a refused watch.
+    wait_user_authorized(admin, user, ns, kube_fence_api::GROUP, "leases", "watch", None).await;
+    wait_user_authorized(admin, user, ns, "", "configmaps", "create", None).await;
+}
+
+/// Waits, up to 30 s, until the API server's authorizer lets `user` `verb` `group`/`resource`
+/// (the object `name`, if given) in `ns`, as the admin's SubjectAccessReview sees it: a Role or
+/// RoleBinding just written is in effect a moment later. For a ServiceAccount, `user` is
+/// `system:serviceaccount:NS:NAME`.
+pub async fn wait_user_authorized(admin: &Client, user: &str, ns: &str, group: &str, resource: &str, verb: &str, name: Option<&str>) {
+    use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.into()),
+            groups: Some(vec!["system:authenticated".into()]),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(ns.into()),
+                group: Some(group.into()),
+                resource: Some(resource.into()),
+                verb: Some(verb.into()),
+                name: name.map(str::to_string),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SubjectAccessReview> = Api::all(admin.clone());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let answer = api.create(&kube::api::PostParams::default(), &review).await.expect("a subject access review");
+        if answer.status.is_some_and(|s| s.allowed) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{user} may not {verb} {group}/{resource} in {ns} within 30 s");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// Pods `names` running as ServiceAccount `service_account` in `ns`. Nothing needs to run them:

@@ -361,8 +361,8 @@ included). Fencing fails closed; system namespaces and kube-fence's own are neve
 cluster cannot lock itself out. A subresource write reaches fence.kubefence.io only when it moves
 the guard; with the policy path on, UPDATEs with a fresh token are judged by the API server
 (policy-path.yaml) and skipped here.";
-const WRITERS_COMMENT: &str = "The writer webhooks: one per fenced controller (README \"Fencing everything a controller
-writes\"). kube-fence keeps their list in step (src/admission/registration/routing.rs); the chart only
+const WRITERS_COMMENT: &str = "The writer webhooks: one per fenced controller (docs/fence-an-existing-operator.md).
+kube-fence keeps their list in step (src/admission/registration/routing.rs); the chart only
 creates the configuration, so that kube-fence needs no right to create webhook configurations,
 and declares no webhooks, so that an upgrade never resets what kube-fence registered.";
 const STATUS_COMMENT: &str = "Lease status is where fencing tokens are issued: only kube-fence's controller (this release's
@@ -376,14 +376,14 @@ leaderLeases) bind their holderIdentity to the requesting Pod (by leaderIdentity
 a write that names a holder names the requester's own Pod, only the holder clears it or deletes
 the Lease, and only an admin (leaseAdmins) removes the label. Judged by the API server (CEL).
 The separator is written into CEL strings as it is: values.schema.json admits none with ' or \\.";
-const POLICY_PATH_COMMENT: &str = "The policy path (README \"The policy path\"): UPDATEs of guarded objects that present a token
+const POLICY_PATH_COMMENT: &str = "The policy path (docs/operations/policy-path.md): UPDATEs of guarded objects that present a token
 greater than the recorded one are judged by the API server itself (CEL): the token must not be
 newer than the lease's newest, read from the LeaseTokens kube-fence-tokens in the object's
 namespace, which only kube-fence's controller writes. The webhook skips exactly these writes.";
 const POLICY_PATH_BINDING_COMMENT: &str = "One parameter per namespace: the LeaseTokens of that name in the object's own namespace;
 absent, the write is denied (422, which kube-fence's client library retries briefly).";
-const FENCED_COMMENT: &str = "The controllers whose every write is fenced (values fencedControllers; README \"Fencing
-everything a controller writes\"): one FencedController each, named after its Lease unless named,
+const FENCED_COMMENT: &str = "The controllers whose every write is fenced (values fencedControllers;
+docs/fence-an-existing-operator.md): one FencedController each, named after its Lease unless named,
 mode Audit unless given. The controller's Lease is not rendered: client-go creates and writes it,
 and installing, upgrading or uninstalling the chart leaves it alone.";
 const FENCED_HOLDER_COMMENT: &str = "The Leases of fenced controllers bind their holderIdentity to the requesting Pod, with no label
