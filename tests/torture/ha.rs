@@ -1251,7 +1251,7 @@ pub async fn run(config: HaConfig) -> HaReport {
     let mut all_clients = vec![clients.clone()];
     for id in 0..config.workers {
         let user = format!("worker-{id}");
-        kube_fence_test_support::identity::grant_worker_rbac(&clients[0], &ns, &user).await;
+        grant_worker_rbac_on_both(&clients, &ns, &user).await;
         all_clients.push([
             kube_fence_test_support::identity::client_as(&plane.kubeconfigs[0], &user).await,
             kube_fence_test_support::identity::client_as(&plane.kubeconfigs[1], &user).await,
@@ -1263,9 +1263,14 @@ pub async fn run(config: HaConfig) -> HaReport {
     let consumers: Vec<String> = (0..config.delegated_pairs).map(delegated::consumer).collect();
     let holders: Vec<String> = (0..config.arbiter_holders).map(arbiter::holder).collect();
     for user in parents.iter().chain(&holders) {
-        kube_fence_test_support::identity::grant_worker_rbac(&clients[0], &ns, user).await;
+        grant_worker_rbac_on_both(&clients, &ns, user).await;
     }
     delegated::consumer_rbac(&clients[0], &ns, &consumers).await;
+    for user in &consumers {
+        for client in &clients {
+            kube_fence_test_support::identity::wait_user_authorized(client, user, &ns, "", "configmaps", "patch", None).await;
+        }
+    }
     for user in parents.iter().chain(&consumers).chain(&holders) {
         all_clients.push([
             kube_fence_test_support::identity::client_as(&plane.kubeconfigs[0], user).await,
@@ -1476,4 +1481,14 @@ pub async fn run(config: HaConfig) -> HaReport {
     drop(postgres);
     drop(plane);
     report
+}
+
+/// A worker's RBAC, written through API server A and waited for on both: each API server
+/// authorizes from its own informers, and an acquire through B before B has seen the binding
+/// fails at once on its refused watch (it is not retried).
+async fn grant_worker_rbac_on_both(clients: &[Client; 2], ns: &str, user: &str) {
+    use kube_fence_test_support::identity::{grant_worker_rbac, wait_user_authorized};
+    grant_worker_rbac(&clients[0], ns, user).await;
+    wait_user_authorized(&clients[1], user, ns, kube_fence_api::GROUP, "leases", "watch", None).await;
+    wait_user_authorized(&clients[1], user, ns, "", "configmaps", "create", None).await;
 }
