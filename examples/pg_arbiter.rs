@@ -36,14 +36,14 @@ use tokio_postgres::{Client, NoTls};
 /// The arbiter's tables: the fence (the newest token per resource) and the effects (here a
 /// ledger, which also lets a test read back the history of what was committed, in commit order
 /// per resource: `seq` is taken after the fence row's lock).
-const SCHEMA: &str = "
+pub(crate) const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS fence (resource text PRIMARY KEY, last_fence bigint NOT NULL);
     CREATE TABLE IF NOT EXISTS effects (
         seq bigserial PRIMARY KEY, resource text NOT NULL, token bigint NOT NULL, holder text NOT NULL, value text NOT NULL);";
 
 /// What the arbiter decided.
 #[derive(Debug, PartialEq, Eq)]
-enum Outcome {
+pub(crate) enum Outcome {
     Written {
         seq: i64,
     },
@@ -55,7 +55,7 @@ enum Outcome {
 
 /// Commits `value` as `holder`'s effect on `resource` if, and only if, `token` is newer than
 /// every token that wrote it before — decided by the database in the transaction of the effect.
-async fn fenced_write(
+pub(crate) async fn fenced_write(
     db: &mut Client,
     resource: &str,
     token: Token,

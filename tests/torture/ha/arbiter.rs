@@ -57,11 +57,12 @@ pub fn holder(k: usize) -> String {
     format!("pg-{k}")
 }
 
-/// The arbiter's tables (those of `examples/pg_arbiter.rs`).
-const SCHEMA: &str = "
-    CREATE TABLE IF NOT EXISTS fence (resource text PRIMARY KEY, last_fence bigint NOT NULL);
-    CREATE TABLE IF NOT EXISTS effects (
-        seq bigserial PRIMARY KEY, resource text NOT NULL, token bigint NOT NULL, holder text NOT NULL, value text NOT NULL);";
+/// The arbiter itself, as `examples/pg_arbiter.rs` ships it (its schema and its transaction),
+/// compiled in here so that this path judges exactly that code.
+#[path = "../../../examples/pg_arbiter.rs"]
+#[allow(dead_code)]
+mod example;
+use example::{Outcome, SCHEMA};
 
 /// What the arbiter decided.
 pub enum Committed {
@@ -100,31 +101,11 @@ pub async fn create(world: &World, db: &tokio_postgres::Client) {
 /// Commits `holder`'s effect on `resource` under `grant`'s token, in one transaction with the
 /// fence (`fenced`: the arbiter's check in place; without it, the planted fault).
 async fn commit(db: &mut tokio_postgres::Client, resource: &str, grant: &Grant, note: &str, fenced: bool) -> Committed {
-    let run = async {
-        let token = i64::try_from(grant.token.get()).unwrap_or(i64::MAX);
-        let tx = db.transaction().await?;
-        tx.execute("INSERT INTO fence (resource, last_fence) VALUES ($1, -1) ON CONFLICT (resource) DO NOTHING", &[&resource]).await?;
-        let updated = if fenced {
-            tx.execute("UPDATE fence SET last_fence = $2 WHERE resource = $1 AND last_fence < $2", &[&resource, &token]).await?
-        } else {
-            tx.execute("UPDATE fence SET last_fence = $2 WHERE resource = $1", &[&resource, &token]).await?
-        };
-        if updated == 0 {
-            tx.rollback().await?;
-            return Ok::<_, tokio_postgres::Error>(false);
-        }
-        let value = format!("{} with token {}: {note}", grant.holder, grant.token);
-        tx.execute(
-            "INSERT INTO effects (resource, token, holder, value) VALUES ($1, $2, $3, $4)",
-            &[&resource, &token, &grant.holder, &value],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(true)
-    };
+    let value = format!("{} with token {}: {note}", grant.holder, grant.token);
+    let run = example::fenced_write(db, resource, grant.token, &grant.holder, &value, fenced);
     match bounded(run).await {
-        Some(Ok(true)) => Committed::Written,
-        Some(Ok(false)) => Committed::Refused,
+        Some(Ok(Outcome::Written { .. })) => Committed::Written,
+        Some(Ok(Outcome::Refused { .. })) => Committed::Refused,
         Some(Err(e)) => Committed::Failed(format!(
             "PostgreSQL: {}",
             e.as_db_error().map_or("connection error".to_string(), |d| d.code().code().to_string())
