@@ -431,6 +431,54 @@ async fn the_held_gauge_follows_grants_releases_and_deletions() {
     controller.abort();
 }
 
+/// A holder cut from its API server (a partition: its packets go nowhere, nothing is closed)
+/// learns that its grant ended at the grant's own deadline, although the heartbeat it sent into
+/// the partition never gets an answer (the client has no read timeout: it would wait forever),
+/// and a keep-alive stopped in the middle of such a heartbeat stops at once. Threat case: an
+/// honest holder behind a partition, which must stop believing it holds — `lease run` stops its
+/// command on this loss; the writes it might still send are the webhook's to refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_cut_from_its_api_server_loses_its_grant_at_the_deadline_while_its_heartbeat_hangs() {
+    use kube_fence_test_support::partition::Relay;
+    let client = common::client().await;
+    let ns = common::namespace(&client, "cut").await;
+    let controller = start_controller(&client, &ns, "solo");
+    let kubeconfig = common::kubeconfig().await;
+    let relay = Relay::to(Relay::upstream_of(&kubeconfig).await).await;
+    let cut_off = Leases::new(relay.client(&kubeconfig).await, &ns);
+
+    // Heartbeats every 200 ms: once cut, one is in flight (and never answered) at the deadline.
+    let grant = cut_off.acquire("cut", "behind-the-partition", options(3, 30)).await.expect("grant through the relay");
+    let mut keep_alive = cut_off.keep_alive_with(&grant, KeepAliveOptions { interval: Some(Duration::from_millis(200)) });
+    let cut_at = Instant::now();
+    relay.cut();
+    // A bound far past the grant's 3 s (a renewal sent before the cut adds at most 3 s more) and
+    // short of how long the hung heartbeat waits: forever on a pooled connection, the client's
+    // 30 s connect timeout on a new one (its TLS handshake is held too).
+    let loss = tokio::time::timeout(Duration::from_secs(20), keep_alive.lost())
+        .await
+        .expect("the keep-alive reports the loss at the grant's deadline, not when the hung heartbeat ends");
+    assert_eq!(loss, Loss::Unconfirmed, "no heartbeat was confirmed");
+    let reported = cut_at.elapsed();
+    keep_alive.stop().await;
+
+    // Stopped while a heartbeat hangs: a long grant, so only the heartbeat is waiting.
+    relay.heal();
+    let long = cut_off.acquire("cut-long", "behind-the-partition", options(600, 30)).await.expect("grant through the healed relay");
+    let keep_alive = cut_off.keep_alive_with(&long, KeepAliveOptions { interval: Some(Duration::from_millis(200)) });
+    relay.cut();
+    // The next heartbeat (every 200 ms) is sent into the cut within this second.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stopping = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), keep_alive.stop()).await.expect("stop returns while a heartbeat hangs");
+    let stopped_in = stopping.elapsed();
+    relay.heal();
+    eprintln!(
+        "MEASURED cut holder: loss reported {reported:.2?} after the cut (grant 3 s, heartbeat every 200 ms); stop took {stopped_in:.2?} with a heartbeat hanging"
+    );
+    controller.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn keep_alive_keeps_the_token_and_a_silent_holder_loses_the_lease() {
     let client = common::client().await;

@@ -357,3 +357,59 @@ async fn lease_run_stops_the_command_when_its_paused_holder_lost_the_grant() {
     assert_eq!((status.holder.as_deref(), status.token.map(|t| t.get())), (Some("b"), Some(token_b)), "b still holds the lease");
     local.stop();
 }
+
+/// Threat case: an honest holder behind a partition. `lease run`'s connection to the API server
+/// is cut (a relay that stops carrying bytes; nothing is closed, so what it sends gets no answer
+/// at all) while its command runs. At the grant's deadline it must stop the command and exit 7,
+/// its release bounded too (the lease is left to expire); the lease is then free for the next
+/// holder. (The case of a heartbeat hanging at the deadline is forced in tests/leases.rs,
+/// `a_holder_cut_from_its_api_server_loses_its_grant_at_the_deadline_while_its_heartbeat_hangs`;
+/// this test passed before that fix too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_run_stops_the_command_at_the_deadline_when_cut_from_its_api_server() {
+    use kube_fence_test_support::partition::Relay;
+    let client = common::client().await;
+    let ns = common::namespace(&client, "lease-run-cut").await;
+    let kubeconfig = common::kubeconfig().await;
+    let home = tempfile::tempdir().expect("an empty HOME");
+    let home = home.path();
+    let mut local = Local::start(&kubeconfig, home, &ns, "lease-run-cut", &[]);
+    local.wait_ready();
+    let relay = Relay::to(Relay::upstream_of(&kubeconfig).await).await;
+    let through_relay = common::kubeconfig_variant(home, "through-relay", |config| {
+        for cluster in common::entries(config, "clusters", "cluster") {
+            cluster.insert("server".into(), format!("https://{}", relay.addr()).into());
+        }
+    });
+
+    let (started, terminated) = (home.join("started"), home.join("terminated"));
+    let script =
+        format!("trap 'echo term >> {}; exit 0' TERM; touch {}; while :; do sleep 0.1; done", terminated.display(), started.display());
+    let mut run = LeaseRun::start(
+        &through_relay,
+        home,
+        &["lease", "run", "job", "-n", &ns, "--holder", "a", "--duration", "3s", "--grace-period", "2s", "--", "sh", "-c", &script],
+    );
+    wait_for_file(&started, &mut run);
+    let token_a: u64 = {
+        let out = kube_fence(Cluster::Kubeconfig(&kubeconfig), home, &["lease", "get", "job", "-o", "token", "-n", &ns]);
+        text(&out.stdout).parse().expect("a's token")
+    };
+    relay.cut();
+    let cut_at = Instant::now();
+    // The grant ends at most 3 s after the cut; reading who holds it now is given 5 s. The bound
+    // is short of the client's 30 s connect timeout, the shortest a hung heartbeat could take.
+    while !terminated.exists() {
+        assert!(cut_at.elapsed() < Duration::from_secs(20), "the command was not stopped within 20 s of the cut");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stopped_after = cut_at.elapsed();
+    let (exit, stderr) = run.wait(Duration::from_secs(60));
+    assert_eq!(exit, Some(7), "a lost grant exits 7: {stderr}");
+    let message = stderr.lines().last().unwrap_or_default();
+    assert!(message.contains(&format!("lost lease \"job\" in namespace \"{ns}\" (token {token_a}, holder \"a\")")), "{message}");
+    relay.heal();
+    assert_free(&kubeconfig, home, &ns, "job", token_a);
+    eprintln!("MEASURED lease run cut from its API server: command stopped {stopped_after:.2?} after the cut (grant 3 s)");
+    local.stop();
+}

@@ -133,9 +133,16 @@ pub async fn run(cluster: &Cluster, request: RunLease) -> Result<ExitStatus, Err
         Ok(status) => {
             keep_alive.stop().await;
             let status = status.map_err(|source| Error::StartCommand { command: shown.clone(), source })?;
-            if let Err(err) = leases.release(&grant).await {
-                let (_, why) = super::error::explain_lease(&server, &lease, Some(&holder), None, &err);
-                eprintln!("kube-fence: warning: the command exited, but {why}; the lease expires unless renewed");
+            match tokio::time::timeout(RELEASE_WAIT, leases.release(&grant)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => {
+                    let (_, why) = super::error::explain_lease(&server, &lease, Some(&holder), None, &err);
+                    eprintln!("kube-fence: warning: the command exited, but {why}; the lease expires unless renewed");
+                }
+                Err(_) => eprintln!(
+                    "kube-fence: warning: the command exited, but releasing lease {lease} got no answer from {server} within {}s; the lease expires unless renewed",
+                    RELEASE_WAIT.as_secs()
+                ),
             }
             Ok(status)
         }
@@ -171,9 +178,13 @@ async fn precise(leases: &Leases, grant: &Grant, loss: Loss) -> Loss {
     }
 }
 
+/// How long releasing may take before the lease is left to expire: a release sent into a
+/// partition gets no answer at all (the client has no read timeout), and the grant ends anyway.
+const RELEASE_WAIT: Duration = Duration::from_secs(10);
+
 /// Best effort: the lease is released, or left to expire (the message said why already).
 async fn release(leases: &Leases, grant: &Grant) {
-    match tokio::time::timeout(Duration::from_secs(10), leases.release(grant)).await {
+    match tokio::time::timeout(RELEASE_WAIT, leases.release(grant)).await {
         Ok(Ok(())) => {}
         Ok(Err(err)) => tracing::debug!(%err, lease = %grant.lease, "releasing a lost grant"),
         Err(_) => tracing::debug!(lease = %grant.lease, "releasing a lost grant timed out"),

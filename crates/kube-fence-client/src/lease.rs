@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
@@ -529,6 +530,11 @@ async fn keep_alive_task(leases: Leases, grant: Grant, interval: Duration, state
     let mut ticker = tokio::time::interval_at(Instant::now() + interval, interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut valid_until = grant.valid_until;
+    // The heartbeat in flight, if any. It is one more thing the loop waits on, never the only
+    // one: a heartbeat sent into a partition can hang for the client's whole read timeout
+    // (minutes), and meanwhile the grant must still end at `valid_until`, a loss seen by the
+    // watch must still end it, and `stop` must still return at once.
+    let mut heartbeat: Option<BoxFuture<'static, Result<Grant, Error>>> = None;
     let lost = loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -538,14 +544,26 @@ async fn keep_alive_task(leases: Leases, grant: Grant, interval: Duration, state
                 Some(Err(err)) => tracing::debug!(%err, "watching the lease"),
                 None => {}
             },
-            _ = ticker.tick() => match leases.renew(&Grant { valid_until, ..grant.clone() }).await {
-                Ok(renewed) => {
-                    valid_until = renewed.valid_until;
-                    let _ = state.send(Holding::Held { token: grant.token, valid_until });
+            _ = ticker.tick(), if heartbeat.is_none() => {
+                let (renewing, sending) = (leases.clone(), Grant { valid_until, ..grant.clone() });
+                heartbeat = Some(async move { renewing.renew(&sending).await }.boxed());
+            }
+            renewed = async {
+                match heartbeat.as_mut() {
+                    Some(sent) => sent.await,
+                    None => std::future::pending().await,
                 }
-                Err(Error::NotHeld { loss, .. }) => break loss,
-                Err(err) => tracing::warn!(lease = %grant.lease, %err, "heartbeat failed; retrying"),
-            },
+            }, if heartbeat.is_some() => {
+                heartbeat = None;
+                match renewed {
+                    Ok(renewed) => {
+                        valid_until = renewed.valid_until;
+                        let _ = state.send(Holding::Held { token: grant.token, valid_until });
+                    }
+                    Err(Error::NotHeld { loss, .. }) => break loss,
+                    Err(err) => tracing::warn!(lease = %grant.lease, %err, "heartbeat failed; retrying"),
+                }
+            }
         }
     };
     tracing::info!(lease = %grant.lease, holder = %grant.holder, token = %grant.token, loss = %lost, "lease lost");

@@ -11,6 +11,7 @@
 //!   ([`wait_fenced`]), or judges them with the policy path ([`wait_policy_path`]).
 //! - [`grants`]: a simulated grant (a Lease status written as the admin) and its [`Grant`].
 //! - [`identity`]: clients that act as a worker or as a Pod, and the RBAC a worker has.
+//! - [`partition`]: a client cut from its API server and healed again (a relay on loopback).
 //! - [`process`]: stopping and resuming a worker process (the pause tests).
 //! - [`history`]: the history checker, the oracle of the fault-injection tests.
 //! - The fake lease reader for pure tests of the webhook is `kube_fence::admission::judge::fake`:
@@ -28,6 +29,7 @@ pub mod fencing;
 pub mod grants;
 pub mod history;
 pub mod identity;
+pub mod partition;
 pub mod process;
 pub mod writes;
 
