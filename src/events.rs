@@ -121,13 +121,34 @@ impl<K: Hash + Eq + Copy> Gate<K> {
     }
 }
 
+/// The longest prefix an Event's name may have: a name is a DNS subdomain (at most 253
+/// characters), and the prefix is followed by `.` and the moment in hex (at most 32 digits).
+const MAX_NAME_PREFIX: usize = 253 - 1 - 32;
+
+/// What an object's name lends an Event's name: the API server refuses an Event whose name is
+/// not a DNS subdomain, and objects may have names that are not (253 characters already, or
+/// `system:controller:x` for a ClusterRole, upper case for some custom resources). Lower case,
+/// each dot-separated part kept to `[a-z0-9-]` with no dash at either end, empty parts dropped,
+/// cut to [`MAX_NAME_PREFIX`]; empty if nothing is left.
+fn name_prefix(name: &str) -> String {
+    let parts = name.split('.').map(|part| {
+        let part: String =
+            part.chars().map(|c| c.to_ascii_lowercase()).map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).collect();
+        part.trim_matches('-').to_string()
+    });
+    let joined = parts.filter(|part| !part.is_empty()).collect::<Vec<_>>().join(".");
+    // Only ASCII is left, so any byte is a character boundary.
+    joined[..joined.len().min(MAX_NAME_PREFIX)].trim_end_matches(['-', '.']).to_string()
+}
+
 /// The `events.k8s.io/v1` Event `reporter` writes for `event` at `now`.
 fn resource(reporter: &Reporter, event: Event, now: Timestamp) -> Resource {
     let Event { regarding, type_, reason, action, mut note } = event;
     let namespace = regarding.namespace.clone().filter(|ns| !ns.is_empty()).unwrap_or_else(|| CLUSTER_EVENTS_NAMESPACE.to_string());
-    // Unique per object and moment; an object not named yet (generateName) lends the reporter's
-    // name instead, as an empty prefix would make an invalid name.
-    let prefix = regarding.name.as_deref().filter(|name| !name.is_empty()).unwrap_or(&reporter.controller);
+    // Unique per object and moment; an object not named yet (generateName), or whose name has
+    // nothing an Event's name may keep, lends the reporter's name instead.
+    let prefix =
+        regarding.name.as_deref().map(name_prefix).filter(|name| !name.is_empty()).unwrap_or_else(|| name_prefix(&reporter.controller));
     let name = format!("{prefix}.{:x}", now.as_nanosecond());
     if note.len() > MAX_NOTE_BYTES {
         let mut cut = MAX_NOTE_BYTES;
@@ -232,6 +253,32 @@ mod tests {
         let r = resource(&reporter(), event(None, "", "x".into()), now);
         assert_eq!(r.metadata.namespace.as_deref(), Some(CLUSTER_EVENTS_NAMESPACE));
         assert_eq!(r.metadata.name, Some(format!("kube-fence-test.{:x}", now.as_nanosecond())));
+    }
+
+    /// An Event's name is a DNS subdomain whatever the object's name (the API server refused
+    /// the Event of an object named with 253 characters, or with a colon).
+    #[rstest::rstest]
+    #[case::plain("state", "state")]
+    #[case::dotted("a.b-c", "a.b-c")]
+    #[case::cluster_role("system:controller:x", "system-controller-x")]
+    #[case::upper_case("MyWidget", "mywidget")]
+    #[case::dashes_at_the_ends_of_a_part("-a-.-b", "a.b")]
+    #[case::empty_parts("a..b.", "a.b")]
+    #[case::nothing_left(":::", "")]
+    #[case::longest(&"x".repeat(253), &"x".repeat(MAX_NAME_PREFIX))]
+    #[case::cut_before_a_dot(&format!("{}.{}", "x".repeat(MAX_NAME_PREFIX - 1), "y".repeat(20)), &"x".repeat(MAX_NAME_PREFIX - 1))]
+    fn an_events_name_is_made_valid_from_the_objects(#[case] object: &str, #[case] prefix: &str) {
+        assert_eq!(name_prefix(object), prefix);
+        let now = Timestamp::now();
+        let name = resource(&reporter(), event(Some("work"), object, "x".into()), now).metadata.name.unwrap_or_default();
+        assert!(name.len() <= 253, "{} characters", name.len());
+        let valid_part = |p: &str| {
+            !p.is_empty()
+                && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !p.starts_with('-')
+                && !p.ends_with('-')
+        };
+        assert!(name.split('.').all(valid_part), "{name} is a DNS subdomain");
     }
 
     #[test]

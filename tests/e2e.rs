@@ -149,6 +149,47 @@ async fn a_paused_holder_is_fenced_off_with_a_typed_error() {
     kf.stop().await;
 }
 
+/// The rejection's Event is written for an object whose name is as long as a name may be (253
+/// characters): the Event's own name, built from the object's, is kept a valid name (the API
+/// server refused `<253 characters>.<moment>` before). Threat case: an honest but stale writer,
+/// whose refusal an operator must be able to see on the object.
+#[tokio::test]
+async fn a_refusal_of_a_write_to_an_object_with_the_longest_name_is_an_event_on_it() {
+    let kf = KubeFence::start("e2e-long-name").await;
+    let leases = Leases::new(kf.client.clone(), &kf.ns);
+    let configmaps: Api<ConfigMap> = Api::namespaced(kf.client.clone(), &kf.ns);
+    let options = AcquireOptions::default().duration(Duration::from_secs(30)).timeout(Duration::from_secs(30));
+    let name = format!("long-{}", "n".repeat(248));
+    assert_eq!(name.len(), 253);
+
+    let a = leases.acquire("work", "worker-a", options.clone()).await.expect("A acquires");
+    a.create(&configmaps, &guarded_configmap(&name, "work", "worker-a")).await.expect("A creates");
+    let mut a_view = configmaps.get(&name).await.expect("A reads");
+    leases.release(&a).await.expect("A releases");
+    let b = leases.acquire("work", "worker-b", options).await.expect("B acquires");
+    let mut b_view = configmaps.get(&name).await.expect("B reads");
+    b_view.data.get_or_insert_default().insert("writer".into(), "worker-b".into());
+    b.replace(&configmaps, &b_view).await.expect("B writes");
+    a_view.metadata.resource_version = None;
+    a_view.data.get_or_insert_default().insert("writer".into(), "worker-a".into());
+    assert!(matches!(a.replace(&configmaps, &a_view).await, Err(Error::StaleToken { .. })), "A's stale write is refused");
+
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(kf.client.clone(), &kf.ns);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let seen = events.list(&Default::default()).await.expect("list events");
+        let on_it = |e: &&k8s_openapi::api::events::v1::Event| {
+            e.reason.as_deref() == Some("StaleToken") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
+        };
+        if seen.items.iter().any(|e| on_it(&e)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no StaleToken Event on the ConfigMap with a 253-character name within 15 s");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    kf.stop().await;
+}
+
 /// A stale worker cannot sneak in through a delete either: without a resourceVersion
 /// precondition it is refused; with its stale view's resourceVersion it conflicts.
 #[tokio::test]
