@@ -30,6 +30,9 @@
 //! - [`limit`]: the one rate limiter (a token bucket per key), pure.
 //! - [`events`]: the one Kubernetes Event publisher (budgeted, bounded in flight, never waited on).
 #![forbid(unsafe_code)]
+// The module overviews name the private modules that do the work; `cargo doc
+// --document-private-items` (how this crate is read by those who change it) resolves them.
+#![allow(rustdoc::private_intra_doc_links)]
 // What is not part of the crate's API says so: `pub` only where another crate may name it.
 #![warn(unreachable_pub)]
 

@@ -110,7 +110,7 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
 /// The name kubectl runs a plugin by: `kubectl-fence` on the PATH is `kubectl fence`.
 pub const PLUGIN_EXECUTABLE: &str = "kubectl-fence";
 
-/// How the binary was invoked (argv[0]'s file name): as the kubectl plugin `kubectl-fence`, its
+/// How the binary was invoked (`argv[0]`'s file name): as the kubectl plugin `kubectl-fence`, its
 /// help and usage say `kubectl fence ...`; otherwise `kube-fence ...`.
 pub fn invoked_as(argv0: Option<&std::ffi::OsStr>) -> &'static str {
     let name = argv0.map(std::path::Path::new).and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or_default();
@@ -122,7 +122,7 @@ pub fn command(bin_name: &'static str) -> clap::Command {
     Cli::command().bin_name(bin_name)
 }
 
-/// Parses `args` (argv[0] first) as the binary does: named by how it was invoked.
+/// Parses `args` (`argv[0]` first) as the binary does: named by how it was invoked.
 pub fn parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
 where
     I: IntoIterator<Item = T>,

@@ -12,7 +12,7 @@
 //! | `kfha-c` | 10.97.0.21 (workers), 10.97.0.22 (kube-fence) | the clients' ends of the relays |
 //!
 //! Nothing is added to the host's own network: the host reaches each API server through two
-//! socat relays joined by a unix socket in the state directory (host 127.0.0.1:<port> → unix
+//! socat relays joined by a unix socket in the state directory (host `127.0.0.1:<port>` → unix
 //! socket → socat in `kfha-c` → 10.97.0.1x:6443 over the bridge), once for workers (source
 //! 10.97.0.21) and once for kube-fence (source 10.97.0.22), so the two paths can be cut apart.
 //! The API servers reach the webhook the same way backwards: `https://127.0.0.1:9443` inside
@@ -236,7 +236,7 @@ impl HaCluster {
     /// (optionally) kube-controller-manager, and waits until both API servers serve from the
     /// host. Needs root. The processes die with the *thread* that calls this
     /// (`PR_SET_PDEATHSIG`): call it from one that lives as long as the cluster, and call
-    /// [`HaCluster::restart`] from the same thread.
+    /// `HaCluster::restart` from the same thread.
     pub fn start(opts: HaOptions) -> Result<HaCluster> {
         let started = Instant::now();
         cleanup_stale(opts.verbose)?;

@@ -12,6 +12,9 @@
 //!   `KUBECONFIG` when that is set (kind, a real cluster, or one `kf-env up` started), otherwise a
 //!   control plane started on first use and stopped when the test process exits — however it
 //!   exits: its processes are bound to the test process with `PR_SET_PDEATHSIG`.
+// The module overviews name the private modules that do the work; `cargo doc
+// --document-private-items` resolves them.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod ha;
 pub mod node;

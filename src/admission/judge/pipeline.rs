@@ -2,7 +2,7 @@
 //! that judge the webhook the review was sent to, each run to its verdict ([`super::guard::run`]:
 //! plan, the reads it asks for, verdict), combined by one rule ([`then`]). The server, the unit
 //! tables, the property tests and the benchmark all judge through [`judge`]; only the reader
-//! differs (the webhook's `crate::admission::reads::SourceReads`, or [`super::fake::FakeLeases`]).
+//! differs (the webhook's `crate::admission::reads::SourceReads`, or `super::fake::FakeLeases`, built for tests).
 //!
 //! Which guards judge what (the registration of guard kinds):
 //! - `/validate` (objects labelled by kube-fence): a malformed request is denied first; then the

@@ -1,7 +1,7 @@
 //! The reads judging makes, as values: the one interface a reader implements
 //! ([`LeaseReads`]), what each read returns, and why a read failed. The real reader is
 //! `crate::admission::reads` (the watch cache and quorum reads, budgeted); the fake,
-//! for tests and the benchmark, is [`super::fake`].
+//! for tests and the benchmark, is `super::fake`.
 //!
 //! A read value — [`Cached`], [`Quorum`], [`HolderQuorum`], [`WriterQuorum`] — is made only by a
 //! reader: its fields are private and its constructors are crate-internal (used by the real
@@ -48,7 +48,7 @@ use crate::telemetry::Chain;
 
 /// The reads the guards ask for: each guard's pending read (`super::guard::Pending`) makes the
 /// one it needs. The real reads are `crate::admission::reads::SourceReads`, the fake
-/// [`super::fake::FakeLeases`].
+/// `super::fake::FakeLeases`.
 pub trait LeaseReads {
     /// The kube-fence lease as the watch cache holds it (never fails: absent is `None`).
     fn cached(&self, lease: LeaseRef<'_>) -> Cached;

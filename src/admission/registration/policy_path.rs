@@ -16,13 +16,13 @@
 //! stored version the write replaces (the policy runs in the same admission chain, inside the
 //! storage compare-and-swap, like the webhook: §6). The parameter comes from the API server's
 //! informer cache and may lag, but the issued token only grows, so a lagging cache only denies
-//! more: a token granted a moment ago may be denied ([`PolicyDenial`]; the client library retries
+//! more: a token granted a moment ago may be denied (`PolicyDenial`; the client library retries
 //! it briefly), a token never issued is always denied. A namespace whose parameters are missing
 //! (it has no Leases, or they were deleted a moment ago and the controller is re-creating them)
-//! denies every fast-path write ([`params_missing`]; retried like an unseen token).
+//! denies every fast-path write (`params_missing`; retried like an unseen token).
 //!
 //! The policy cannot produce typed `status.details` (the API server puts only its message in a
-//! cause), so its message starts with a fixed, machine-readable head ([`PolicyDenial::parse`]
+//! cause), so its message starts with a fixed, machine-readable head (`PolicyDenial::parse`
 //! reads it); both sides take it from the contract crate (`kube_fence_api::policy_path`).
 
 use kube_fence_api::policy_path::{DENIAL_HEAD, PARAMS_NAME};

@@ -116,7 +116,7 @@ pub enum RouteError {
 
 impl Routes {
     /// The routes of `fences`, routed oldest first (by creation time, then namespace and name)
-    /// while the condition stays within [`MAX_CONDITION_BYTES`] (pure).
+    /// while the condition stays within `MAX_CONDITION_BYTES` (pure).
     pub fn of<'f>(fences: impl IntoIterator<Item = &'f FencedController>) -> Routes {
         let mut ordered: Vec<&FencedController> = fences.into_iter().collect();
         let created = |f: &FencedController| f.metadata.creation_timestamp.clone().map(|Time(t)| t);

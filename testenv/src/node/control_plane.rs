@@ -79,7 +79,7 @@ impl ControlPlane {
         )
     }
 
-    /// The API from the host, the host's end: host 127.0.0.1:<port> -> unix socket.
+    /// The API from the host, the host's end: host `127.0.0.1:<port>` -> unix socket.
     fn start_host_relay(&mut self, opts: &Options, host_port: u16) -> Result<()> {
         let sock = self.state_path("kas.sock");
         self.spawn_node(

@@ -7,7 +7,7 @@
 //! 10.96.0.0/24 (the Service CIDR) via `kfn0`, so processes in the namespace can connect() to
 //! ClusterIPs before kube-proxy's DNAT rewrites them. No default route: packets can only go to
 //! loopback or to addresses inside the namespace. The host reaches the API through two socat
-//! relays joined by a unix socket in the state directory (host 127.0.0.1:<port> -> netns
+//! relays joined by a unix socket in the state directory (host `127.0.0.1:<port>` -> netns
 //! 127.0.0.1:6443).
 //!
 //! What the node changes outside its namespace, and how each is undone on stop (also after
