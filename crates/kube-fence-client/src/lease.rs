@@ -531,9 +531,9 @@ async fn keep_alive_task(leases: Leases, grant: Grant, interval: Duration, state
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut valid_until = grant.valid_until;
     // The heartbeat in flight, if any. It is one more thing the loop waits on, never the only
-    // one: a heartbeat sent into a partition can hang for the client's whole read timeout
-    // (minutes), and meanwhile the grant must still end at `valid_until`, a loss seen by the
-    // watch must still end it, and `stop` must still return at once.
+    // one: a heartbeat sent into a partition can hang as long as the client lets it (kube's has
+    // no read timeout), and meanwhile the grant must still end at `valid_until`, a loss seen by
+    // the watch must still end it, and `stop` must still return at once.
     let mut heartbeat: Option<BoxFuture<'static, Result<Grant, Error>>> = None;
     let lost = loop {
         tokio::select! {
