@@ -48,6 +48,8 @@ pub enum HolderFences {
 }
 
 /// Arguments of `kube-fence webhook` (also used by `kube-fence run`).
+// These doc comments are `--help` text, where `<NAME>` is a placeholder, not an HTML tag.
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Clone, Debug, clap::Args)]
 pub struct WebhookArgs {
     /// Address the HTTPS server listens on (port 0: one the kernel picks; see --ready-file).
@@ -97,7 +99,7 @@ pub struct WebhookArgs {
     pub tls_secret: String,
 
     /// kube-fence's ValidatingWebhookConfiguration (the chart's): self-managed TLS keeps its
-    /// caBundle correct, and the writer webhooks, kept in step in `<NAME>-writers`, call kube-fence
+    /// caBundle correct, and the writer webhooks, kept in step in <NAME>-writers, call kube-fence
     /// as its first webhook does.
     #[arg(long, value_name = "NAME", default_value = CONFIGURATION_NAME)]
     pub webhook_configuration: String,
@@ -141,7 +143,7 @@ pub struct WebhookArgs {
 
     /// How the holderIdentity of a client-go leader-election Lease names a Pod (objects labelled
     /// kubefence.io/leader-lease are written only by the holder's Pod): the Pod's name, or the
-    /// Pod's name, SEP and anything (client-go's usual `<hostname>_<uuid>`). `none`: the Pod's name
+    /// Pod's name, SEP and anything (client-go's usual <hostname>_<uuid>). `none`: the Pod's name
     /// exactly. SEP must not start with a character Pod names contain (a-z, 0-9, '-', '.'): with
     /// '-', Pod p1 would match Pod p1-x's identities. The holder policy (chart value
     /// leaderIdentity.separator; registered by `run --local`) must use the same rule.
