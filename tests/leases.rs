@@ -479,6 +479,33 @@ async fn a_holder_cut_from_its_api_server_loses_its_grant_at_the_deadline_while_
     controller.abort();
 }
 
+/// An acquire cut from its API server (nothing it sends gets an answer, the client having no
+/// read timeout) ends at its deadline with `Timeout`, after a bounded try at withdrawing its
+/// claim — not when a request in flight gives up, which was the client's 30 s timeout here and
+/// can be never. The claim's own write is raced against the deadline the same way; this test
+/// forces the cut before the first request (the list), which the withdrawal follows. Not a
+/// fencing case: a worker told to wait 3 s must have its answer then, partition or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_acquire_cut_from_its_api_server_ends_at_its_deadline() {
+    use kube_fence_test_support::partition::Relay;
+    let client = common::client().await;
+    let ns = common::namespace(&client, "cut-acquire").await;
+    let kubeconfig = common::kubeconfig().await;
+    let relay = Relay::to(Relay::upstream_of(&kubeconfig).await).await;
+    let cut_off = Leases::new(relay.client(&kubeconfig).await, &ns);
+    let absent = cut_off.get("cut").await;
+    assert!(matches!(absent, Err(Error::LeaseNotFound { .. })), "{absent:?}");
+    relay.cut();
+    let started = Instant::now();
+    let acquired = tokio::time::timeout(Duration::from_secs(20), cut_off.acquire("cut", "behind-the-partition", options(30, 3)))
+        .await
+        .expect("acquire answers within 20 s: its 3 s wait and at most 5 s trying to withdraw");
+    let answered_in = started.elapsed();
+    assert!(matches!(acquired, Err(Error::Timeout { .. })), "{acquired:?}");
+    relay.heal();
+    eprintln!("MEASURED acquire cut from its API server: Timeout after {answered_in:.2?} (wait 3 s)");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn keep_alive_keeps_the_token_and_a_silent_holder_loses_the_lease() {
     let client = common::client().await;

@@ -187,7 +187,10 @@ impl Leases {
 
     /// Acquires `name` for `holder`, creating the Lease when none exists, and waits — up to the
     /// timeout, or until cancelled — while another holder has it. Returns the grant with its
-    /// fencing token. On timeout or cancellation the claim is withdrawn.
+    /// fencing token. On timeout or cancellation the claim is withdrawn (tried for at most 5 s:
+    /// one that cannot be, e.g. in a partition, is granted to nobody and expires). The timeout
+    /// and the cancel hold while a request is in flight too: one sent into a partition gets no
+    /// answer, as the client has no read timeout.
     ///
     /// It watches the Lease while it waits, so the caller needs `list` and `watch` on
     /// `leases.kubefence.io` besides `get`, `create` and `update`. A watch the API server
@@ -218,6 +221,7 @@ impl Leases {
         let mut versions = watch_object(self.api.clone(), name).default_backoff().boxed();
         let mut held_by = None;
         let mut claim_sent: Option<Instant> = None;
+        let post = PostParams::default();
         loop {
             let seen = tokio::select! {
                 item = versions.next() => match item {
@@ -232,30 +236,32 @@ impl Leases {
                     },
                     None => return Err(Error::Missing("watch stream")),
                 },
-                _ = sleep_until_opt(deadline) => {
-                    self.withdraw(name, holder).await;
-                    return Err(Error::Timeout { lease: self.qualified(name), waited: started.elapsed(), held_by });
-                }
-                _ = cancel.cancelled() => {
-                    self.withdraw(name, holder).await;
-                    return Err(Error::Cancelled { lease: self.qualified(name) });
-                }
+                why = gave_up(deadline, &cancel) => return Err(self.give_up(name, holder, why, started, held_by).await),
             };
+            // Each write below is raced against the deadline and the caller's cancel too: one
+            // sent into a partition gets no answer (the client has no read timeout).
             match next_step(seen.as_ref(), holder) {
                 Step::Granted(token) => {
                     let Some(lease) = seen else { continue };
                     let grant = self.grant_of(&lease, holder, token, claim_sent.unwrap_or(started));
                     // Granted on a claim we did not make in this call (already held): renew,
                     // which also confirms it from now on.
-                    return match claim_sent {
-                        Some(_) => Ok(grant),
-                        None => self.renew(&grant).await,
+                    let Some(_) = claim_sent else {
+                        return tokio::select! {
+                            renewed = self.renew(&grant) => renewed,
+                            why = gave_up(deadline, &cancel) => Err(self.give_up(name, holder, why, started, held_by).await),
+                        };
                     };
+                    return Ok(grant);
                 }
                 Step::Create => {
                     let lease = Lease::new(name, self.claim_spec(LeaseSpec::default(), holder, options.duration));
                     let sent = Instant::now();
-                    match self.api.create(&PostParams::default(), &lease).await {
+                    let created = tokio::select! {
+                        created = self.api.create(&post, &lease) => created,
+                        why = gave_up(deadline, &cancel) => return Err(self.give_up(name, holder, why, started, held_by).await),
+                    };
+                    match created {
                         Ok(_) => claim_sent = Some(sent),
                         Err(kube::Error::Api(s)) if s.is_already_exists() => {}
                         Err(err) => return Err(err.into()),
@@ -268,7 +274,11 @@ impl Leases {
                     let sent = Instant::now();
                     // Carries the resourceVersion we judged: a compare-and-swap. Losing it (to
                     // another contender) or a takeover denial just means: judge the newer version.
-                    match self.api.replace(name, &PostParams::default(), &lease).await {
+                    let claimed = tokio::select! {
+                        claimed = self.api.replace(name, &post, &lease) => claimed,
+                        why = gave_up(deadline, &cancel) => return Err(self.give_up(name, holder, why, started, held_by).await),
+                    };
+                    match claimed {
                         Ok(_) => claim_sent = Some(sent),
                         Err(kube::Error::Api(s)) if s.is_conflict() || s.is_invalid() || s.is_not_found() => {}
                         Err(err) => return Err(err.into()),
@@ -394,6 +404,19 @@ impl Leases {
 
     /// Best effort, after a timeout or cancellation: take back a claim not yet granted, or
     /// release a grant that arrived too late to be used.
+    /// Ends an acquire that timed out or was cancelled: withdraws its claim, if it made one, for
+    /// at most [`WITHDRAW_WAIT`] (a claim left behind is granted to nobody and expires), and
+    /// says why it ended.
+    async fn give_up(&self, name: &str, holder: &str, why: GaveUp, started: Instant, held_by: Option<String>) -> Error {
+        if tokio::time::timeout(WITHDRAW_WAIT, self.withdraw(name, holder)).await.is_err() {
+            tracing::debug!(lease = name, "withdrawing a claim got no answer in time; it expires");
+        }
+        match why {
+            GaveUp::Timeout => Error::Timeout { lease: self.qualified(name), waited: started.elapsed(), held_by },
+            GaveUp::Cancelled => Error::Cancelled { lease: self.qualified(name) },
+        }
+    }
+
     async fn withdraw(&self, name: &str, holder: &str) {
         let withdrawn = self
             .edit_spec(name, "claim not withdrawn", |lease| {
@@ -450,6 +473,24 @@ fn next_heartbeat(previous: Option<&MicroTime>) -> MicroTime {
     match previous {
         Some(MicroTime(p)) if now <= *p => MicroTime(p.saturating_add(SignedDuration::from_micros(1)).unwrap_or(now)),
         _ => MicroTime(now),
+    }
+}
+
+/// How long an acquire that gave up tries to withdraw its claim.
+const WITHDRAW_WAIT: Duration = Duration::from_secs(5);
+
+/// Why an acquire stopped waiting.
+#[derive(Clone, Copy, Debug)]
+enum GaveUp {
+    Timeout,
+    Cancelled,
+}
+
+/// Resolves when the deadline passes or the caller cancels.
+async fn gave_up(deadline: Option<Instant>, cancel: &CancellationToken) -> GaveUp {
+    tokio::select! {
+        _ = sleep_until_opt(deadline) => GaveUp::Timeout,
+        _ = cancel.cancelled() => GaveUp::Cancelled,
     }
 }
 
