@@ -12,7 +12,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-/// A relay to an API server (see the module's documentation). Dropping it stops relaying.
+/// A relay to an API server (see the module's documentation). Dropped, it accepts no more
+/// connections, and those it holds in a cut end.
 pub struct Relay {
     addr: SocketAddr,
     open: watch::Sender<bool>,
