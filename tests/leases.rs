@@ -498,6 +498,62 @@ async fn leader_election_hands_over_when_the_leader_dies() {
     second.abort();
 }
 
+/// A leading controller cut from its API server (its renewal sent into the partition gets no
+/// answer: the client has no read timeout) stops leading at its renew deadline, not when the
+/// renewal gives up — leading on past the deadline is what the deadline exists to prevent —
+/// and the other replica takes over and grants. Not a safety case (the controller's writes are
+/// compare-and-swaps whoever leads; `a_paused_controller_replica_…` shows it): a replica that
+/// cannot reach its API server must not believe, or report, that it leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leading_controller_cut_from_its_api_server_steps_down_at_its_renew_deadline() {
+    use kube_fence_test_support::partition::Relay;
+    let client = common::client().await;
+    let ns = common::namespace(&client, "leader-cut").await;
+    let elected = |identity: &str| {
+        let mut o = ControllerOptions::new(identity).namespace(&ns).leader_election(true);
+        o.lease_duration = Duration::from_secs(2);
+        o.renew_deadline = Duration::from_millis(1500);
+        o.retry_period = Duration::from_millis(300);
+        o
+    };
+    let coordination: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), &ns);
+    let leader_now =
+        async || coordination.get_opt(controller::CONTROLLER_NAME).await.expect("election lease").and_then(|l| l.spec?.holder_identity);
+    let kubeconfig = common::kubeconfig().await;
+    let relay = Relay::to(Relay::upstream_of(&kubeconfig).await).await;
+    let mut registry = Registry::default();
+    let cut_off = start_controller_with(&relay.client(&kubeconfig).await, elected("cut-off"), &mut registry);
+    let leading = || {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode metrics");
+        text.lines().filter(|l| !l.starts_with('#')).find_map(|l| l.split_once("_leading ").map(|(_, v)| v.trim() == "1"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while leader_now().await.as_deref() != Some("cut-off") || leading() != Some(true) {
+        assert!(Instant::now() < deadline, "the controller behind the relay did not lead within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let other = start_controller_with(&client, elected("other"), &mut Registry::default());
+
+    relay.cut();
+    let cut_at = Instant::now();
+    // Its renew deadline is 1.5 s; a renewal hung in the cut waited 30 s (a new connection's
+    // timeout) or forever.
+    while leading() != Some(false) {
+        assert!(cut_at.elapsed() < Duration::from_secs(20), "the cut-off controller still leads 20 s after the cut");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stepped_down = cut_at.elapsed();
+    let leases = Leases::new(client.clone(), &ns);
+    let granted = leases.acquire("l", "w", options(3, 30)).await.expect("granted under the other replica");
+    assert_eq!(leader_now().await.as_deref(), Some("other"));
+    relay.heal();
+    leases.release(&granted).await.expect("release");
+    eprintln!("MEASURED leading controller cut from its API server: stepped down {stepped_down:.2?} after the cut (renew deadline 1.5 s)");
+    cut_off.abort();
+    other.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deleting_and_recreating_a_lease_never_restarts_its_tokens() {
     let client = common::client().await;

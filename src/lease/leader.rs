@@ -61,7 +61,13 @@ where
     loop {
         // Campaign.
         loop {
-            if elector.try_acquire_or_renew().await {
+            // An attempt sent into a partition gets no answer (the client has no read timeout):
+            // shutdown still ends the campaign.
+            let acquired = tokio::select! {
+                _ = &mut shutdown => return None,
+                acquired = elector.try_acquire_or_renew() => acquired,
+            };
+            if acquired {
                 break;
             }
             tokio::select! {
@@ -78,7 +84,11 @@ where
         };
         match outcome {
             Some(out) => {
-                elector.release().await;
+                // Best effort, and bounded: a release sent into a partition may never be
+                // answered, and the record expires anyway.
+                if tokio::time::timeout(elector.config.renew_deadline, elector.release()).await.is_err() {
+                    tracing::debug!(lease = %elector.config.name, "releasing the leader-election lease got no answer; it expires");
+                }
                 return out;
             }
             None => tracing::warn!(lease = %elector.config.name, "lost leadership; work stopped, campaigning again"),
@@ -94,17 +104,28 @@ struct Elector {
 }
 
 impl Elector {
-    /// Renews until a renewal has not succeeded for `renew_deadline`, or someone else leads.
+    /// Renews until a renewal has not succeeded for `renew_deadline`, or someone else leads. A
+    /// renewal (or the read of who leads) still unanswered at the renew deadline ends it too: in
+    /// a partition it may never be answered, and leading on past the deadline is what the
+    /// deadline exists to prevent.
     async fn keep_leading(&mut self) {
         let mut last_renewed = Instant::now();
         loop {
             tokio::time::sleep(self.config.retry_period).await;
-            if self.try_acquire_or_renew().await {
-                last_renewed = Instant::now();
-            } else if self.leader().await.as_deref() != Some(self.config.identity.as_str())
-                || last_renewed.elapsed() >= self.config.renew_deadline
-            {
-                return;
+            let left = self.config.renew_deadline.saturating_sub(last_renewed.elapsed());
+            match tokio::time::timeout(left, self.try_acquire_or_renew()).await {
+                Ok(true) => last_renewed = Instant::now(),
+                Ok(false) => {
+                    let left = self.config.renew_deadline.saturating_sub(last_renewed.elapsed());
+                    let leader = tokio::time::timeout(left, self.leader()).await.ok().flatten();
+                    if leader.as_deref() != Some(self.config.identity.as_str()) || last_renewed.elapsed() >= self.config.renew_deadline {
+                        return;
+                    }
+                }
+                Err(_) => {
+                    tracing::warn!(lease = %self.config.name, "no renewal answered within the renew deadline");
+                    return;
+                }
             }
         }
     }
