@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::net::TcpListener;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum_server::tls_rustls::RustlsConfig;
 use prometheus_client::registry::Registry;
@@ -105,7 +106,10 @@ where
     let Port { listener, tls, metrics, registry } = port;
     let (leases, cache) = LeaseDirectory::new(client.clone());
     let cache = tokio::spawn(cache);
-    let serving = Serving { judging: config.judging(), bounds: config.bounds, listener, tls };
+    // A quorum read is given as long as the API server gives the review it serves.
+    let read_timeout = Duration::from_secs(u64::try_from(config.scope.timeout_seconds).unwrap_or(1).max(1));
+    let serving =
+        Serving { judging: config.judging(), bounds: Bounds { quorum_read_timeout: read_timeout, ..config.bounds }, listener, tls };
     let server = tokio::spawn(server::run(leases.clone(), serving, metrics, registry, stop.clone().cancelled_owned()));
     let registered = match register(leases.clone()).await {
         Ok(registered) => registered,

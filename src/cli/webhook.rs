@@ -203,6 +203,8 @@ impl WebhookArgs {
             quorum_reads_per_namespace: Some(self.quorum_reads_per_namespace).filter(|n| *n > 0 && !authenticated),
             keep_alive_idle: bounds::KEEP_ALIVE_IDLE,
             idle_without_review: bounds::IDLE_WITHOUT_REVIEW,
+            // Set from the registration's timeout when serving (`admission::start`).
+            quorum_read_timeout: bounds::QUORUM_READ_TIMEOUT,
         }
     }
 

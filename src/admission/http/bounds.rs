@@ -109,6 +109,9 @@ const _: () = assert!(KEEP_ALIVE_IDLE.as_secs() > 90, "the API server, not kube-
 /// that send no review: a client must keep each one busy. At least the longest an API server
 /// waits for a webhook (30 s), so that a review answered slowly is never cut off.
 pub const IDLE_WITHOUT_REVIEW: Duration = Duration::from_secs(30);
+/// How long a quorum read may go unanswered unless told ([`Bounds::quorum_read_timeout`]; the
+/// command line gives `--webhook-timeout-seconds`): the API server's default webhook timeout.
+pub const QUORUM_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Bounds on what the webhook port's clients can cost (`--max-connections`,
 /// `--max-connections-per-source`, `--failed-connections-per-source`,
@@ -128,6 +131,10 @@ pub struct Bounds {
     /// How long a connection of a source that sent no review may go without a byte
     /// ([`IDLE_WITHOUT_REVIEW`]).
     pub idle_without_review: Duration,
+    /// How long a quorum read may go unanswered before the reviews waiting for it fail closed:
+    /// the API server's webhook timeout ([`QUORUM_READ_TIMEOUT`] unless told), past which no
+    /// review waits for it any more.
+    pub quorum_read_timeout: Duration,
 }
 
 impl Default for Bounds {
@@ -139,6 +146,7 @@ impl Default for Bounds {
             quorum_reads_per_namespace: Some(QUORUM_READS_PER_NAMESPACE),
             keep_alive_idle: KEEP_ALIVE_IDLE,
             idle_without_review: IDLE_WITHOUT_REVIEW,
+            quorum_read_timeout: QUORUM_READ_TIMEOUT,
         }
     }
 }
@@ -723,6 +731,7 @@ mod tests {
         quorum_reads_per_namespace: None,
         keep_alive_idle: KEEP_ALIVE_IDLE,
         idle_without_review: IDLE_WITHOUT_REVIEW,
+        quorum_read_timeout: QUORUM_READ_TIMEOUT,
     };
 
     #[test]

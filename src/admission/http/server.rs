@@ -319,7 +319,7 @@ pub async fn run(
     let Serving { judging, bounds, listener, tls } = serving;
     let events = Some(RejectionEvents::new(leases.client(), crate::process::identity(), metrics.events_suppressed.clone()));
     let gate = ConnectionGate::new(bounds, metrics.connections.clone());
-    let reader = Reader::new(leases, metrics.clone(), bounds.quorum_reads_per_namespace);
+    let reader = Reader::new(leases, metrics.clone(), bounds.quorum_reads_per_namespace, bounds.quorum_read_timeout);
     let webhook = Arc::new(Webhook::new(judging, reader, metrics, events));
     serve(listener, tls, router(webhook, registry), gate, shutdown).await
 }

@@ -72,6 +72,10 @@ pub enum ReadError {
     Throttled { source: IpAddr, namespace: Option<String>, per_second: u32 },
     /// The API server did not answer the read (shared by every review that waited for it).
     Failed(Arc<kube::Error>),
+    /// No answer within this long: the API server's webhook timeout, past which no review is
+    /// waiting any more (a read sent into a partition may never be answered, and would hold up
+    /// every later read of its lease).
+    Unanswered(std::time::Duration),
 }
 
 impl ReadError {
@@ -92,6 +96,14 @@ impl ReadError {
             ReadError::Failed(err) => {
                 let kind = if leader { "leader-election Lease" } else { "lease" };
                 Verdict::deny(500, Reason::LeaseReadFailed, format!("cannot read {kind} {lease} (failing closed): {}", Chain(err.as_ref())))
+            }
+            ReadError::Unanswered(after) => {
+                let kind = if leader { "leader-election Lease" } else { "lease" };
+                Verdict::deny(
+                    500,
+                    Reason::LeaseReadFailed,
+                    format!("cannot read {kind} {lease} (failing closed): the API server did not answer within {}s", after.as_secs_f64()),
+                )
             }
         }
     }

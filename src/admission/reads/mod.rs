@@ -9,7 +9,7 @@ pub(crate) mod shared;
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use self::directory::LeaseDirectory;
 use self::shared::SharedReads;
@@ -87,17 +87,21 @@ pub struct Reader {
     leases: LeaseDirectory,
     metrics: Metrics,
     budget: Option<Arc<Mutex<ReadBudget>>>,
+    /// How long a quorum read may go unanswered.
+    timeout: Duration,
     fence_leases: Arc<Shared<Option<kube_fence_api::Lease>>>,
     leader_leases: Arc<Shared<Option<LeaderElectionLease>>>,
 }
 
 impl Reader {
     /// Reads through `leases`, counted in `metrics`, at most `per_namespace` quorum reads started
-    /// a second per source and lease namespace (`None`: unbudgeted).
-    pub fn new(leases: LeaseDirectory, metrics: Metrics, per_namespace: Option<u32>) -> Reader {
+    /// a second per source and lease namespace (`None`: unbudgeted), each failing (closed) when
+    /// unanswered after `timeout`.
+    pub fn new(leases: LeaseDirectory, metrics: Metrics, per_namespace: Option<u32>, timeout: Duration) -> Reader {
         Reader {
             leases,
             metrics,
+            timeout,
             budget: per_namespace.map(|n| Arc::new(Mutex::new(ReadBudget::new(n)))),
             fence_leases: Arc::default(),
             leader_leases: Arc::default(),
@@ -149,15 +153,20 @@ impl SourceReads<'_> {
         Fut: std::future::Future<Output = Result<V, kube::Error>> + Send + 'static,
     {
         let key = (self.source, lease.namespace.to_string(), lease.name.to_string());
-        let (budget, metrics, leases, source) =
-            (self.reader.budget.clone(), self.reader.metrics.clone(), self.reader.leases.clone(), self.source);
+        let (budget, metrics, leases, source, timeout) =
+            (self.reader.budget.clone(), self.reader.metrics.clone(), self.reader.leases.clone(), self.source, self.reader.timeout);
         let (namespace, name) = (key.1.clone(), key.2.clone());
         shared
             .read(key, move || async move {
                 charge(budget.as_ref(), &metrics, source, &namespace)?;
                 metrics.lease_read(LeaseReadKind::Linearizable);
                 let started = Instant::now();
-                let read = read(leases, namespace, name).await.map_err(|e| ReadError::Failed(Arc::new(e)));
+                // Bounded: a read the API server never answers (sent into a partition) would
+                // otherwise be the one every later review of this lease waits behind.
+                let read = match tokio::time::timeout(timeout, read(leases, namespace, name)).await {
+                    Ok(read) => read.map_err(|e| ReadError::Failed(Arc::new(e))),
+                    Err(_) => Err(ReadError::Unanswered(timeout)),
+                };
                 metrics.quorum_read(started.elapsed().as_secs_f64());
                 read
             })
@@ -211,6 +220,38 @@ mod tests {
 
     fn ip(last: u8) -> IpAddr {
         IpAddr::from([10, 0, 0, last])
+    }
+
+    /// A quorum read the API server never answers (an endpoint that accepts the connection and
+    /// then says nothing, as one behind a partition) fails closed at the read timeout, and the
+    /// next review's read is not queued behind it forever: it gets a read of its own, which
+    /// times out the same way. Before the bound, the first read held its lease's slot until the
+    /// connection gave up.
+    #[tokio::test]
+    async fn an_unanswered_quorum_read_fails_closed_at_its_timeout_and_frees_its_lease() {
+        let silent = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await.expect("bind");
+        let addr = silent.local_addr().expect("address");
+        let held = tokio::spawn(async move {
+            let mut open = vec![];
+            while let Ok((conn, _)) = silent.accept().await {
+                open.push(conn); // never read, never answered, never closed
+            }
+        });
+        let config = kube::Config::new(format!("https://{addr}").parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let (leases, _cache) = LeaseDirectory::new(client);
+        let timeout = Duration::from_millis(300);
+        let reader = Reader::new(leases, Metrics::register(&mut prometheus_client::registry::Registry::default()), None, timeout);
+        let lease = LeaseRef { namespace: "ns", name: "l" };
+        for attempt in 0..2 {
+            let started = Instant::now();
+            let read = tokio::time::timeout(Duration::from_secs(20), reader.from(ip(1)).quorum(lease))
+                .await
+                .unwrap_or_else(|_| panic!("attempt {attempt}: no answer within 20 s"));
+            assert!(matches!(read, Err(ReadError::Unanswered(after)) if after == timeout), "attempt {attempt}: {read:?}");
+            assert!(started.elapsed() >= timeout, "attempt {attempt}: not before the timeout");
+        }
+        held.abort();
     }
 
     /// Threat cases: a tenant (or one busy controller) whose reviews come from the API server's
