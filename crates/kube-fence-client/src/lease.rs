@@ -402,8 +402,6 @@ impl Leases {
         }
     }
 
-    /// Best effort, after a timeout or cancellation: take back a claim not yet granted, or
-    /// release a grant that arrived too late to be used.
     /// Ends an acquire that timed out or was cancelled: withdraws its claim, if it made one, for
     /// at most [`WITHDRAW_WAIT`] (a claim left behind is granted to nobody and expires), and
     /// says why it ended.
@@ -417,6 +415,8 @@ impl Leases {
         }
     }
 
+    /// Best effort, after a timeout or cancellation: take back a claim not yet granted, or
+    /// release a grant that arrived too late to be used.
     async fn withdraw(&self, name: &str, holder: &str) {
         let withdrawn = self
             .edit_spec(name, "claim not withdrawn", |lease| {
