@@ -462,38 +462,44 @@ async fn a_paused_controller_replica_resumed_after_its_successor_granted_takes_n
     recorder.abort();
 }
 
+/// A lease controller replica of `ns` under leader election with short timings: a 2 s election
+/// lease, renewed every 300 ms, given up after 1.5 s without a renewal.
+fn elected(ns: &str, identity: &str) -> ControllerOptions {
+    let mut o = ControllerOptions::new(identity).namespace(ns).leader_election(true);
+    o.lease_duration = Duration::from_secs(2);
+    o.renew_deadline = Duration::from_millis(1500);
+    o.retry_period = Duration::from_millis(300);
+    o
+}
+
+/// Who holds the lease controllers' election in `ns` now.
+async fn leader_now(client: &Client, ns: &str) -> Option<String> {
+    let coordination: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), ns);
+    coordination.get_opt(controller::CONTROLLER_NAME).await.expect("election lease").and_then(|l| l.spec?.holder_identity)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leader_election_hands_over_when_the_leader_dies() {
     let client = common::client().await;
     let ns = common::namespace(&client, "leader").await;
-    let elected = |identity: &str| {
-        let mut o = ControllerOptions::new(identity).namespace(&ns).leader_election(true);
-        o.lease_duration = Duration::from_secs(2);
-        o.renew_deadline = Duration::from_millis(1500);
-        o.retry_period = Duration::from_millis(300);
-        o
-    };
-    let coordination: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), &ns);
-    let leader_now =
-        async || coordination.get_opt(controller::CONTROLLER_NAME).await.expect("election lease").and_then(|l| l.spec?.holder_identity);
-    let first = start_controller_with(&client, elected("first"), &mut Registry::default());
+    let first = start_controller_with(&client, elected(&ns, "first"), &mut Registry::default());
     // The first leads before the second starts (polled: however long that takes).
     let deadline = Instant::now() + Duration::from_secs(30);
-    while leader_now().await.as_deref() != Some("first") {
+    while leader_now(&client, &ns).await.as_deref() != Some("first") {
         assert!(Instant::now() < deadline, "the first controller did not lead within 30 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let second = start_controller_with(&client, elected("second"), &mut Registry::default());
+    let second = start_controller_with(&client, elected(&ns, "second"), &mut Registry::default());
     let leases = Leases::new(client.clone(), &ns);
     let g1 = leases.acquire("l", "w", options(3, 30)).await.expect("granted under the first leader");
     leases.release(&g1).await.expect("release");
-    assert_eq!(leader_now().await.as_deref(), Some("first"));
+    assert_eq!(leader_now(&client, &ns).await.as_deref(), Some("first"));
 
     first.abort(); // dies without stepping down
     let died = Instant::now();
     let g2 = leases.acquire("l", "w", options(3, 30)).await.expect("granted under the second leader");
     assert!(g2.token > g1.token);
-    assert_eq!(leader_now().await.as_deref(), Some("second"));
+    assert_eq!(leader_now(&client, &ns).await.as_deref(), Some("second"));
     eprintln!("MEASURED leader failover (2 s election lease): next grant {:.2?} after the leader died", died.elapsed());
     second.abort();
 }
@@ -509,31 +515,21 @@ async fn a_leading_controller_cut_from_its_api_server_steps_down_at_its_renew_de
     use kube_fence_test_support::partition::Relay;
     let client = common::client().await;
     let ns = common::namespace(&client, "leader-cut").await;
-    let elected = |identity: &str| {
-        let mut o = ControllerOptions::new(identity).namespace(&ns).leader_election(true);
-        o.lease_duration = Duration::from_secs(2);
-        o.renew_deadline = Duration::from_millis(1500);
-        o.retry_period = Duration::from_millis(300);
-        o
-    };
-    let coordination: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), &ns);
-    let leader_now =
-        async || coordination.get_opt(controller::CONTROLLER_NAME).await.expect("election lease").and_then(|l| l.spec?.holder_identity);
     let kubeconfig = common::kubeconfig().await;
     let relay = Relay::to(Relay::upstream_of(&kubeconfig).await).await;
     let mut registry = Registry::default();
-    let cut_off = start_controller_with(&relay.client(&kubeconfig).await, elected("cut-off"), &mut registry);
+    let cut_off = start_controller_with(&relay.client(&kubeconfig).await, elected(&ns, "cut-off"), &mut registry);
     let leading = || {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode metrics");
         text.lines().filter(|l| !l.starts_with('#')).find_map(|l| l.split_once("_leading ").map(|(_, v)| v.trim() == "1"))
     };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while leader_now().await.as_deref() != Some("cut-off") || leading() != Some(true) {
+    while leader_now(&client, &ns).await.as_deref() != Some("cut-off") || leading() != Some(true) {
         assert!(Instant::now() < deadline, "the controller behind the relay did not lead within 30 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let other = start_controller_with(&client, elected("other"), &mut Registry::default());
+    let other = start_controller_with(&client, elected(&ns, "other"), &mut Registry::default());
 
     relay.cut();
     let cut_at = Instant::now();
@@ -546,7 +542,7 @@ async fn a_leading_controller_cut_from_its_api_server_steps_down_at_its_renew_de
     let stepped_down = cut_at.elapsed();
     let leases = Leases::new(client.clone(), &ns);
     let granted = leases.acquire("l", "w", options(3, 30)).await.expect("granted under the other replica");
-    assert_eq!(leader_now().await.as_deref(), Some("other"));
+    assert_eq!(leader_now(&client, &ns).await.as_deref(), Some("other"));
     relay.heal();
     leases.release(&granted).await.expect("release");
     eprintln!("MEASURED leading controller cut from its API server: stepped down {stepped_down:.2?} after the cut (renew deadline 1.5 s)");
