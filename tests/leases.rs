@@ -331,7 +331,7 @@ struct ControllerProcess {
 }
 
 impl ControllerProcess {
-    fn start(kubeconfig: &std::path::Path, home: &std::path::Path, ns: &str, identity: &str) -> ControllerProcess {
+    async fn start(kubeconfig: &std::path::Path, home: &std::path::Path, ns: &str, identity: &str) -> ControllerProcess {
         let ready = home.join(format!("{identity}.ready"));
         let log = home.join(format!("{identity}.log"));
         let ready_arg = ready.display().to_string();
@@ -352,18 +352,8 @@ impl ControllerProcess {
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
             .expect("start kube-fence controller");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let metrics = loop {
-            let written = std::fs::read_to_string(&ready).unwrap_or_default();
-            if let Some(addr) = written.lines().find_map(|line| line.strip_prefix("metrics=")) {
-                break addr.to_string();
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("kube-fence controller {identity} exited ({status}): {}", std::fs::read_to_string(&log).unwrap_or_default());
-            }
-            assert!(Instant::now() < deadline, "kube-fence controller {identity} wrote no ready file in 60 s");
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let ready = common::wait_ready_file(&ready, &mut child, Duration::from_secs(60)).await;
+        let metrics = ready.metrics.expect("the controller's ready file names its metrics address").to_string();
         ControllerProcess { child, metrics, log }
     }
 
@@ -423,9 +413,9 @@ async fn a_paused_controller_replica_resumed_after_its_successor_granted_takes_n
     let (history, recorder) = History::record(&client, &ns).await;
     let kubeconfig = common::kubeconfig().await;
     let home = tempfile::tempdir().expect("an empty HOME");
-    let first = ControllerProcess::start(&kubeconfig, home.path(), &ns, "first");
+    let first = ControllerProcess::start(&kubeconfig, home.path(), &ns, "first").await;
     first.wait_leading(true, Duration::from_secs(60));
-    let second = ControllerProcess::start(&kubeconfig, home.path(), &ns, "second");
+    let second = ControllerProcess::start(&kubeconfig, home.path(), &ns, "second").await;
     second.wait_leading(false, Duration::from_secs(60));
 
     let leases = Leases::new(client.clone(), &ns);
