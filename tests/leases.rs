@@ -359,21 +359,18 @@ impl ControllerProcess {
 
     /// `kube_fence_lease_leading` from its /metrics (None: no answer).
     fn leading(&self) -> Option<bool> {
+        self.sample("kube_fence_lease_leading").map(|v| v == 1.0)
+    }
+
+    /// The value of sample `name` on its /metrics (None: no answer, or no such sample).
+    fn sample(&self, name: &str) -> Option<f64> {
         let out = std::process::Command::new("curl")
             .args(["-s", "--max-time", "5"])
             .arg(format!("http://{}/metrics", self.metrics))
             .output()
             .ok()?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        text.lines().find_map(|line| line.strip_prefix("kube_fence_lease_leading ")).map(|v| v.trim() == "1")
-    }
-
-    /// A sample of its /metrics (0 when absent).
-    fn sample(&self, name: &str) -> f64 {
-        let out =
-            std::process::Command::new("curl").args(["-s", "--max-time", "5"]).arg(format!("http://{}/metrics", self.metrics)).output();
-        let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-        text.lines().find_map(|line| line.strip_prefix(name).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
+        text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
     /// Waits (at most `limit`) until `leading()` is `leads`.
@@ -445,7 +442,7 @@ async fn a_paused_controller_replica_resumed_after_its_successor_granted_takes_n
     assert!(c.token > b.token, "c's token {} is greater than b's {}", c.token, b.token);
     history.caught_up([a.token, b.token, c.token]).await;
     let grants = history.assert_fencing_invariants();
-    let lost = first.sample("kube_fence_lease_status_conflicts_total ");
+    let lost = first.sample("kube_fence_lease_status_conflicts_total").unwrap_or(0.0);
     eprintln!(
         "MEASURED paused controller replica: {grants} grants, none regressed or given twice after the stale leader resumed ({lost} of its status writes lost their compare-and-swap)"
     );
