@@ -27,7 +27,8 @@
 # KF_HA_CHUNK_DIR (default docs/proof/ha-runs), and --sum adds the results of every chunk there.
 #
 #   hack/torture.sh --ha --chunk 7        # chunk 7: KF_HA_FAULTS faults (default 200 in a chunk)
-#   hack/torture.sh --ha --sum [DIR]      # the combined table; fails on any violation in any chunk
+#   hack/torture.sh --ha --sum [DIR]      # the combined table; fails on any violation in any chunk;
+#                                         # for docs/proof/ha-runs, rewrites the long run's tables
 #
 # HA sizes: KF_HA_{FAULTS,WORKERS,LEASES,OBJECTS,LEASE_SECONDS,HOLD_MIN_MS,HOLD_MAX_MS,
 # PAUSE_PERCENT,MAX_SECONDS,ELECTED_PODS,DELEGATED_PAIRS,ARBITER_HOLDERS}, KF_TORTURE_SEED.
@@ -54,6 +55,12 @@ if $sum; then
   export KF_TORTURE_REPORT="${KF_TORTURE_REPORT:-$KF_HA_CHUNK_DIR/sum.md}"
   cargo test --locked --test faults -- --ignored --exact faults_ha_sum --nocapture ${args[@]+"${args[@]}"}
   echo "table written to $KF_TORTURE_REPORT" >&2
+  # The committed chunks: the long run's tables in README.md, docs/proof.md and this directory's
+  # README are rewritten from them (a test checks they agree in every run).
+  if [[ $(realpath -m "$KF_HA_CHUNK_DIR") == $(realpath -m docs/proof/ha-runs) ]]; then
+    KUBE_FENCE_WRITE_HA_DOCS=1 cargo test --locked --test faults -- --exact committed_ha_documents_are_the_sum_of_the_committed_chunks
+    echo "the long run's tables rewritten: README.md, docs/proof.md, docs/proof/ha-runs/" >&2
+  fi
   exit 0
 fi
 

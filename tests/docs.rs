@@ -379,7 +379,10 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("docs/install.md", "kubectl apply -f crds/"),
     ("docs/proof.md", "hack/torture.sh --ha --short          # 20 faults, then the unfenced run (about 5 min warm)"),
     ("docs/proof/ha-runs/README.md", "flock /tmp/kube-fence-heavy.lock hack/torture.sh --ha --chunk 1     # then --chunk 2, 3, ..."),
-    ("docs/proof/ha-runs/README.md", "hack/torture.sh --ha --sum            # or --sum DIR; prints the combined table, writes sum.md"),
+    (
+        "docs/proof/ha-runs/README.md",
+        "hack/torture.sh --ha --sum            # or --sum DIR; prints the combined table; for this directory, rewrites the tables",
+    ),
 ];
 
 #[test]

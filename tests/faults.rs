@@ -15,7 +15,9 @@
 //!
 //! - `faults_ha_sum` (ignored; `hack/torture.sh --ha --sum`): the long HA run made of chunks,
 //!   each a complete run with its own seed (`hack/torture.sh --ha --chunk N`) whose JSON result
-//!   is summed here; `ha_chunk_results_add_up` checks the summing itself.
+//!   is summed here; `ha_chunk_results_add_up` checks the summing itself, and
+//!   `committed_ha_documents_are_the_sum_of_the_committed_chunks` that the long run's tables in
+//!   the README and docs/ are the sum of the committed results.
 //!
 //! All start a control plane of their own whatever `KUBECONFIG` says: they restart its
 //! kube-apiserver and etcd, which no shared cluster may suffer.
@@ -23,6 +25,7 @@
 mod common;
 mod torture;
 
+use torture::ha::chunk_docs::{self, CHUNK_DIR, Generated, Place, SpliceError};
 use torture::ha::chunks::{ChunkResult, Counts, PathResult, Sum};
 use torture::ha::{HaConfig, HaFault, HaReport, Path};
 use torture::{Config, Fault, Report};
@@ -219,4 +222,50 @@ fn ha_chunk_results_add_up() {
     assert!(sum.unexercised().is_empty(), "{:?}", sum.unexercised());
     let text = sum.to_string();
     assert!(text.contains("| **violations** | **1** |"), "{text}");
+}
+
+/// The long run's tables in README.md, docs/proof.md and docs/proof/ha-runs/ are the sum of the
+/// chunk results committed under docs/proof/ha-runs: no figure there is typed, so none can drift
+/// from what the runs wrote. `KUBE_FENCE_WRITE_HA_DOCS=1` (set by `hack/torture.sh --ha --sum`)
+/// writes them instead of comparing.
+#[test]
+fn committed_ha_documents_are_the_sum_of_the_committed_chunks() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sum = Sum::read_dir(&root.join(CHUNK_DIR)).unwrap_or_else(|e| panic!("reading the committed chunk results: {e}"));
+    assert!(!sum.chunks.is_empty(), "no chunk results under {CHUNK_DIR}");
+    let write = std::env::var_os("KUBE_FENCE_WRITE_HA_DOCS").is_some();
+    let mut drifted = Vec::new();
+    for generated in chunk_docs::documents(&sum) {
+        let path = root.join(generated.path);
+        let current = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", generated.path));
+        let wanted = generated.splice(&current).unwrap_or_else(|e| panic!("{}: {e}", generated.path));
+        if wanted != current {
+            if write {
+                std::fs::write(&path, wanted).unwrap_or_else(|e| panic!("writing {}: {e}", generated.path));
+            } else {
+                drifted.push(generated.path);
+            }
+        }
+    }
+    assert!(
+        drifted.is_empty(),
+        "these differ from the sum of the chunk results under {CHUNK_DIR}: {drifted:?}; \
+         rewrite them with `hack/torture.sh --ha --sum` (or KUBE_FENCE_WRITE_HA_DOCS=1 cargo test --test faults committed_ha)"
+    );
+}
+
+/// A generated piece replaces what is between its markers and keeps the rest; a document without
+/// its markers is named, never appended to or rewritten whole.
+#[test]
+fn a_generated_table_goes_between_its_markers_only() {
+    let piece = Generated { path: "doc.md", place: Place::Between("<!-- a -->", "<!-- b -->"), text: "new\n".into() };
+    assert_eq!(piece.splice("head\n<!-- a -->\nold\nold\n<!-- b -->\ntail\n"), Ok("head\n<!-- a -->\nnew\n<!-- b -->\ntail\n".into()));
+    let missing = Err(SpliceError::MarkersMissing { start: "<!-- a -->", end: "<!-- b -->" });
+    assert_eq!(piece.splice("head\n<!-- a -->\nold\n"), missing);
+    assert_eq!(piece.splice("<!-- b -->\nold\n<!-- a -->\n"), missing);
+    assert_eq!(piece.splice("nothing here\n"), missing);
+    assert_eq!(chunk_docs::thousands(0), "0");
+    assert_eq!(chunk_docs::thousands(999), "999");
+    assert_eq!(chunk_docs::thousands(94_753), "94,753");
+    assert_eq!(chunk_docs::thousands(1_234_567), "1,234,567");
 }

@@ -59,6 +59,7 @@ use super::{ControllerReplica, Recorder, Rng};
 use crate::common;
 
 mod arbiter;
+pub mod chunk_docs;
 pub mod chunks;
 mod delegated;
 mod elected;

@@ -149,11 +149,27 @@ impl ChunkResult {
     }
 }
 
+/// One chunk as the sum lists it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChunkLine {
+    /// The result's file name.
+    pub file: String,
+    pub seed: u64,
+    pub injected: u64,
+    pub asked: u64,
+    pub violations: usize,
+    pub seconds: f64,
+    pub observations: u64,
+    pub commit: String,
+    /// Faults injected, by `HaFault` name.
+    pub faults: BTreeMap<String, u64>,
+}
+
 /// The sum of chunk results.
 #[derive(Debug, Default)]
 pub struct Sum {
-    /// (file, seed, faults injected / asked, violations, seconds) per chunk.
-    pub chunks: Vec<(String, u64, u64, u64, usize, f64)>,
+    /// Every chunk added, in file order.
+    pub chunks: Vec<ChunkLine>,
     pub faults: BTreeMap<String, u64>,
     pub paths: BTreeMap<String, PathResult>,
     pub observations: u64,
@@ -174,10 +190,20 @@ impl Sum {
         }
         // A chunk run again with its seed is another run (the timing differs): it is added too,
         // so that a rerun can never hide a failed one; the seed is listed.
-        if self.chunks.iter().any(|(_, seed, ..)| *seed == c.seed) {
+        if self.chunks.iter().any(|line| line.seed == c.seed) {
             self.repeated_seeds.push(c.seed);
         }
-        self.chunks.push((name.to_string(), c.seed, c.injected(), c.faults_asked, c.violations.len(), c.elapsed_s));
+        self.chunks.push(ChunkLine {
+            file: name.to_string(),
+            seed: c.seed,
+            injected: c.injected(),
+            asked: c.faults_asked,
+            violations: c.violations.len(),
+            seconds: c.elapsed_s,
+            observations: c.observations,
+            commit: c.commit.clone(),
+            faults: c.faults.clone(),
+        });
         for (f, n) in &c.faults {
             *self.faults.entry(f.clone()).or_default() += n;
         }
@@ -228,7 +254,7 @@ impl Sum {
     }
     /// Chunks that injected fewer faults than asked (hit their time bound).
     pub fn incomplete(&self) -> Vec<&str> {
-        self.chunks.iter().filter(|(_, _, injected, asked, ..)| injected < asked).map(|(n, ..)| n.as_str()).collect()
+        self.chunks.iter().filter(|line| line.injected < line.asked).map(|line| line.file.as_str()).collect()
     }
     /// (fault, path) pairs of a fault kind injected under which the path sent no genuine write.
     pub fn unexercised(&self) -> Vec<(String, String)> {
@@ -271,38 +297,41 @@ impl Sum {
     }
 }
 
-impl fmt::Display for Sum {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let seconds: f64 = self.chunks.iter().map(|c| c.5).sum();
-        writeln!(
-            f,
-            "kube-fence on the HA topology, {} chunks (each a complete run with its own seed, checked on its own): {} faults, {:.1} h",
-            self.chunks.len(),
-            self.injected(),
-            seconds / 3600.0
-        )?;
-        writeln!(f)?;
-        let all = |fault: &str| -> Counts {
-            let mut c = Counts::default();
-            for r in self.paths.values() {
-                c += r.genuine.get(fault).copied().unwrap_or_default();
-            }
-            c
-        };
-        writeln!(f, "| fault | injected | genuine writes attempted | admitted | refused stale | failed closed / unavailable |")?;
-        writeln!(f, "| --- | ---: | ---: | ---: | ---: | ---: |")?;
-        let none = all("none");
-        writeln!(f, "| (none in place) | – | {} | {} | {} | {} |", none.attempted, none.admitted, none.refused, none.failed)?;
-        for (fault, n) in self.ordered(&self.faults, HaFault::ALL.map(|f| format!("{f:?}")).to_vec()) {
-            let c = all(fault);
-            writeln!(f, "| {} | {n} | {} | {} | {} | {} |", describe_fault(fault), c.attempted, c.admitted, c.refused, c.failed)?;
+impl Sum {
+    /// Genuine writes under `fault` (a `HaFault` name, or "none"), on every path.
+    fn under(&self, fault: &str) -> Counts {
+        let mut c = Counts::default();
+        for r in self.paths.values() {
+            c += r.genuine.get(fault).copied().unwrap_or_default();
         }
-        writeln!(f)?;
-        writeln!(
-            f,
-            "| path | writes accepted | stale writes refused (delayed after a pause / genuine, holder had lost) | delayed writes accepted (nothing newer in between) | failed closed (genuine / delayed) | scripted stale write | violations |"
-        )?;
-        writeln!(f, "| --- | ---: | ---: | ---: | ---: | --- | ---: |")?;
+        c
+    }
+
+    /// Hours the chunks ran, in all.
+    pub fn hours(&self) -> f64 {
+        self.chunks.iter().map(|c| c.seconds).sum::<f64>() / 3600.0
+    }
+
+    /// Faults by kind: injected, and the genuine writes under each (a markdown table).
+    pub fn fault_table(&self) -> String {
+        let mut t =
+            String::from("| fault | injected | genuine writes attempted | admitted | refused stale | failed closed / unavailable |\n");
+        t += "| --- | ---: | ---: | ---: | ---: | ---: |\n";
+        let none = self.under("none");
+        t += &format!("| (none in place) | – | {} | {} | {} | {} |\n", none.attempted, none.admitted, none.refused, none.failed);
+        for (fault, n) in self.ordered(&self.faults, HaFault::ALL.map(|f| format!("{f:?}")).to_vec()) {
+            let c = self.under(fault);
+            t += &format!("| {} | {n} | {} | {} | {} | {} |\n", describe_fault(fault), c.attempted, c.admitted, c.refused, c.failed);
+        }
+        t
+    }
+
+    /// Each path: writes accepted, stale writes refused, failed closed, the scripted stale write.
+    pub fn path_table(&self) -> String {
+        let mut t = String::from(
+            "| path | writes accepted | stale writes refused (delayed after a pause / genuine, holder had lost) | delayed writes accepted (nothing newer in between) | failed closed (genuine / delayed) | scripted stale write | violations |\n",
+        );
+        t += "| --- | ---: | ---: | ---: | ---: | --- | ---: |\n";
         let order = std::iter::once(MAIN.to_string()).chain(Path::ALL.map(|p| p.slug().to_string())).collect();
         for (path, r) in self.ordered(&self.paths, order) {
             let genuine = r.genuine.values().fold(Counts::default(), |mut a, c| {
@@ -310,9 +339,8 @@ impl fmt::Display for Sum {
                 a
             });
             let planted = if r.planted.is_empty() { "refused in every chunk".to_string() } else { r.planted.clone() };
-            writeln!(
-                f,
-                "| {} | {} | {} / {} | {} | {} / {} | {planted} | {} |",
+            t += &format!(
+                "| {} | {} | {} / {} | {} | {} / {} | {planted} | {} |\n",
                 describe_path(path),
                 r.writes_accepted,
                 r.delayed_refused,
@@ -321,22 +349,41 @@ impl fmt::Display for Sum {
                 genuine.failed,
                 r.delayed_failed,
                 r.violations
-            )?;
+            );
         }
-        writeln!(f)?;
+        t
+    }
+
+    /// The totals: faults, writes accepted, stale refused, failed closed, observations, violations.
+    pub fn measure_table(&self) -> String {
         let (delayed, genuine) = self.stale_refused();
         let accepted: u64 = self.paths.values().map(|r| r.writes_accepted).sum();
         let failed: u64 = self.paths.values().map(|r| r.delayed_failed + r.genuine.values().map(|c| c.failed).sum::<u64>()).sum();
-        writeln!(f, "| measure | count |")?;
-        writeln!(f, "| --- | ---: |")?;
-        writeln!(f, "| faults injected | {} |", self.injected())?;
-        writeln!(f, "| writes accepted (all paths) | {accepted} |")?;
-        writeln!(f, "| stale writes refused (delayed / genuine) | {} ({delayed} / {genuine}) |", delayed + genuine)?;
-        writeln!(f, "| writes failed closed / unavailable | {failed} |")?;
-        writeln!(f, "| observations checked | {} |", self.observations)?;
-        writeln!(f, "| §6b CREATE window (reported, not violations) | {} |", self.creates_in_window)?;
-        writeln!(f, "| **violations** | **{}** |", self.violations.len())?;
+        let mut t = String::from("| measure | count |\n| --- | ---: |\n");
+        t += &format!("| faults injected | {} |\n", self.injected());
+        t += &format!("| writes accepted (all paths) | {accepted} |\n");
+        t += &format!("| stale writes refused (delayed / genuine) | {} ({delayed} / {genuine}) |\n", delayed + genuine);
+        t += &format!("| writes failed closed / unavailable | {failed} |\n");
+        t += &format!("| observations checked | {} |\n", self.observations);
+        t += &format!("| §6b CREATE window (reported, not violations) | {} |\n", self.creates_in_window);
+        t += &format!("| **violations** | **{}** |\n", self.violations.len());
+        t
+    }
+}
+
+impl fmt::Display for Sum {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "kube-fence on the HA topology, {} chunks (each a complete run with its own seed, checked on its own): {} faults, {:.1} h",
+            self.chunks.len(),
+            self.injected(),
+            self.hours()
+        )?;
         writeln!(f)?;
+        writeln!(f, "{}", self.fault_table())?;
+        writeln!(f, "{}", self.path_table())?;
+        writeln!(f, "{}", self.measure_table())?;
         let injected = self.injected().max(1) as f64;
         writeln!(f, "Where a fault's time goes (mean per fault, {:.2} s in all):", self.phases_s.values().sum::<f64>() / injected)?;
         for (phase, s) in &self.phases_s {
@@ -344,8 +391,8 @@ impl fmt::Display for Sum {
         }
         writeln!(f)?;
         writeln!(f, "Chunks (file, seed, faults injected / asked, violations, minutes):")?;
-        for (name, seed, injected, asked, violations, s) in &self.chunks {
-            writeln!(f, "- {name}: seed {seed}, {injected} / {asked}, {violations}, {:.0}", s / 60.0)?;
+        for c in &self.chunks {
+            writeln!(f, "- {}: seed {}, {} / {}, {}, {:.0}", c.file, c.seed, c.injected, c.asked, c.violations, c.seconds / 60.0)?;
         }
         for name in &self.unfenced {
             writeln!(f, "- {name}: unfenced (a planted-fault run), not added")?;
