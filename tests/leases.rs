@@ -503,7 +503,7 @@ async fn a_leading_controller_cut_from_its_api_server_steps_down_at_its_renew_de
     let client = common::client().await;
     let ns = common::namespace(&client, "leader-cut").await;
     let kubeconfig = common::kubeconfig().await;
-    let relay = Relay::to(Relay::upstream_of(&kubeconfig).await).await;
+    let relay = Relay::to_api_server_of(&kubeconfig).await;
     let mut registry = Registry::default();
     let cut_off = start_controller_with(&relay.client(&kubeconfig).await, elected(&ns, "cut-off"), &mut registry);
     let leading = || {
@@ -623,7 +623,7 @@ async fn a_holder_cut_from_its_api_server_loses_its_grant_at_the_deadline_while_
     let ns = common::namespace(&client, "cut").await;
     let controller = start_controller(&client, &ns, "solo");
     let kubeconfig = common::kubeconfig().await;
-    let relay = Relay::to(Relay::upstream_of(&kubeconfig).await).await;
+    let relay = Relay::to_api_server_of(&kubeconfig).await;
     let cut_off = Leases::new(relay.client(&kubeconfig).await, &ns);
 
     // Heartbeats every 200 ms: once cut, one is in flight (and never answered) at the deadline.
@@ -670,7 +670,7 @@ async fn an_acquire_cut_from_its_api_server_ends_at_its_deadline() {
     let client = common::client().await;
     let ns = common::namespace(&client, "cut-acquire").await;
     let kubeconfig = common::kubeconfig().await;
-    let relay = Relay::to(Relay::upstream_of(&kubeconfig).await).await;
+    let relay = Relay::to_api_server_of(&kubeconfig).await;
     let cut_off = Leases::new(relay.client(&kubeconfig).await, &ns);
     let absent = cut_off.get("cut").await;
     assert!(matches!(absent, Err(Error::LeaseNotFound { .. })), "{absent:?}");

@@ -375,7 +375,7 @@ async fn lease_run_stops_the_command_at_the_deadline_when_cut_from_its_api_serve
     let home = home.path();
     let mut local = Local::start(&kubeconfig, home, &ns, "lease-run-cut", &[]);
     local.wait_ready();
-    let relay = Relay::to(Relay::upstream_of(&kubeconfig).await).await;
+    let relay = Relay::to_api_server_of(&kubeconfig).await;
     let through_relay = common::kubeconfig_variant(home, "through-relay", |config| {
         for cluster in common::entries(config, "clusters", "cluster") {
             cluster.insert("server".into(), format!("https://{}", relay.addr()).into());

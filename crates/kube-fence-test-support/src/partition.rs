@@ -71,8 +71,13 @@ impl Relay {
         Client::try_from(config).expect("client through the relay")
     }
 
+    /// A relay to the API server of the kubeconfig at `path` (its current context).
+    pub async fn to_api_server_of(path: &Path) -> Relay {
+        Relay::to(Relay::upstream_of(path).await).await
+    }
+
     /// The API server's address in the kubeconfig at `path` (its current context), to relay to.
-    pub async fn upstream_of(path: &Path) -> SocketAddr {
+    async fn upstream_of(path: &Path) -> SocketAddr {
         let kubeconfig = Kubeconfig::read_from(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig is usable");
         let host = config.cluster_url.host().expect("the API server's URL names a host");
