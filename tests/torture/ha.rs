@@ -336,6 +336,12 @@ pub struct HaReport {
     /// Creates of the fenced controller judged while their Pod led and committed after a
     /// successor's write (§6b's CREATE window: reported, not violations).
     pub creates_in_window: Vec<elected::InWindow>,
+    /// What the watches saw around each violation on a client-go Lease path
+    /// ([`elected::Side::explain`]).
+    pub explained: Vec<String>,
+    /// Per client-go Lease: the acquisitions no watch delivered, and the first and last token seen
+    /// ([`elected::Side::unseen_grants`]).
+    pub unseen_grants: BTreeMap<String, (Vec<u64>, u64, u64)>,
     /// Heartbeats written by hand with a skewed clock (under [`HaFault::ClientClockSkewed`]).
     pub skewed_heartbeats: u64,
     /// Where the faults' time went: phase → total over the run.
@@ -554,6 +560,12 @@ impl fmt::Display for HaReport {
         }
         for v in self.violations.iter().take(20) {
             writeln!(f, "  - {v}")?;
+        }
+        for e in &self.explained {
+            writeln!(f, "- around {e}")?;
+        }
+        for (lease, (unseen, first, last)) in &self.unseen_grants {
+            writeln!(f, "- {lease}: tokens {first} to {last} seen, {} acquisitions no watch delivered {unseen:?}", unseen.len())?;
         }
         for w in &self.creates_in_window {
             writeln!(
@@ -1301,8 +1313,8 @@ pub async fn run(config: HaConfig) -> HaReport {
     let mut watchers = record(&clients[0], &ns, &world.recorder, &watch_stop);
     watchers.extend(record(&clients[1], &ns, &world.recorder, &watch_stop));
     let side = world.side.clone();
-    for client in &clients {
-        watchers.extend(elected::record(client, &ns, &world.recorder, &side, &watch_stop));
+    for (api, client) in clients.iter().enumerate() {
+        watchers.extend(elected::record(client, api_letter(api), &ns, &world.recorder, &side, &watch_stop));
     }
 
     let leases: Api<Lease> = Api::namespaced(clients[0].clone(), &ns);
@@ -1417,6 +1429,10 @@ pub async fn run(config: HaConfig) -> HaReport {
     let mut observations = world.recorder.snapshot();
     observations.extend(arbiter::effects(&db).await);
     let (violations, creates_in_window) = elected::creates_in_window(history::check(&observations, |_| false), &side);
+    let (explained, unseen_grants) = match side.lock() {
+        Ok(side) => (violations.iter().filter_map(|v| side.explain(v)).take(10).collect(), side.unseen_grants()),
+        Err(_) => (Vec::new(), BTreeMap::new()),
+    };
     let mut writes = HashSet::new();
     let mut grants = HashSet::new();
     let (mut path_writes, mut path_grants) = (BTreeMap::<Path, HashSet<_>>::new(), BTreeMap::<Path, HashSet<_>>::new());
@@ -1472,6 +1488,8 @@ pub async fn run(config: HaConfig) -> HaReport {
         campaigns_failed: s.paths.campaigns_failed(),
         path_planted,
         creates_in_window,
+        explained,
+        unseen_grants,
         skewed_heartbeats: s.skewed_heartbeats.load(Ordering::Relaxed),
         phases: s.phases.lock().map(|p| p.clone()).unwrap_or_default(),
         waited: s.waited.lock().map(|w| w.clone()).unwrap_or_default(),

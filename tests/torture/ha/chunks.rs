@@ -79,6 +79,13 @@ pub struct ChunkResult {
     pub creates_in_window: u64,
     /// Where the faults' time went, seconds in all per phase.
     pub phases_s: BTreeMap<String, f64>,
+    /// What the watches saw around each violation on a client-go Lease path, in words (absent in
+    /// results from before it was recorded).
+    #[serde(default)]
+    pub explained: Vec<String>,
+    /// Per client-go Lease, the acquisitions (tokens) no watch delivered (absent before).
+    #[serde(default)]
+    pub unseen_grants: BTreeMap<String, Vec<u64>>,
 }
 
 /// The main workers' leases, in [`ChunkResult::paths`].
@@ -141,6 +148,8 @@ impl ChunkResult {
             violations: report.violations.iter().map(ToString::to_string).collect(),
             creates_in_window: report.creates_in_window.len() as u64,
             phases_s: report.phases.iter().map(|(p, d)| (p.to_string(), d.as_secs_f64())).collect(),
+            explained: report.explained.clone(),
+            unseen_grants: report.unseen_grants.iter().map(|(l, (unseen, ..))| (l.clone(), unseen.clone())).collect(),
         }
     }
 

@@ -31,7 +31,7 @@
 //! servers). What the guard does not promise, and the check does not ask: a Pod that re-acquired
 //! owns its older writes again, and a CREATE judged before the takeover may commit after it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -179,6 +179,71 @@ pub struct Side {
     /// Holder identities whose Pod's clock was off ([`super::HaFault::ClientClockSkewed`]), by how
     /// much: their `acquireTime` is corrected by it (it was written by the Pod's clock).
     pub clocks: BTreeMap<String, SignedDuration>,
+    /// Every version of the paths' Leases that named a holder, per (Lease key, resourceVersion):
+    /// the holder identity, its token, and the API servers whose watch delivered it.
+    grants_seen: BTreeMap<(String, u64), (String, Token, BTreeSet<char>)>,
+    /// Every recorded version of the paths' objects, per (object, resourceVersion): what its
+    /// writer wrote beside its name (the identity it held, through which API server, the fault in
+    /// place when it sent it, and what the write was).
+    writes_seen: BTreeMap<(String, u64), String>,
+}
+
+impl Side {
+    /// Per Lease, the acquisitions no watch delivered: tokens are consecutive (one more
+    /// `leaseTransitions` per acquisition), so a token missing between the first and the last
+    /// seen is one.
+    /// A write attributed past such a gap may be attributed to an older grant of its Pod.
+    pub fn unseen_grants(&self) -> BTreeMap<String, (Vec<u64>, u64, u64)> {
+        let mut tokens: BTreeMap<&str, BTreeSet<u64>> = BTreeMap::new();
+        for ((lease, _), (_, token, _)) in &self.grants_seen {
+            tokens.entry(lease).or_default().insert(token.get());
+        }
+        tokens
+            .into_iter()
+            .filter_map(|(lease, seen)| {
+                let (first, last) = (*seen.first()?, *seen.last()?);
+                Some((lease.to_string(), ((first..=last).filter(|t| !seen.contains(t)).collect(), first, last)))
+            })
+            .collect()
+    }
+
+    /// What the watches saw around a violation on a client-go Lease path, in words: the Lease's
+    /// acquisitions from the one before the writer's grant to two after the newer one (each: the
+    /// holder identity, the resourceVersions of its versions, which API servers' watches delivered
+    /// them), and the object's last versions up to the violating one and the next (each with what
+    /// its writer wrote beside its name). `None` for a violation of another kind or path.
+    pub fn explain(&self, violation: &Violation) -> Option<String> {
+        let Violation::StaleHolderWriteAccepted { object, grant, newer, resource_version, .. } = violation else { return None };
+        let lease = Path::of_object(object).filter(|p| Path::ELECTED.contains(p))?.key();
+        let (from, to) = (grant.get().saturating_sub(1), newer.get() + 2);
+        let mut acquisitions: BTreeMap<u64, (String, u64, u64, usize, BTreeSet<char>)> = BTreeMap::new();
+        for ((l, rv), (identity, token, by)) in &self.grants_seen {
+            if l != &lease || !(from..=to).contains(&token.get()) {
+                continue;
+            }
+            let a = acquisitions.entry(token.get()).or_insert_with(|| (identity.clone(), *rv, *rv, 0, BTreeSet::new()));
+            a.2 = *rv;
+            a.3 += 1;
+            a.4.extend(by);
+        }
+        let mut text = format!("{violation}\n    Lease {lease}, tokens {from} to {to}:");
+        for token in from..=to {
+            match acquisitions.get(&token) {
+                Some((identity, first, last, n, by)) => {
+                    let by: String = by.iter().collect();
+                    text += &format!("\n      {token}: {identity}, resourceVersion {first}..{last} ({n} versions, seen through {by})");
+                }
+                None => text += &format!("\n      {token}: never seen"),
+            }
+        }
+        let versions: Vec<_> = self.writes_seen.range((object.clone(), 0)..=(object.clone(), u64::MAX)).collect();
+        let at = versions.iter().position(|((_, rv), _)| rv == resource_version).unwrap_or(versions.len());
+        text += &format!("\n    {object}, its versions up to the violating one and the next:");
+        for ((_, rv), said) in &versions[at.saturating_sub(6)..(at + 2).min(versions.len())] {
+            text += &format!("\n      {rv}: {said}");
+        }
+        Some(text)
+    }
 }
 
 /// A create by a Pod that led when it was judged, committed after a successor's write: the
@@ -847,7 +912,15 @@ fn pod_of(identity: &str) -> &str {
 /// Records, through `client`, every version of both paths' Leases that names a holder (a grant
 /// of the Pod it names, token `leaseTransitions + 1`) and every version of their objects that a
 /// Pod wrote (a holder-only write by its `data.writer`).
-pub fn record(client: &Client, ns: &str, recorder: &Recorder, side: &Arc<Mutex<Side>>, stop: &CancellationToken) -> Vec<JoinHandle<()>> {
+/// `api`: the letter of the API server `client` talks to.
+pub fn record(
+    client: &Client,
+    api: char,
+    ns: &str,
+    recorder: &Recorder,
+    side: &Arc<Mutex<Side>>,
+    stop: &CancellationToken,
+) -> Vec<JoinHandle<()>> {
     let rv = |meta: &ObjectMeta| meta.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
     let mut tasks = Vec::new();
     let leases: Api<LeaderLease> = Api::namespaced(client.clone(), ns);
@@ -863,8 +936,13 @@ pub fn record(client: &Client, ns: &str, recorder: &Recorder, side: &Arc<Mutex<S
             let holder = spec.holder_identity.unwrap_or_default();
             let token = Token::new(spec.lease_transitions.unwrap_or(0).max(0) as u64 + 1);
             if let (false, Some(token), Some(resource_version)) = (holder.is_empty(), token, rv(&lease.metadata)) {
-                if let (Some(MicroTime(at)), Ok(mut seen)) = (spec.acquire_time, seen.lock()) {
-                    seen.acquired.entry((path.key(), token)).or_insert((at, holder.clone()));
+                if let Ok(mut seen) = seen.lock() {
+                    if let Some(MicroTime(at)) = spec.acquire_time {
+                        seen.acquired.entry((path.key(), token)).or_insert((at, holder.clone()));
+                    }
+                    let entry =
+                        seen.grants_seen.entry((path.key(), resource_version)).or_insert_with(|| (holder.clone(), token, BTreeSet::new()));
+                    entry.2.insert(api);
                 }
                 r.push(Observation::Grant { lease: path.key(), holder: pod_of(&holder).to_string(), token, resource_version });
             }
@@ -894,6 +972,19 @@ pub fn record(client: &Client, ns: &str, recorder: &Recorder, side: &Arc<Mutex<S
                         seen.created.insert(resource_version, (created.0, cm.name_any(), said));
                     }
                     let object = logical.map(str::to_string).unwrap_or_else(|| cm.name_any());
+                    if let Ok(mut seen) = seen.lock() {
+                        let data = cm.data.clone().unwrap_or_default();
+                        let field = |k: &str| data.get(k).cloned().unwrap_or_default();
+                        let said = format!(
+                            "{holder} as {}, sent through {} during {} ({}), {}",
+                            field("identity"),
+                            field("via"),
+                            field("during"),
+                            field("note"),
+                            cm.name_any()
+                        );
+                        seen.writes_seen.insert((object.clone(), resource_version), said);
+                    }
                     r.push(Observation::HolderWrite { object, lease: path.key(), holder, resource_version });
                     r.watched.fetch_max(resource_version, Ordering::Relaxed);
                 }
