@@ -341,7 +341,7 @@ pub struct HaReport {
     pub explained: Vec<String>,
     /// Per client-go Lease: the acquisitions no watch delivered, and the first and last token seen
     /// ([`elected::Side::unseen_grants`]).
-    pub unseen_grants: BTreeMap<String, (Vec<u64>, u64, u64)>,
+    pub unseen_grants: BTreeMap<String, elected::Unseen>,
     /// Heartbeats written by hand with a skewed clock (under [`HaFault::ClientClockSkewed`]).
     pub skewed_heartbeats: u64,
     /// Where the faults' time went: phase → total over the run.
@@ -564,8 +564,17 @@ impl fmt::Display for HaReport {
         for e in &self.explained {
             writeln!(f, "- around {e}")?;
         }
-        for (lease, (unseen, first, last)) in &self.unseen_grants {
-            writeln!(f, "- {lease}: tokens {first} to {last} seen, {} acquisitions no watch delivered {unseen:?}", unseen.len())?;
+        for (lease, u) in &self.unseen_grants {
+            writeln!(
+                f,
+                "- {lease}: tokens {} to {}; acquisitions no watch delivered: {} {:?}, of them seen in no answer either: {} {:?}",
+                u.first,
+                u.last,
+                u.by_no_watch.len(),
+                u.by_no_watch,
+                u.by_nothing.len(),
+                u.by_nothing
+            )?;
         }
         for w in &self.creates_in_window {
             writeln!(
@@ -1428,6 +1437,7 @@ pub async fn run(config: HaConfig) -> HaReport {
     // The arbiter's history is the database's: its effects, in commit order.
     let mut observations = world.recorder.snapshot();
     observations.extend(arbiter::effects(&db).await);
+    observations.extend(elected::answered(&world.elected, &side));
     let (violations, creates_in_window) = elected::creates_in_window(history::check(&observations, |_| false), &side);
     let (explained, unseen_grants) = match side.lock() {
         Ok(side) => (violations.iter().filter_map(|v| side.explain(v)).take(10).collect(), side.unseen_grants()),

@@ -83,9 +83,10 @@ pub struct ChunkResult {
     /// results from before it was recorded).
     #[serde(default)]
     pub explained: Vec<String>,
-    /// Per client-go Lease, the acquisitions (tokens) no watch delivered (absent before).
+    /// Per client-go Lease, the acquisitions (tokens) no watch delivered, and of them those no
+    /// answer named either (absent in results from before it was recorded).
     #[serde(default)]
-    pub unseen_grants: BTreeMap<String, Vec<u64>>,
+    pub unseen_grants: BTreeMap<String, (Vec<u64>, Vec<u64>)>,
 }
 
 /// The main workers' leases, in [`ChunkResult::paths`].
@@ -149,7 +150,7 @@ impl ChunkResult {
             creates_in_window: report.creates_in_window.len() as u64,
             phases_s: report.phases.iter().map(|(p, d)| (p.to_string(), d.as_secs_f64())).collect(),
             explained: report.explained.clone(),
-            unseen_grants: report.unseen_grants.iter().map(|(l, (unseen, ..))| (l.clone(), unseen.clone())).collect(),
+            unseen_grants: report.unseen_grants.iter().map(|(l, u)| (l.clone(), (u.by_no_watch.clone(), u.by_nothing.clone()))).collect(),
         }
     }
 
@@ -189,6 +190,13 @@ pub struct Sum {
     pub unfenced: Vec<String>,
     /// Seeds seen more than once (a chunk run again: both runs are added).
     pub repeated_seeds: Vec<u64>,
+    /// Chunks that recorded the acquisitions their watches missed, and how many: delivered by no
+    /// watch, and of them named by no answer either.
+    pub unseen_recorded: usize,
+    pub unseen_by_no_watch: u64,
+    pub unseen_by_nothing: u64,
+    /// What the watches saw around each violation, per chunk that recorded it.
+    pub explained: Vec<String>,
 }
 
 impl Sum {
@@ -234,6 +242,14 @@ impl Sum {
         self.observations += c.observations;
         self.violations.extend(c.violations.iter().map(|v| format!("{name}: {v}")));
         self.creates_in_window += c.creates_in_window;
+        if !c.unseen_grants.is_empty() {
+            self.unseen_recorded += 1;
+            for (no_watch, nothing) in c.unseen_grants.values() {
+                self.unseen_by_no_watch += no_watch.len() as u64;
+                self.unseen_by_nothing += nothing.len() as u64;
+            }
+        }
+        self.explained.extend(c.explained.iter().map(|e| format!("{name}: {e}")));
         for (p, s) in &c.phases_s {
             *self.phases_s.entry(p.clone()).or_default() += s;
         }
@@ -411,6 +427,16 @@ impl fmt::Display for Sum {
         }
         for v in self.violations.iter().take(50) {
             writeln!(f, "  - {v}")?;
+        }
+        if self.unseen_recorded > 0 {
+            writeln!(
+                f,
+                "\nClient-go Lease acquisitions no watch delivered, in the {} chunks that record them: {} (of them named by no answer of the API server either: {})",
+                self.unseen_recorded, self.unseen_by_no_watch, self.unseen_by_nothing
+            )?;
+        }
+        for e in self.explained.iter().take(20) {
+            writeln!(f, "\nAround {e}")?;
         }
         Ok(())
     }

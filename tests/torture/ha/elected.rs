@@ -19,8 +19,10 @@
 //! too late that it lost the Lease (the pause), or whose writes were held by the network (a cut
 //! from its API server) while a successor took over.
 //!
-//! Records come from watches only, through both API servers: each Lease version naming a holder
-//! is a grant of the Pod it names (`<pod>_…`, the identity rule the webhook applies), its token
+//! Records come from watches, through both API servers, and from the API server's answers to the
+//! claims, renewals and writes it committed (a watch that lists again after a gap skips versions;
+//! an answer is a committed version, not a belief — [`Answers`]): each Lease version naming a
+//! holder is a grant of the Pod it names (`<pod>_…`, the identity rule the webhook applies), its token
 //! the Lease's `leaseTransitions` + 1 (one per acquisition, the same across renewals); each
 //! admitted version of a guarded object is a holder-only write by the Pod in its `data.writer`.
 //! The created ConfigMaps are one logical object ([`MADE`]). The checker's holder-only rule
@@ -191,18 +193,28 @@ pub struct Side {
 impl Side {
     /// Per Lease, the acquisitions no watch delivered: tokens are consecutive (one more
     /// `leaseTransitions` per acquisition), so a token missing between the first and the last
-    /// seen is one.
-    /// A write attributed past such a gap may be attributed to an older grant of its Pod.
-    pub fn unseen_grants(&self) -> BTreeMap<String, (Vec<u64>, u64, u64)> {
-        let mut tokens: BTreeMap<&str, BTreeSet<u64>> = BTreeMap::new();
-        for ((lease, _), (_, token, _)) in &self.grants_seen {
-            tokens.entry(lease).or_default().insert(token.get());
+    /// seen is one. A write attributed past such a gap may be attributed to an older grant of its
+    /// Pod. Of those, the ones the API server's answers name ([`Answers`]) are known all the same.
+    pub fn unseen_grants(&self) -> BTreeMap<String, Unseen> {
+        let mut tokens: BTreeMap<&str, (BTreeSet<u64>, BTreeSet<u64>)> = BTreeMap::new();
+        for ((lease, _), (_, token, by)) in &self.grants_seen {
+            let (any, watched) = tokens.entry(lease).or_default();
+            any.insert(token.get());
+            if by.iter().any(|b| *b != 'r') {
+                watched.insert(token.get());
+            }
         }
         tokens
             .into_iter()
-            .filter_map(|(lease, seen)| {
-                let (first, last) = (*seen.first()?, *seen.last()?);
-                Some((lease.to_string(), ((first..=last).filter(|t| !seen.contains(t)).collect(), first, last)))
+            .filter_map(|(lease, (any, watched))| {
+                let (first, last) = (*any.first()?, *any.last()?);
+                let unseen = Unseen {
+                    first,
+                    last,
+                    by_no_watch: (first..=last).filter(|t| !watched.contains(t)).collect(),
+                    by_nothing: (first..=last).filter(|t| !any.contains(t)).collect(),
+                };
+                Some((lease.to_string(), unseen))
             })
             .collect()
     }
@@ -244,6 +256,18 @@ impl Side {
         }
         Some(text)
     }
+}
+
+/// The acquisitions of one Lease a run did not see ([`Side::unseen_grants`]).
+#[derive(Clone, Debug, Default)]
+pub struct Unseen {
+    /// The first and last token seen.
+    pub first: u64,
+    pub last: u64,
+    /// Tokens between them no watch delivered.
+    pub by_no_watch: Vec<u64>,
+    /// Of those, the ones no answer named either: nothing of them was seen.
+    pub by_nothing: Vec<u64>,
 }
 
 /// A create by a Pod that led when it was judged, committed after a successor's write: the
@@ -363,6 +387,21 @@ pub struct Pods {
     /// Per Pod: the Lease record it last saw (holder, renewTime, transitions) and when it first saw
     /// it, by its own monotonic clock — client-go's `observedTime`.
     observed: Mutex<BTreeMap<usize, (String, Instant)>>,
+    /// What the API server answered to the Pods' claims, renewals and writes that it committed.
+    answers: Mutex<Answers>,
+}
+
+/// Versions the API server committed and returned to a Pod, recorded beside what the watches
+/// deliver: a watch that lists again after a gap delivers only the newest version, so an
+/// acquisition can reach no watch at all; the answer to the claim names it. An answer is the
+/// server's (a committed version with its resourceVersion), not what a client believed; a
+/// version committed whose answer was lost is left to the watches.
+#[derive(Default)]
+struct Answers {
+    /// (Lease key, resourceVersion, holder identity, token).
+    grants: Vec<(String, u64, String, Token)>,
+    /// (object, resourceVersion, writer Pod, what it wrote beside its name).
+    writes: Vec<(String, u64, String, String)>,
 }
 
 /// A ServiceAccount token bound to Pod `pod`, valid for a day (a long run outlasts the tests'
@@ -431,7 +470,15 @@ pub async fn setup(admin: &[Client; 2], kubeconfigs: &[PathBuf; 2], ns: &str, po
             let token = pod_token(&admin[0], ns, account, pod).await;
             clients.push([client_with_token(&kubeconfigs[0], &token).await, client_with_token(&kubeconfigs[1], &token).await]);
         }
-        paths.push(Pods { path, names, clients, ns: ns.to_string(), made: AtomicU64::new(0), observed: Mutex::default() });
+        paths.push(Pods {
+            path,
+            names,
+            clients,
+            ns: ns.to_string(),
+            made: AtomicU64::new(0),
+            observed: Mutex::default(),
+            answers: Mutex::default(),
+        });
     }
     for pods in &paths {
         kube_fence_test_support::identity::wait_authorized(&pods.clients[0][0], ns, "coordination.k8s.io", "leases", "update").await;
@@ -613,7 +660,10 @@ impl Pods {
         });
         let sent = Instant::now();
         match bounded(leases.replace(self.path.lease(), &PostParams::default(), &claim)).await {
-            Some(Ok(_)) => Campaign::Acquired(sent),
+            Some(Ok(lease)) => {
+                self.answered_lease(&lease);
+                Campaign::Acquired(sent)
+            }
             _ => Campaign::Failed,
         }
     }
@@ -628,7 +678,31 @@ impl Pods {
             return Some(false);
         }
         spec.renew_time = Some(MicroTime(skewed(clock)));
-        bounded(leases.replace(self.path.lease(), &PostParams::default(), &current)).await?.ok().map(|_| true)
+        let renewed = bounded(leases.replace(self.path.lease(), &PostParams::default(), &current)).await?.ok()?;
+        self.answered_lease(&renewed);
+        Some(true)
+    }
+
+    /// Notes a version of the Lease the API server committed and answered with.
+    fn answered_lease(&self, lease: &LeaderLease) {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let holder = spec.holder_identity.unwrap_or_default();
+        let token = Token::new(spec.lease_transitions.unwrap_or(0).max(0) as u64 + 1);
+        let rv = lease.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
+        if let (false, Some(token), Some(rv), Ok(mut answers)) = (holder.is_empty(), token, rv, self.answers.lock()) {
+            answers.grants.push((self.path.key(), rv, holder, token));
+        }
+    }
+
+    /// Notes a version of an object the API server committed and answered with (`logical`: the
+    /// object it is recorded as, for the created ConfigMaps).
+    fn answered_write(&self, written: &Option<Result<ConfigMap, kube::Error>>, pod: &str, logical: Option<&str>) {
+        let Some(Ok(cm)) = written else { return };
+        let rv = cm.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
+        if let (Some(rv), Ok(mut answers)) = (rv, self.answers.lock()) {
+            let object = logical.map_or_else(|| cm.name_any(), str::to_string);
+            answers.writes.push((object, rv, pod.to_string(), said_of(pod, cm)));
+        }
     }
 
     /// Releases as client-go does (`ReleaseOnCancel`): the holder cleared, if it is still this one.
@@ -664,14 +738,18 @@ impl Pods {
                 let seq =
                     read.and_then(|r| r.data.as_ref()).and_then(|d| d.get("seq")).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0) + 1;
                 let patch = json!({"data": {"seq": seq.to_string(), "writer": pod, "identity": identity, "note": note, "via": via, "during": during}});
-                wrote(bounded(self.cms(me, api).patch(object, &PatchParams::default(), &Patch::Merge(patch))).await)
+                let written = bounded(self.cms(me, api).patch(object, &PatchParams::default(), &Patch::Merge(patch))).await;
+                self.answered_write(&written, pod, None);
+                wrote(written)
             }
             Step::Create => {
                 let n = self.made.fetch_add(1, Ordering::Relaxed);
                 let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": format!("ha-made-{pod}-{n}"),
                     "labels": {MADE_LABEL: "true"}}, "data": {"writer": pod, "identity": identity, "note": note, "via": via, "during": during}}))
                 .expect("a literal");
-                wrote(bounded(self.cms(me, api).create(&PostParams::default(), &cm)).await)
+                let written = bounded(self.cms(me, api).create(&PostParams::default(), &cm)).await;
+                self.answered_write(&written, pod, Some(MADE));
+                wrote(written)
             }
         }
     }
@@ -904,6 +982,50 @@ fn skewed(clock: SignedDuration) -> Timestamp {
     Timestamp::now().saturating_add(clock).unwrap_or(Timestamp::now())
 }
 
+/// What a version of a path's object says of its write, beside its writer's name: the identity
+/// it held, the API server it went through, the fault in place and the kind of write.
+fn said_of(holder: &str, cm: &ConfigMap) -> String {
+    let data = cm.data.clone().unwrap_or_default();
+    let field = |k: &str| data.get(k).cloned().unwrap_or_default();
+    format!(
+        "{holder} as {}, sent through {} during {} ({}), {}",
+        field("identity"),
+        field("via"),
+        field("during"),
+        field("note"),
+        cm.name_any()
+    )
+}
+
+/// Every answer the Pods of `paths` got (see [`Answers`]), as observations, noted in `side` as
+/// seen through `r` (the response).
+pub fn answered(paths: &[Pods], side: &Mutex<Side>) -> Vec<Observation> {
+    let mut out = Vec::new();
+    let Ok(mut side) = side.lock() else { return out };
+    for pods in paths {
+        let Ok(answers) = pods.answers.lock() else { continue };
+        for (lease, rv, identity, token) in &answers.grants {
+            side.grants_seen.entry((lease.clone(), *rv)).or_insert_with(|| (identity.clone(), *token, BTreeSet::new())).2.insert('r');
+            out.push(Observation::Grant {
+                lease: lease.clone(),
+                holder: pod_of(identity).to_string(),
+                token: *token,
+                resource_version: *rv,
+            });
+        }
+        for (object, rv, holder, said) in &answers.writes {
+            side.writes_seen.entry((object.clone(), *rv)).or_insert_with(|| format!("{said} [answer]"));
+            out.push(Observation::HolderWrite {
+                object: object.clone(),
+                lease: pods.path.key(),
+                holder: holder.clone(),
+                resource_version: *rv,
+            });
+        }
+    }
+    out
+}
+
 /// The Pod a holder identity names (`<pod>_<anything>`: the webhook's default identity rule).
 fn pod_of(identity: &str) -> &str {
     identity.split('_').next().unwrap_or_default()
@@ -973,17 +1095,7 @@ pub fn record(
                     }
                     let object = logical.map(str::to_string).unwrap_or_else(|| cm.name_any());
                     if let Ok(mut seen) = seen.lock() {
-                        let data = cm.data.clone().unwrap_or_default();
-                        let field = |k: &str| data.get(k).cloned().unwrap_or_default();
-                        let said = format!(
-                            "{holder} as {}, sent through {} during {} ({}), {}",
-                            field("identity"),
-                            field("via"),
-                            field("during"),
-                            field("note"),
-                            cm.name_any()
-                        );
-                        seen.writes_seen.insert((object.clone(), resource_version), said);
+                        seen.writes_seen.insert((object.clone(), resource_version), said_of(&holder, &cm));
                     }
                     r.push(Observation::HolderWrite { object, lease: path.key(), holder, resource_version });
                     r.watched.fetch_max(resource_version, Ordering::Relaxed);
@@ -992,4 +1104,44 @@ pub fn record(
         }));
     }
     tasks
+}
+
+/// The record's gaps, as the report shows them: a token no watch delivered is counted, apart
+/// from one no answer named either, and a violation is shown with the Lease's acquisitions around
+/// it ("never seen" where nothing saw one) and the object's versions up to it.
+#[test]
+fn acquisitions_the_watches_missed_are_counted_and_shown_around_a_violation() {
+    let lease = Path::FencedController.key();
+    let t = |n: u64| Token::new(n).expect("a token");
+    let mut side = Side::default();
+    for (rv, identity, token, by) in [(10, "ctl-0_1", 1, "ab"), (20, "ctl-1_1", 2, "a"), (30, "ctl-2_1", 3, "r"), (50, "ctl-0_2", 5, "b")] {
+        side.grants_seen.insert((lease.clone(), rv), (identity.into(), t(token), by.chars().collect()));
+    }
+    side.writes_seen.insert((STATE.into(), 21), "ctl-1 as ctl-1_1".into());
+    side.writes_seen.insert((STATE.into(), 31), "ctl-2 as ctl-2_1".into());
+    let unseen = &side.unseen_grants()[&lease];
+    assert_eq!((unseen.first, unseen.last), (1, 5));
+    assert_eq!(unseen.by_no_watch, vec![3, 4], "3 only an answer named, 4 nothing");
+    assert_eq!(unseen.by_nothing, vec![4]);
+    let v = Violation::StaleHolderWriteAccepted {
+        object: STATE.into(),
+        holder: "ctl-0".into(),
+        grant: t(1),
+        newer: t(2),
+        resource_version: 31,
+    };
+    let text = side.explain(&v).expect("a violation on the fenced controller's object is explained");
+    for line in [
+        "2: ctl-1_1, resourceVersion 20..20 (1 versions, seen through a)",
+        "3: ctl-2_1",
+        "seen through r",
+        "4: never seen",
+        "21: ctl-1 as ctl-1_1",
+        "31: ctl-2 as ctl-2_1",
+    ] {
+        assert!(text.contains(line), "{line:?} missing in:\n{text}");
+    }
+    let other =
+        Violation::StaleHolderWriteAccepted { object: "ha-0-0".into(), holder: "w".into(), grant: t(1), newer: t(2), resource_version: 1 };
+    assert!(side.explain(&other).is_none(), "kube-fence's own leases' objects are not this path's");
 }
