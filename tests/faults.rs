@@ -195,10 +195,18 @@ fn ha_chunk_results_add_up() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let mut short = chunk(3, &[("EtcdLeaderKilled", 2)], 5, &[]);
     short.faults_asked = 4;
+    // Chunk 3 recorded the watches' gaps before answers were recorded (nothing else saw them);
+    // chunk 1 recorded both.
+    short.unseen_grants = [("coordination/ha-ctl".to_string(), vec![3])].into();
     let mut unfenced = chunk(4, &[("EtcdLeaderKilled", 1)], 5, &["stale"]);
     unfenced.fenced = false;
     for (name, c) in [
-        ("chunk-0001.json", chunk(1, &[("EtcdLeaderKilled", 2), ("ApiServerKilled", 1)], 10, &[])),
+        ("chunk-0001.json", {
+            let mut c = chunk(1, &[("EtcdLeaderKilled", 2), ("ApiServerKilled", 1)], 10, &[]);
+            c.unseen_grants = [("coordination/ha-ctl".to_string(), vec![4, 5])].into();
+            c.unseen_by_nothing = Some([("coordination/ha-ctl".to_string(), vec![5])].into());
+            c
+        }),
         ("chunk-0002.json", chunk(2, &[("EtcdLeaderKilled", 1)], 7, &["object x: stale write"])),
         ("chunk-0002-again.json", chunk(2, &[("EtcdLeaderKilled", 1)], 7, &[])),
         ("chunk-0003.json", short),
@@ -220,6 +228,7 @@ fn ha_chunk_results_add_up() {
     assert_eq!(sum.unfenced, vec!["chunk-0004.json"]);
     assert_eq!(sum.repeated_seeds, vec![2]);
     assert!(sum.unexercised().is_empty(), "{:?}", sum.unexercised());
+    assert_eq!((sum.unseen_recorded, sum.unseen_by_no_watch, sum.unseen_by_nothing), (2, 3, 2));
     let text = sum.to_string();
     assert!(text.contains("| **violations** | **1** |"), "{text}");
 }

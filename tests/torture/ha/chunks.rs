@@ -83,10 +83,14 @@ pub struct ChunkResult {
     /// results from before it was recorded).
     #[serde(default)]
     pub explained: Vec<String>,
-    /// Per client-go Lease, the acquisitions (tokens) no watch delivered, and of them those no
-    /// answer named either (absent in results from before it was recorded).
+    /// Per client-go Lease, the acquisitions (tokens) no watch delivered (absent in results from
+    /// before it was recorded).
     #[serde(default)]
-    pub unseen_grants: BTreeMap<String, (Vec<u64>, Vec<u64>)>,
+    pub unseen_grants: BTreeMap<String, Vec<u64>>,
+    /// Of those, the ones no answer of the API server named either (`None`: the chunk recorded no
+    /// answers, so nothing else saw any of them).
+    #[serde(default)]
+    pub unseen_by_nothing: Option<BTreeMap<String, Vec<u64>>>,
 }
 
 /// The main workers' leases, in [`ChunkResult::paths`].
@@ -150,7 +154,8 @@ impl ChunkResult {
             creates_in_window: report.creates_in_window.len() as u64,
             phases_s: report.phases.iter().map(|(p, d)| (p.to_string(), d.as_secs_f64())).collect(),
             explained: report.explained.clone(),
-            unseen_grants: report.unseen_grants.iter().map(|(l, u)| (l.clone(), (u.by_no_watch.clone(), u.by_nothing.clone()))).collect(),
+            unseen_grants: report.unseen_grants.iter().map(|(l, u)| (l.clone(), u.by_no_watch.clone())).collect(),
+            unseen_by_nothing: Some(report.unseen_grants.iter().map(|(l, u)| (l.clone(), u.by_nothing.clone())).collect()),
         }
     }
 
@@ -244,10 +249,9 @@ impl Sum {
         self.creates_in_window += c.creates_in_window;
         if !c.unseen_grants.is_empty() {
             self.unseen_recorded += 1;
-            for (no_watch, nothing) in c.unseen_grants.values() {
-                self.unseen_by_no_watch += no_watch.len() as u64;
-                self.unseen_by_nothing += nothing.len() as u64;
-            }
+            let count = |m: &BTreeMap<String, Vec<u64>>| m.values().map(|t| t.len() as u64).sum::<u64>();
+            self.unseen_by_no_watch += count(&c.unseen_grants);
+            self.unseen_by_nothing += c.unseen_by_nothing.as_ref().map_or_else(|| count(&c.unseen_grants), count);
         }
         self.explained.extend(c.explained.iter().map(|e| format!("{name}: {e}")));
         for (p, s) in &c.phases_s {
