@@ -663,6 +663,25 @@ impl Drop for Plane {
     }
 }
 
+/// The recorder's watches retry every 200 ms, never backing off: kube's default backs off up to
+/// 30 s, and a watch through an API server that was just restarted could then still be waiting
+/// when the next fault takes the other API server down — both watches blind at once, every
+/// version committed meanwhile delivered by neither (seen in chunk 7: 15 acquisitions of one
+/// Lease). Retries are cheap here: two watches per path, against two API servers.
+#[derive(Clone, Copy)]
+pub struct Steady;
+
+impl Iterator for Steady {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        Some(Duration::from_millis(200))
+    }
+}
+
+impl kube::runtime::utils::Backoff for Steady {
+    fn reset(&mut self) {}
+}
+
 /// One kube-fence replica: a lease controller and a webhook, both talking to one API server.
 struct Replica {
     client: Client,
@@ -1015,7 +1034,7 @@ fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationTok
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let (r1, r2, s1, s2) = (recorder.clone(), recorder.clone(), stop.clone(), stop.clone());
     let lease_task = tokio::spawn(async move {
-        let mut events = watcher::watcher(leases, watcher::Config::default()).default_backoff().boxed();
+        let mut events = watcher::watcher(leases, watcher::Config::default()).backoff(Steady).boxed();
         loop {
             let event = tokio::select! { _ = s1.cancelled() => return, e = events.next() => e };
             let Some(event) = event else { return };
@@ -1029,7 +1048,7 @@ fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationTok
         }
     });
     let object_task = tokio::spawn(async move {
-        let mut events = watcher::watcher(cms, watcher::Config::default().labels(LEASE_LABEL)).default_backoff().boxed();
+        let mut events = watcher::watcher(cms, watcher::Config::default().labels(LEASE_LABEL)).backoff(Steady).boxed();
         loop {
             let event = tokio::select! { _ = s2.cancelled() => return, e = events.next() => e };
             let Some(event) = event else { return };

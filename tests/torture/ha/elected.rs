@@ -1048,7 +1048,7 @@ pub fn record(
     let leases: Api<LeaderLease> = Api::namespaced(client.clone(), ns);
     let (r, s, seen) = (recorder.clone(), stop.clone(), side.clone());
     tasks.push(tokio::spawn(async move {
-        let mut events = watcher::watcher(leases, watcher::Config::default()).default_backoff().boxed();
+        let mut events = watcher::watcher(leases, watcher::Config::default()).backoff(super::Steady).boxed();
         loop {
             let event = tokio::select! { _ = s.cancelled() => return, e = events.next() => e };
             let Some(event) = event else { return };
@@ -1080,7 +1080,7 @@ pub fn record(
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
         let (r, s, seen) = (recorder.clone(), stop.clone(), side.clone());
         tasks.push(tokio::spawn(async move {
-            let mut events = watcher::watcher(cms, selector).default_backoff().boxed();
+            let mut events = watcher::watcher(cms, selector).backoff(super::Steady).boxed();
             loop {
                 let event = tokio::select! { _ = s.cancelled() => return, e = events.next() => e };
                 let Some(event) = event else { return };
