@@ -454,8 +454,8 @@ impl fmt::Display for Sum {
         if self.unseen_recorded > 0 {
             writeln!(
                 f,
-                "\nClient-go Lease acquisitions no watch delivered, in the {} chunks that record them: {} (of them named by no answer of the API server either: {})",
-                self.unseen_recorded, self.unseen_by_no_watch, self.unseen_by_nothing
+                "\nClient-go Lease acquisitions no watch delivered: {} (of them named by no answer of the API server either: {}), counted in {} of the chunks",
+                self.unseen_by_no_watch, self.unseen_by_nothing, self.unseen_recorded
             )?;
         }
         for e in self.explained.iter().take(20) {
