@@ -685,11 +685,7 @@ impl Pods {
 
     /// Notes a version of the Lease the API server committed and answered with.
     fn answered_lease(&self, lease: &LeaderLease) {
-        let spec = lease.spec.clone().unwrap_or_default();
-        let holder = spec.holder_identity.unwrap_or_default();
-        let token = Token::new(spec.lease_transitions.unwrap_or(0).max(0) as u64 + 1);
-        let rv = lease.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
-        if let (false, Some(token), Some(rv), Ok(mut answers)) = (holder.is_empty(), token, rv, self.answers.lock()) {
+        if let (Some((holder, token, rv)), Ok(mut answers)) = (held_by(lease), self.answers.lock()) {
             answers.grants.push((self.path.key(), rv, holder, token));
         }
     }
@@ -1026,6 +1022,17 @@ pub fn answered(paths: &[Pods], side: &Mutex<Side>) -> Vec<Observation> {
     out
 }
 
+/// A version of a client-go Lease that names a holder, as the record keeps it: the holder
+/// identity, the acquisition's token (`leaseTransitions` + 1, the same across renewals) and the
+/// version's resourceVersion. `None` for a free Lease.
+fn held_by(lease: &LeaderLease) -> Option<(String, Token, u64)> {
+    let spec = lease.spec.as_ref()?;
+    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
+    let token = Token::new(spec.lease_transitions.unwrap_or(0).max(0) as u64 + 1)?;
+    let rv = lease.metadata.resource_version.as_deref()?.parse::<u64>().ok()?;
+    Some((holder, token, rv))
+}
+
 /// The Pod a holder identity names (`<pod>_<anything>`: the webhook's default identity rule).
 fn pod_of(identity: &str) -> &str {
     identity.split('_').next().unwrap_or_default()
@@ -1054,12 +1061,9 @@ pub fn record(
             let Some(event) = event else { return };
             let Ok(Event::Apply(lease) | Event::InitApply(lease)) = event else { continue };
             let Some(path) = Path::ELECTED.into_iter().find(|p| lease.name_any() == p.lease()) else { continue };
-            let spec = lease.spec.clone().unwrap_or_default();
-            let holder = spec.holder_identity.unwrap_or_default();
-            let token = Token::new(spec.lease_transitions.unwrap_or(0).max(0) as u64 + 1);
-            if let (false, Some(token), Some(resource_version)) = (holder.is_empty(), token, rv(&lease.metadata)) {
+            if let Some((holder, token, resource_version)) = held_by(&lease) {
                 if let Ok(mut seen) = seen.lock() {
-                    if let Some(MicroTime(at)) = spec.acquire_time {
+                    if let Some(MicroTime(at)) = lease.spec.as_ref().and_then(|s| s.acquire_time.clone()) {
                         seen.acquired.entry((path.key(), token)).or_insert((at, holder.clone()));
                     }
                     let entry =
