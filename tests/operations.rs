@@ -140,6 +140,7 @@ async fn a_webhook_pod_killed_under_load_never_admits_a_stale_write() {
     };
     let (ok, failed, stale_ok, stale_rejected) = under_load(&client, &ns, 20, disrupt).await;
     let recovered = wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;
+    wait_judged_after_rollout(&client, &ns).await;
     eprintln!(
         "MEASURED webhook pod kill: valid writes ok={ok} failed={failed}; stale admitted={stale_ok} rejected={stale_rejected}; deployment ready again {recovered:?} after the load ended"
     );
@@ -183,6 +184,7 @@ async fn killing_the_controller_leader_hands_over_and_tokens_never_regress() {
     assert!(second.token > first.token, "token after failover {} > before {}", second.token, first.token);
     eprintln!("MEASURED leader kill: next grant {takeover:?} after the leader {leader} was killed; new leader {new_leader}");
     wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;
+    wait_judged_after_rollout(&client, &ns).await;
 }
 
 #[tokio::test]
@@ -539,6 +541,10 @@ async fn with_no_webhook_pod_guarded_writes_fail_closed_and_the_rest_still_works
     system.delete(&name, &DeleteParams::default()).await.expect("cleanup");
     scale(before).await;
     wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;
+    // The tests after this one (and the documentation's in-cluster blocks after the suite) find
+    // the release judging again, not only its Pods ready (CI once saw the next guarded write
+    // refused by the Service: connection refused).
+    wait_judged_after_rollout(&client, &ns).await;
 }
 
 /// Rolling the writer fence onto a running controller with the chart, and back (operator's
