@@ -90,12 +90,14 @@ fn spread(faults: &std::collections::BTreeMap<String, u64>) -> String {
     }
 }
 
-/// The chunk's number (its seed less 36000), or its file's name for a seed of another kind.
+/// The chunk's number: its seed less 36000, for a seed of that kind.
+fn chunk_number(line: &ChunkLine) -> Option<u64> {
+    line.seed.checked_sub(CHUNK_SEED_BASE).filter(|n| *n > 0)
+}
+
+/// The chunk's number, or its file's name for a seed of another kind.
 fn number(line: &ChunkLine) -> String {
-    match line.seed.checked_sub(CHUNK_SEED_BASE) {
-        Some(n) if n > 0 => n.to_string(),
-        _ => line.file.trim_end_matches(".json").to_string(),
-    }
+    chunk_number(line).map_or_else(|| line.file.trim_end_matches(".json").to_string(), |n| n.to_string())
 }
 
 /// The short commit a chunk ran, or "unknown".
@@ -133,7 +135,7 @@ fn chunk_list(all: &Sum, complete: &Sum) -> String {
             thousands(LONG_RUN_FAULTS)
         );
     } else {
-        let next = all.chunks.iter().filter_map(|c| c.seed.checked_sub(CHUNK_SEED_BASE)).max().unwrap_or(0) + 1;
+        let next = all.chunks.iter().filter_map(chunk_number).max().unwrap_or(0) + 1;
         let chunks_left = (LONG_RUN_FAULTS - injected).div_ceil(LONG_RUN_FAULTS / LONG_RUN_CHUNKS);
         t += &format!(
             "{} of the {} faults with a complete record; chunks {next} to {} (at 200 faults each) are still to run. The sum of those run: [sum.md](sum.md); of the first pass: [first-pass.md](first-pass.md).\n",
