@@ -5,6 +5,7 @@
 //! document and the results drift apart, and rewrites them with `KUBE_FENCE_WRITE_HA_DOCS=1`
 //! (which `hack/torture.sh --ha --sum` sets).
 
+pub use super::chunks::thousands;
 use super::chunks::{ChunkLine, Sum};
 
 /// Where the chunk results are committed, from the repository's root.
@@ -64,19 +65,6 @@ impl Generated {
         let to = to.ok_or(SpliceError::MarkersMissing { start, end })?;
         Ok(format!("{}{}{}", &current[..inner], self.text, &current[to..]))
     }
-}
-
-/// 94753 → "94,753".
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, d) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(d);
-    }
-    out
 }
 
 /// "18–19 of each of the 11 kinds", "200 of one kind".

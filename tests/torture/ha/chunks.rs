@@ -366,10 +366,20 @@ impl Sum {
             String::from("| fault | injected | genuine writes attempted | admitted | refused stale | failed closed / unavailable |\n");
         t += "| --- | ---: | ---: | ---: | ---: | ---: |\n";
         let none = self.under("none");
-        t += &format!("| (none in place) | – | {} | {} | {} | {} |\n", none.attempted, none.admitted, none.refused, none.failed);
+        let k = thousands;
+        t +=
+            &format!("| (none in place) | – | {} | {} | {} | {} |\n", k(none.attempted), k(none.admitted), k(none.refused), k(none.failed));
         for (fault, n) in self.ordered(&self.faults, HaFault::ALL.map(|f| format!("{f:?}")).to_vec()) {
             let c = self.under(fault);
-            t += &format!("| {} | {n} | {} | {} | {} | {} |\n", describe_fault(fault), c.attempted, c.admitted, c.refused, c.failed);
+            t += &format!(
+                "| {} | {} | {} | {} | {} | {} |\n",
+                describe_fault(fault),
+                k(*n),
+                k(c.attempted),
+                k(c.admitted),
+                k(c.refused),
+                k(c.failed)
+            );
         }
         t
     }
@@ -390,12 +400,12 @@ impl Sum {
             t += &format!(
                 "| {} | {} | {} / {} | {} | {} / {} | {planted} | {} |\n",
                 describe_path(path),
-                r.writes_accepted,
-                r.delayed_refused,
-                genuine.refused,
-                r.delayed_accepted,
-                genuine.failed,
-                r.delayed_failed,
+                thousands(r.writes_accepted),
+                thousands(r.delayed_refused),
+                thousands(genuine.refused),
+                thousands(r.delayed_accepted),
+                thousands(genuine.failed),
+                thousands(r.delayed_failed),
                 r.violations
             );
         }
@@ -408,11 +418,12 @@ impl Sum {
         let accepted: u64 = self.paths.values().map(|r| r.writes_accepted).sum();
         let failed: u64 = self.paths.values().map(|r| r.delayed_failed + r.genuine.values().map(|c| c.failed).sum::<u64>()).sum();
         let mut t = String::from("| measure | count |\n| --- | ---: |\n");
-        t += &format!("| faults injected | {} |\n", self.injected());
-        t += &format!("| writes accepted (all paths) | {accepted} |\n");
-        t += &format!("| stale writes refused (delayed / genuine) | {} ({delayed} / {genuine}) |\n", delayed + genuine);
-        t += &format!("| writes failed closed / unavailable | {failed} |\n");
-        t += &format!("| observations checked | {} |\n", self.observations);
+        let k = thousands;
+        t += &format!("| faults injected | {} |\n", k(self.injected()));
+        t += &format!("| writes accepted (all paths) | {} |\n", k(accepted));
+        t += &format!("| stale writes refused (delayed / genuine) | {} ({} / {}) |\n", k(delayed + genuine), k(delayed), k(genuine));
+        t += &format!("| writes failed closed / unavailable | {} |\n", k(failed));
+        t += &format!("| observations checked | {} |\n", k(self.observations));
         t += &format!("| §6b CREATE window (reported, not violations) | {} |\n", self.creates_in_window);
         t += &format!("| **violations** | **{}** |\n", self.violations.len());
         t
@@ -463,4 +474,17 @@ impl fmt::Display for Sum {
         }
         Ok(())
     }
+}
+
+/// 94753 → "94,753".
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
 }
