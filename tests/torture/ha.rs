@@ -55,7 +55,7 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{ControllerReplica, Recorder, Rng};
+use super::{ControllerReplica, Recorder, Rng, version_of};
 use crate::common;
 
 mod arbiter;
@@ -732,7 +732,7 @@ fn record_object(recorder: &Recorder, cm: &ConfigMap) {
     let holder_only = cm.labels().get(WRITER_LABEL).is_some_and(|v| v == HOLDER_ONLY);
     let writer = cm.data.as_ref().and_then(|d| d.get("writer")).cloned();
     let lease = cm.labels().get(LEASE_LABEL).cloned();
-    let rv = cm.resource_version().and_then(|rv| rv.parse::<u64>().ok());
+    let rv = version_of(cm);
     if let (true, Some(holder), Some(lease), Some(resource_version)) = (holder_only, writer, lease, rv) {
         recorder.push(Observation::HolderWrite { object: cm.name_any(), lease, holder, resource_version });
     }
@@ -1040,7 +1040,7 @@ fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationTok
             let Some(event) = event else { return };
             if let Ok(Event::Apply(lease) | Event::InitApply(lease)) = event {
                 let status = lease.status.clone().unwrap_or_default();
-                let rv = lease.resource_version().and_then(|rv| rv.parse::<u64>().ok());
+                let rv = version_of(&lease);
                 if let (Phase::Held, Some(holder), Some(token), Some(resource_version)) = (status.phase, status.holder, status.token, rv) {
                     r1.push(Observation::Grant { lease: lease.name_any(), holder, token, resource_version });
                 }
@@ -1054,7 +1054,7 @@ fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationTok
             let Some(event) = event else { return };
             if let Ok(Event::Apply(cm) | Event::InitApply(cm)) = event {
                 record_object(&r2, &cm);
-                if let Some(rv) = cm.resource_version().and_then(|rv| rv.parse::<u64>().ok()) {
+                if let Some(rv) = version_of(&cm) {
                     r2.watched.fetch_max(rv, Ordering::Relaxed);
                 }
             }

@@ -249,7 +249,7 @@ impl Recorder {
     fn write(&self, cm: &ConfigMap) {
         let lease = cm.labels().get(LEASE_LABEL).cloned();
         let token = cm.annotations().get(TOKEN_ANNOTATION).and_then(|t| t.parse::<Token>().ok());
-        let rv = cm.resource_version().and_then(|rv| rv.parse::<u64>().ok());
+        let rv = version_of(cm);
         if let (Some(lease), Some(token), Some(resource_version)) = (lease, token, rv) {
             self.push(Observation::Write { object: cm.name_any(), lease, token, resource_version });
         }
@@ -474,7 +474,7 @@ fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationTok
             let Some(event) = event else { return };
             if let Ok(Event::Apply(lease) | Event::InitApply(lease)) = event {
                 let status = lease.status.clone().unwrap_or_default();
-                let rv = lease.resource_version().and_then(|rv| rv.parse::<u64>().ok());
+                let rv = version_of(&lease);
                 if let (Phase::Held, Some(holder), Some(token), Some(resource_version)) = (status.phase, status.holder, status.token, rv) {
                     r1.push(Observation::Grant { lease: lease.name_any(), holder, token, resource_version });
                 }
@@ -488,13 +488,19 @@ fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationTok
             let Some(event) = event else { return };
             if let Ok(Event::Apply(cm) | Event::InitApply(cm)) = event {
                 r2.write(&cm);
-                if let Some(rv) = cm.resource_version().and_then(|rv| rv.parse::<u64>().ok()) {
+                if let Some(rv) = version_of(&cm) {
                     r2.watched.fetch_max(rv, Ordering::Relaxed);
                 }
             }
         }
     });
     vec![lease_task, object_task]
+}
+
+/// An object's resourceVersion as a number (etcd's revision: the order the record keeps), or
+/// `None` when it has none or another form.
+pub fn version_of(object: &impl ResourceExt) -> Option<u64> {
+    object.resource_version()?.parse().ok()
 }
 
 fn lease_name(i: usize) -> String {

@@ -59,7 +59,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{Availability, HaFault, Plane, World, Wrote, bounded, short};
-use crate::torture::{Recorder, Rng};
+use crate::torture::{Recorder, Rng, version_of};
 
 /// A path beside kube-fence's own leases (token-guarded and holder-only objects): the client-go
 /// Lease paths (this module), delegated grants ([`super::delegated`]) and the PostgreSQL arbiter
@@ -694,7 +694,7 @@ impl Pods {
     /// object it is recorded as, for the created ConfigMaps).
     fn answered_write(&self, written: &Option<Result<ConfigMap, kube::Error>>, pod: &str, logical: Option<&str>) {
         let Some(Ok(cm)) = written else { return };
-        let rv = cm.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
+        let rv = version_of(cm);
         if let (Some(rv), Ok(mut answers)) = (rv, self.answers.lock()) {
             let object = logical.map_or_else(|| cm.name_any(), str::to_string);
             answers.writes.push((object, rv, pod.to_string(), said_of(pod, cm)));
@@ -1029,7 +1029,7 @@ fn held_by(lease: &LeaderLease) -> Option<(String, Token, u64)> {
     let spec = lease.spec.as_ref()?;
     let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
     let token = Token::new(spec.lease_transitions.unwrap_or(0).max(0) as u64 + 1)?;
-    let rv = lease.metadata.resource_version.as_deref()?.parse::<u64>().ok()?;
+    let rv = version_of(lease)?;
     Some((holder, token, rv))
 }
 
@@ -1050,7 +1050,6 @@ pub fn record(
     side: &Arc<Mutex<Side>>,
     stop: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {
-    let rv = |meta: &ObjectMeta| meta.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
     let mut tasks = Vec::new();
     let leases: Api<LeaderLease> = Api::namespaced(client.clone(), ns);
     let (r, s, seen) = (recorder.clone(), stop.clone(), side.clone());
@@ -1090,7 +1089,7 @@ pub fn record(
                 let Some(event) = event else { return };
                 let Ok(Event::Apply(cm) | Event::InitApply(cm)) = event else { continue };
                 let writer = cm.data.as_ref().and_then(|d| d.get("writer")).cloned();
-                if let (Some(holder), Some(resource_version)) = (writer, rv(&cm.metadata)) {
+                if let (Some(holder), Some(resource_version)) = (writer, version_of(&cm)) {
                     if let (Some(_), Some(created), Ok(mut seen)) = (logical, cm.metadata.creation_timestamp.as_ref(), seen.lock()) {
                         let data = cm.data.clone().unwrap_or_default();
                         let field = |k: &str| data.get(k).cloned().unwrap_or_default();
