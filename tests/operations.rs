@@ -139,8 +139,7 @@ async fn a_webhook_pod_killed_under_load_never_admits_a_stale_write() {
         pods.delete(&victim.name_any(), &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.expect("delete pod");
     };
     let (ok, failed, stale_ok, stale_rejected) = under_load(&client, &ns, 20, disrupt).await;
-    let recovered = wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;
-    wait_judged_after_rollout(&client, &ns).await;
+    let recovered = wait_release_judging(&client, &kf_ns, &kf, &ns).await;
     eprintln!(
         "MEASURED webhook pod kill: valid writes ok={ok} failed={failed}; stale admitted={stale_ok} rejected={stale_rejected}; deployment ready again {recovered:?} after the load ended"
     );
@@ -183,8 +182,7 @@ async fn killing_the_controller_leader_hands_over_and_tokens_never_regress() {
     let takeover = killed.elapsed();
     assert!(second.token > first.token, "token after failover {} > before {}", second.token, first.token);
     eprintln!("MEASURED leader kill: next grant {takeover:?} after the leader {leader} was killed; new leader {new_leader}");
-    wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;
-    wait_judged_after_rollout(&client, &ns).await;
+    wait_release_judging(&client, &kf_ns, &kf, &ns).await;
 }
 
 #[tokio::test]
@@ -283,6 +281,17 @@ async fn wait_judged_after_rollout(client: &Client, ns: &str) {
     for _ in 0..5 {
         common::wait_fenced(client, ns, &Default::default(), common::Fencing::Judged, Duration::from_secs(120)).await;
     }
+}
+
+/// After kube-fence's Pods were killed, scaled or rolled: its Deployment ready again (how long
+/// that took, within 120 s), then guarded writes in `ns` judged ([`wait_judged_after_rollout`]),
+/// so that what runs next — the next test, the documentation's in-cluster blocks after the
+/// suite — finds the release judging, not only its Pods ready (CI once saw a guarded write
+/// refused by the Service, connection refused, right after the Pods were ready).
+async fn wait_release_judging(client: &Client, kf_ns: &str, kf: &str, ns: &str) -> Duration {
+    let ready = wait_deployment_ready(client, kf_ns, kf, Duration::from_secs(120)).await;
+    wait_judged_after_rollout(client, ns).await;
+    ready
 }
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/kube-fence");
@@ -451,8 +460,7 @@ async fn helm_upgrade_from_0_1_keeps_guarded_objects_and_fencing() {
     helm_upgrade(CHART, &["--set", &format!("podAnnotations.kubefence-upgrade-test={ns}")]).await;
     let on_current = stdout(helm(vec!["get".into(), "metadata".into(), kf.clone(), "-n".into(), kf_ns.clone()]).await);
     eprintln!("release on this chart:\n{on_current}");
-    wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;
-    wait_judged_after_rollout(&client, &ns).await;
+    wait_release_judging(&client, &kf_ns, &kf, &ns).await;
     let pods_now = pod_names(pods).await;
     eprintln!("webhook Pods on 0.1.0 {pods_on_0_1:?}, after the upgrade {pods_now:?}");
     assert!(pods_on_0_1.is_disjoint(&pods_now), "every Pod was replaced under the writers");
@@ -540,11 +548,7 @@ async fn with_no_webhook_pod_guarded_writes_fail_closed_and_the_rest_still_works
     system.create(&PostParams::default(), &common::guarded_configmap(&name, "l")).await.expect("kube-system is never fenced");
     system.delete(&name, &DeleteParams::default()).await.expect("cleanup");
     scale(before).await;
-    wait_deployment_ready(&client, &kf_ns, &kf, Duration::from_secs(120)).await;
-    // The tests after this one (and the documentation's in-cluster blocks after the suite) find
-    // the release judging again, not only its Pods ready (CI once saw the next guarded write
-    // refused by the Service: connection refused).
-    wait_judged_after_rollout(&client, &ns).await;
+    wait_release_judging(&client, &kf_ns, &kf, &ns).await;
 }
 
 /// Rolling the writer fence onto a running controller with the chart, and back (operator's
