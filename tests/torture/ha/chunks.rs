@@ -365,21 +365,13 @@ impl Sum {
         let mut t =
             String::from("| fault | injected | genuine writes attempted | admitted | refused stale | failed closed / unavailable |\n");
         t += "| --- | ---: | ---: | ---: | ---: | ---: |\n";
-        let none = self.under("none");
-        let k = thousands;
-        t +=
-            &format!("| (none in place) | – | {} | {} | {} | {} |\n", k(none.attempted), k(none.admitted), k(none.refused), k(none.failed));
+        let row = |what: &str, injected: String, c: Counts| {
+            let k = thousands;
+            format!("| {what} | {injected} | {} | {} | {} | {} |\n", k(c.attempted), k(c.admitted), k(c.refused), k(c.failed))
+        };
+        t += &row("(none in place)", "–".to_string(), self.under("none"));
         for (fault, n) in self.ordered(&self.faults, HaFault::ALL.map(|f| format!("{f:?}")).to_vec()) {
-            let c = self.under(fault);
-            t += &format!(
-                "| {} | {} | {} | {} | {} | {} |\n",
-                describe_fault(fault),
-                k(*n),
-                k(c.attempted),
-                k(c.admitted),
-                k(c.refused),
-                k(c.failed)
-            );
+            t += &row(&describe_fault(fault), thousands(*n), self.under(fault));
         }
         t
     }
