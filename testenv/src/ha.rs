@@ -185,6 +185,19 @@ fn say(verbose: bool, msg: &str) {
 /// Stops what an HA control plane whose process died left behind: the processes in its
 /// namespaces, then the namespaces (their links and routes go with them). Does nothing when a
 /// live one holds the lock. Idempotent.
+/// The host programs the topology runs, each with the Debian package that has it: `ip` makes the
+/// namespaces and cuts, `socat` relays host ports into them, `curl` asks etcd and the API
+/// servers whether they are healthy.
+const HOST_TOOLS: [(&str, &str); 3] = [("ip", "iproute2"), ("socat", "socat"), ("curl", "curl")];
+
+/// The tools of [`HOST_TOOLS`] that no directory of `path` (a `PATH` value) has as a file,
+/// with their packages: checked before anything starts, so that a machine without them is told
+/// which, instead of "No such file or directory" from the first relay.
+fn missing_tools(path: &std::ffi::OsStr) -> Vec<(&'static str, &'static str)> {
+    let dirs: Vec<PathBuf> = std::env::split_paths(path).collect();
+    HOST_TOOLS.into_iter().filter(|(tool, _)| !dirs.iter().any(|d| d.join(tool).is_file())).collect()
+}
+
 pub fn cleanup_stale(verbose: bool) -> Result<()> {
     let Ok(_lock) = lock_named(LOCK_NAME, "kube-fence HA control plane") else { return Ok(()) };
     remove_namespaces(verbose)
@@ -239,6 +252,14 @@ impl HaCluster {
     /// `HaCluster::restart` from the same thread.
     pub fn start(opts: HaOptions) -> Result<HaCluster> {
         let started = Instant::now();
+        let missing = missing_tools(&std::env::var_os("PATH").unwrap_or_default());
+        if !missing.is_empty() {
+            bail!(
+                "the HA topology needs {} on PATH (Debian: apt-get install {}; hack/node-prereqs.sh installs them)",
+                missing.iter().map(|(tool, _)| *tool).collect::<Vec<_>>().join(", "),
+                missing.iter().map(|(_, package)| *package).collect::<Vec<_>>().join(" ")
+            );
+        }
         cleanup_stale(opts.verbose)?;
         let lock = lock_named(LOCK_NAME, "kube-fence HA control plane")?;
         let bin_dir = match &opts.bin_dir {
@@ -748,6 +769,21 @@ mod tests {
         assert_eq!(names.len(), Place::ALL.len());
         assert_eq!(ips.len(), Place::ALL.len() + 1);
         assert!(!names.contains(&BRIDGE_NS.to_string()));
+    }
+
+    #[test]
+    fn missing_host_tools_are_named_with_their_packages() {
+        let dir = tempfile::tempdir().unwrap();
+        let with = |tools: &[&str]| {
+            for t in tools {
+                fs::write(dir.path().join(t), "").unwrap();
+            }
+            missing_tools(&std::env::join_paths([Path::new("/nonexistent"), dir.path()]).unwrap())
+        };
+        assert_eq!(with(&[]), HOST_TOOLS.to_vec());
+        assert_eq!(with(&["ip", "curl"]), vec![("socat", "socat")]);
+        assert_eq!(with(&["socat"]), vec![]);
+        assert_eq!(missing_tools(std::ffi::OsStr::new("")), HOST_TOOLS.to_vec());
     }
 
     #[test]
