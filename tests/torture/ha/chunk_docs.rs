@@ -125,11 +125,14 @@ fn chunk_list(all: &Sum, complete: &Sum) -> String {
     } else {
         let next = all.chunks.iter().filter_map(chunk_number).max().unwrap_or(0) + 1;
         let chunks_left = (LONG_RUN_FAULTS - injected).div_ceil(LONG_RUN_FAULTS / LONG_RUN_CHUNKS);
+        let left = match chunks_left {
+            1 => format!("chunk {next} (at 200 faults) is"),
+            n => format!("chunks {next} to {} (at 200 faults each) are", next + n - 1),
+        };
         t += &format!(
-            "{} of the {} faults with a complete record; chunks {next} to {} (at 200 faults each) are still to run. The sum of those run: [sum.md](sum.md); of the first pass: [first-pass.md](first-pass.md).\n",
+            "{} of the {} faults with a complete record; {left} still to run. The sum of those run: [sum.md](sum.md); of the first pass: [first-pass.md](first-pass.md).\n",
             thousands(injected),
             thousands(LONG_RUN_FAULTS),
-            next + chunks_left - 1
         );
     }
     t
@@ -169,9 +172,13 @@ fn capitalized(text: &str) -> String {
 /// Every generated piece of every document: the long run from the chunks whose record is
 /// complete (`complete`), and the first pass (`first`: the chunks before the record was).
 pub fn documents(complete: &Sum, first: &Sum, all: &Sum) -> Vec<Generated> {
-    let violations = complete.violations.len();
+    let violations = match complete.violations.len() {
+        0 => "0 violations".to_string(),
+        1 => "1 violation (what is known of it: [docs/proof/ha-runs](docs/proof/ha-runs/README.md#violations))".to_string(),
+        n => format!("{n} violations (what is known of them: [docs/proof/ha-runs](docs/proof/ha-runs/README.md#violations))"),
+    };
     let readme = format!(
-        "**{}: {violations} violations**
+        "**{}: {violations}**
 in {} observations checked ({:.1} h on the 2-core development machine).
 
 On the topology production control planes run — three etcd members, two kube-apiservers and two
