@@ -116,8 +116,13 @@ fn chunk_list(all: &Sum, complete: &Sum) -> String {
     t += "\n";
     let injected = complete.injected();
     if injected >= LONG_RUN_FAULTS {
+        let verdict = match complete.violations.len() {
+            0 => String::new(),
+            1 => " It has 1 violation, not explained yet: [Violations](#violations).".to_string(),
+            n => format!(" It has {n} violations, not explained yet: [Violations](#violations)."),
+        };
         t += &format!(
-            "{} faults with a complete record, in {} chunks: the {} the long run asks for. Their sum: [sum.md](sum.md).\n",
+            "{} faults with a complete record, in {} chunks: the {} the long run asks for.{verdict} Their sum: [sum.md](sum.md).\n",
             thousands(injected),
             complete.chunks.len(),
             thousands(LONG_RUN_FAULTS)
