@@ -118,8 +118,7 @@ fn chunk_list(all: &Sum, complete: &Sum) -> String {
     if injected >= LONG_RUN_FAULTS {
         let verdict = match complete.violations.len() {
             0 => String::new(),
-            1 => " It has 1 violation, not explained yet: [Violations](#violations).".to_string(),
-            n => format!(" It has {n} violations, not explained yet: [Violations](#violations)."),
+            n => format!(" It has {}, not explained yet: [Violations](#violations).", counted(n, "violation")),
         };
         t += &format!(
             "{} faults with a complete record, in {} chunks: the {} the long run asks for.{verdict} Their sum: [sum.md](sum.md).\n",
@@ -169,6 +168,11 @@ fn first_pass(sum: &Sum) -> String {
     )
 }
 
+/// "1 violation", "0 violations", "2 violations".
+fn counted(n: usize, what: &str) -> String {
+    if n == 1 { format!("1 {what}") } else { format!("{n} {what}s") }
+}
+
 fn capitalized(text: &str) -> String {
     let mut chars = text.chars();
     chars.next().map(|c| c.to_uppercase().chain(chars).collect()).unwrap_or_default()
@@ -178,9 +182,12 @@ fn capitalized(text: &str) -> String {
 /// complete (`complete`), and the first pass (`first`: the chunks before the record was).
 pub fn documents(complete: &Sum, first: &Sum, all: &Sum) -> Vec<Generated> {
     let violations = match complete.violations.len() {
-        0 => "0 violations".to_string(),
-        1 => "1 violation (what is known of it: [docs/proof/ha-runs](docs/proof/ha-runs/README.md#violations))".to_string(),
-        n => format!("{n} violations (what is known of them: [docs/proof/ha-runs](docs/proof/ha-runs/README.md#violations))"),
+        0 => counted(0, "violation"),
+        n => format!(
+            "{} (what is known of {}: [docs/proof/ha-runs](docs/proof/ha-runs/README.md#violations))",
+            counted(n, "violation"),
+            if n == 1 { "it" } else { "them" }
+        ),
     };
     let readme = format!(
         "**{}: {violations}**
