@@ -172,9 +172,27 @@ pub struct HaCluster {
     /// Host loopback ports the webhook replica for A and for B must listen on; the API servers
     /// call `https://127.0.0.1:`[`WEBHOOK_PORT`] in their namespaces and reach them there.
     pub webhook_ports: [u16; 2],
+    /// The audit logs of API server A and B (JSON lines, [`AUDIT_POLICY`]).
+    pub audit_logs: [PathBuf; 2],
     pub bin_dir: PathBuf,
     _lock: Option<std::os::unix::net::UnixListener>,
 }
+
+/// What the API servers' audit logs keep: every ConfigMap create, at `Metadata` (who, what, the
+/// answer's code, and the admission webhooks' audit annotations — kube-fence's writer fence names
+/// the Lease's holder and the Lease version it read); nothing else. A torture run tells a create
+/// that commits after a takeover but was judged before it (docs/design.md §6b) by these.
+pub const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create]
+    resources:
+      - group: \"\"
+        resources: [configmaps]
+  - level: None
+";
 
 fn say(verbose: bool, msg: &str) {
     if verbose {
@@ -301,6 +319,7 @@ impl HaCluster {
             kubeconfigs: [dir.join("kubeconfig-a"), dir.join("kubeconfig-b")],
             fence_kubeconfigs: [dir.join("kube-fence-a.kubeconfig"), dir.join("kube-fence-b.kubeconfig")],
             webhook_ports: [0, 0],
+            audit_logs: [dir.join("audit-a.log"), dir.join("audit-b.log")],
             bin_dir,
             _lock: Some(lock),
         };
@@ -404,6 +423,8 @@ impl HaCluster {
 
         let etcd_servers: Vec<String> = (0..3).map(|i| format!("http://{}:2379", Place::Etcd(i).ip())).collect();
         let etcd_servers = etcd_servers.join(",");
+        let policy = self.base.dir.join("audit-policy.yaml");
+        fs::write(&policy, AUDIT_POLICY).with_context(|| format!("writing {}", policy.display()))?;
         for i in 0..2 {
             let advertise = Place::Api(i).ip().to_string();
             let flags = ApiServerFlags {
@@ -416,7 +437,9 @@ impl HaCluster {
                 // Each API server keeps its own address in default/kubernetes, as in production.
                 endpoint_reconciler: "lease",
             };
-            let args = self.base.apiserver_args(&flags, &[]);
+            let (policy, log) = (policy.display().to_string(), self.audit_logs[i].display().to_string());
+            let audit = ["--audit-policy-file", &policy, "--audit-log-path", &log, "--audit-log-format", "json"];
+            let args = self.base.apiserver_args(&flags, &audit);
             say(opts.verbose, &format!("starting kube-apiserver {} on {advertise}:{API_PORT}", api_letter(i).to_ascii_uppercase()));
             let kas = self.bin_dir.join("kube-apiserver");
             self.spawn(&format!("kube-apiserver-{}", api_letter(i)), Some(Place::Api(i)), &kas, args)?;

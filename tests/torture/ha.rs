@@ -336,6 +336,9 @@ pub struct HaReport {
     /// Creates of the fenced controller judged while their Pod led and committed after a
     /// successor's write (§6b's CREATE window: reported, not violations).
     pub creates_in_window: Vec<elected::InWindow>,
+    /// Of the fenced controller's creates the watches saw, how many the audit logs say were
+    /// judged for the holder, and how many there were ([`elected::Side::audited_creates`]).
+    pub audited_creates: (usize, usize),
     /// What the watches saw around each violation on a client-go Lease path
     /// ([`elected::Side::explain`]).
     pub explained: Vec<String>,
@@ -524,6 +527,11 @@ impl fmt::Display for HaReport {
             "| fenced controller: creates judged while their Pod led, committed after a successor's write (§6b CREATE window; not promised, not counted as violations) | {} |",
             self.creates_in_window.len()
         )?;
+        writeln!(
+            f,
+            "| fenced controller: creates whose judgement (holder, Lease version read) the API servers' audit logs keep | {} of {} |",
+            self.audited_creates.0, self.audited_creates.1
+        )?;
         writeln!(f, "| heartbeats written by hand with a skewed clock | {} |", self.skewed_heartbeats)?;
         writeln!(f, "| observations checked | {} |", self.observations)?;
         writeln!(
@@ -577,14 +585,7 @@ impl fmt::Display for HaReport {
             )?;
         }
         for w in &self.creates_in_window {
-            writeln!(
-                f,
-                "- CREATE window: {} ({}; the API server took it in {:.1} s before the next acquisition): {}",
-                w.object,
-                w.said,
-                w.before_takeover.as_secs_f64(),
-                w.violation
-            )?;
+            writeln!(f, "- CREATE window: {} ({}; shown by {}): {}", w.object, w.said, w.shown_by, w.violation)?;
         }
         Ok(())
     }
@@ -600,6 +601,8 @@ struct Plane {
     kubeconfigs: [PathBuf; 2],
     fence_kubeconfigs: [PathBuf; 2],
     webhook_ports: [u16; 2],
+    /// The API servers' audit logs (every ConfigMap create, with the webhooks' audit annotations).
+    audit_logs: [PathBuf; 2],
 }
 
 impl Plane {
@@ -616,15 +619,15 @@ impl Plane {
                         return;
                     }
                 };
-                let _ = ready_tx.send(Ok((ha.kubeconfigs.clone(), ha.fence_kubeconfigs.clone(), ha.webhook_ports)));
+                let _ = ready_tx.send(Ok((ha.kubeconfigs.clone(), ha.fence_kubeconfigs.clone(), ha.webhook_ports, ha.audit_logs.clone())));
                 while let Ok(job) = rx.recv() {
                     job(&mut ha);
                 }
                 ha.stop();
             })
             .map_err(|e| e.to_string())?;
-        let (kubeconfigs, fence_kubeconfigs, webhook_ports) = ready_rx.recv().map_err(|e| e.to_string())??;
-        Ok(Plane { jobs: Some(tx), thread: Some(thread), kubeconfigs, fence_kubeconfigs, webhook_ports })
+        let (kubeconfigs, fence_kubeconfigs, webhook_ports, audit_logs) = ready_rx.recv().map_err(|e| e.to_string())??;
+        Ok(Plane { jobs: Some(tx), thread: Some(thread), kubeconfigs, fence_kubeconfigs, webhook_ports, audit_logs })
     }
 
     /// Runs `f` on the plane's thread.
@@ -1457,10 +1460,15 @@ pub async fn run(config: HaConfig) -> HaReport {
     let mut observations = world.recorder.snapshot();
     observations.extend(arbiter::effects(&db).await);
     observations.extend(elected::answered(&world.elected, &side));
+    if let Ok(mut side) = side.lock() {
+        for log in &plane.audit_logs {
+            side.judged_by_audit(log);
+        }
+    }
     let (violations, creates_in_window) = elected::creates_in_window(history::check(&observations, |_| false), &side);
-    let (explained, unseen_grants) = match side.lock() {
-        Ok(side) => (violations.iter().filter_map(|v| side.explain(v)).take(10).collect(), side.unseen_grants()),
-        Err(_) => (Vec::new(), BTreeMap::new()),
+    let (explained, unseen_grants, audited_creates) = match side.lock() {
+        Ok(side) => (violations.iter().filter_map(|v| side.explain(v)).take(10).collect(), side.unseen_grants(), side.audited_creates()),
+        Err(_) => (Vec::new(), BTreeMap::new(), (0, 0)),
     };
     let mut writes = HashSet::new();
     let mut grants = HashSet::new();
@@ -1517,6 +1525,7 @@ pub async fn run(config: HaConfig) -> HaReport {
         campaigns_failed: s.paths.campaigns_failed(),
         path_planted,
         creates_in_window,
+        audited_creates,
         explained,
         unseen_grants,
         skewed_heartbeats: s.skewed_heartbeats.load(Ordering::Relaxed),

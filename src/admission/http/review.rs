@@ -189,11 +189,15 @@ pub struct Response<'a> {
     pub status: Option<Status>,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     pub warnings: &'a [String],
+    /// Kept by the API server in its audit log, each key prefixed with the webhook's name.
+    #[serde(rename = "auditAnnotations", skip_serializing_if = "BTreeMap::is_empty")]
+    pub audit_annotations: BTreeMap<&'static str, &'a str>,
 }
 
 impl<'a> Answer<'a> {
     fn new(uid: &'a str, allowed: bool, status: Option<Status>, warnings: &'a [String]) -> Answer<'a> {
-        Answer { api_version: "admission.k8s.io/v1", kind: "AdmissionReview", response: Response { uid, allowed, status, warnings } }
+        let response = Response { uid, allowed, status, warnings, audit_annotations: BTreeMap::new() };
+        Answer { api_version: "admission.k8s.io/v1", kind: "AdmissionReview", response }
     }
 
     /// The JSON body.
@@ -204,10 +208,16 @@ impl<'a> Answer<'a> {
 }
 
 /// The AdmissionResponse that carries `verdict`; a denial's facts go to `status.details`
-/// ([`denial::status`]).
+/// ([`denial::status`]), and who held the Lease a write was admitted for to `auditAnnotations`
+/// ([`Held::annotations`](crate::admission::judge::verdict::Held::annotations)).
 pub fn response<'a>(request: &'a Admission<'_>, verdict: &'a Verdict) -> Answer<'a> {
     match verdict {
         Verdict::Allow { .. } => Answer::new(&request.uid, true, None, &[]),
+        Verdict::AllowHeld { held, .. } => {
+            let mut answer = Answer::new(&request.uid, true, None, &[]);
+            answer.response.audit_annotations.extend(held.annotations());
+            answer
+        }
         Verdict::AllowWithWarning { message, .. } => Answer::new(&request.uid, true, None, std::slice::from_ref(message)),
         Verdict::Deny { code, reason, message, facts } => {
             Answer::new(&request.uid, false, Some(denial::status(*code, *reason, message, facts)), &[])
@@ -475,6 +485,29 @@ mod tests {
 
     /// The borrowed request reads what the API server sends for a Pod's ServiceAccount: the
     /// bound Pod among the other `extra` keys, a DELETE's precondition, and strings with escapes.
+    /// A write admitted for a Lease's holder: the answer names the Lease, the holder and the
+    /// Lease's version read, for the API server's audit log (no warning, no status).
+    #[test]
+    fn an_admission_for_the_holder_carries_audit_annotations() {
+        let body = review(
+            "CREATE",
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}),
+            serde_json::Value::Null,
+        );
+        let request = decode(&body).map_err(|e| format!("{e:?}")).unwrap();
+        let held = crate::admission::judge::verdict::Held {
+            lease: "team/ctl".into(),
+            holder: "ctl-0_1a2b".into(),
+            resource_version: "3100".into(),
+        };
+        let verdict = Verdict::AllowHeld { reason: Reason::Fenced, held };
+        let json: serde_json::Value = serde_json::from_slice(&response(&request, &verdict).to_vec()).unwrap_or_default();
+        assert_eq!(
+            json["response"],
+            serde_json::json!({"uid": "u-1", "allowed": true, "auditAnnotations": {"lease": "team/ctl", "holder": "ctl-0_1a2b", "lease-resource-version": "3100"}})
+        );
+    }
+
     #[test]
     fn decode_reads_the_pod_the_precondition_and_escaped_strings() {
         let body = br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":"u-\u0031","kind":{"group":"apps","version":"v1","kind":"Deployment"},"resource":{"group":"apps","version":"v1","resource":"deployments"},"name":"we\"b","namespace":"ns","operation":"DELETE","userInfo":{"username":"system:serviceaccount:ns:worker","groups":["system:serviceaccounts"],"extra":{"authentication.kubernetes.io/credential-id":["JTI=1"],"authentication.kubernetes.io/pod-name":["worker-0"],"authentication.kubernetes.io/pod-uid":["9"]}},"oldObject":{"kind":"Deployment","metadata":{"name":"we\"b"}},"options":{"kind":"DeleteOptions","apiVersion":"meta.k8s.io/v1","preconditions":{"resourceVersion":"42"}}}}"#;

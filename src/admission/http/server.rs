@@ -39,7 +39,7 @@ use crate::admission::http::review::{self, Unreadable};
 use crate::admission::judge::facts::Request as JudgedRequest;
 use crate::admission::judge::fence::{Fence, Mode};
 use crate::admission::judge::pipeline::{self, Judging, Sent};
-use crate::admission::judge::verdict::Verdict;
+use crate::admission::judge::verdict::{Held, Verdict};
 use crate::admission::judge::writer;
 pub use crate::admission::metrics::Metrics;
 use crate::admission::metrics::Refusal;
@@ -125,6 +125,10 @@ impl Webhook {
             (request.user_info.username.as_deref().unwrap_or(""), &request.operation, request.sub_resource.as_deref().unwrap_or(""));
         match verdict {
             Verdict::Allow { reason } => tracing::debug!(kind, ns, name, sub, user, ?op, %reason, "admitted"),
+            Verdict::AllowHeld { reason, held } => {
+                let Held { lease, holder, resource_version } = held;
+                tracing::debug!(kind, ns, name, sub, user, ?op, %reason, lease, holder, resource_version, "admitted for the Lease's holder");
+            }
             Verdict::AllowWithWarning { reason, message } => {
                 tracing::warn!(kind, ns, name, sub, user, ?op, %reason, message, "admitted with a warning (enforcement Warn or audit mode)");
                 if let (Some(events), Sent::Writer) = (&self.events, sent) {

@@ -114,8 +114,8 @@ mod tests {
             }
             other => panic!("audited: {other:?}"),
         }
-        assert_eq!(enforced(&holder), Verdict::Allow { reason: Reason::Fenced });
-        assert_eq!(audited(&holder), Verdict::Allow { reason: Reason::Fenced });
+        assert!(matches!(enforced(&holder), Verdict::AllowHeld { reason: Reason::Fenced, .. }), "{:?}", enforced(&holder));
+        assert_eq!(audited(&holder), enforced(&holder));
     }
 
     /// The pipeline registers audit mode for the holder fences only: the token guard still denies

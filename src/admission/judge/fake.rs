@@ -130,6 +130,9 @@ impl LeaseReads for FakeLeases {
     }
 }
 
+/// The resourceVersion of every fake leader-election Lease ([`leader_lease`]).
+pub const LEADER_LEASE_VERSION: &str = "17";
+
 /// A leader-election Lease `namespace/name` with these labels and annotations, held by `holder`
 /// (`None`: never held): what the fake's holder and writer reads answer with.
 pub fn leader_lease(
@@ -148,6 +151,7 @@ pub fn leader_lease(
             namespace: Some(namespace.into()),
             labels: map(labels),
             annotations: map(annotations),
+            resource_version: Some(LEADER_LEASE_VERSION.into()),
             ..ObjectMeta::default()
         },
         spec: Some(LeaseSpec { holder_identity: holder.map(str::to_string), ..LeaseSpec::default() }),

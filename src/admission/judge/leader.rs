@@ -160,7 +160,7 @@ impl<'r> HolderRead<'r> {
                 ),
                 facts: facts(None),
             },
-            Some(holder) if identity.holds(holder, pod) => Verdict::Allow { reason: Reason::Fenced },
+            Some(holder) if identity.holds(holder, pod) => Verdict::AllowHeld { reason: Reason::Fenced, held: fresh.held(lease) },
             Some("") => Verdict::Deny {
                 code: 409,
                 reason: Reason::NotHolder,

@@ -35,7 +35,8 @@ const UNGUARDED: Verdict = Verdict::Allow { reason: Reason::Unguarded };
 /// How the guards of one request combine, in order: a denial stands (the guards after it are not
 /// run, so their leases are not read); otherwise the next guard decides, unless it does not guard
 /// the request (`Unguarded`), when the verdict so far stands. A warning so far is kept: joined to
-/// the next guard's, or standing for its plain admission.
+/// the next guard's, or standing for its plain admission; so is an admission for a Lease's
+/// holder (which names the holder) when the next guard only lets the write pass.
 async fn then<'r, G: Guard, R: LeaseReads + Sync>(
     so_far: Verdict,
     guard: &'r G,
@@ -49,7 +50,11 @@ async fn then<'r, G: Guard, R: LeaseReads + Sync>(
     match (so_far, run(guard, req, preamble, reads).await) {
         (so_far, next) if next.reason() == Reason::Unguarded => so_far,
         (_, next @ Verdict::Deny { .. }) => next,
-        (Verdict::AllowWithWarning { reason, message }, Verdict::Allow { .. }) => Verdict::AllowWithWarning { reason, message },
+        (Verdict::AllowWithWarning { reason, message }, Verdict::Allow { .. } | Verdict::AllowHeld { .. }) => {
+            Verdict::AllowWithWarning { reason, message }
+        }
+        // A write one fence admitted for its holder and the next lets pass: say who held it.
+        (held @ Verdict::AllowHeld { .. }, Verdict::Allow { .. }) => held,
         (Verdict::AllowWithWarning { message: first, .. }, Verdict::AllowWithWarning { reason, message }) => {
             Verdict::AllowWithWarning { reason, message: format!("{first}; {message}") }
         }

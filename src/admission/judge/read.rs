@@ -43,7 +43,7 @@ use kube_fence_api::denial::Reason;
 
 use super::facts::{LeaseFacts, LeaseRef};
 use super::fence::Fence;
-use super::verdict::Verdict;
+use super::verdict::{Held, Verdict};
 use crate::telemetry::Chain;
 
 /// The reads the guards ask for: each guard's pending read (`super::guard::Pending`) makes the
@@ -143,35 +143,66 @@ impl Quorum {
 }
 
 /// A leader-election Lease as a quorum read returned it: `None` when there is no such Lease,
-/// else its `holderIdentity` (`""` when released or never held).
+/// else its `holderIdentity` (`""` when released or never held), and the resourceVersion read.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HolderQuorum(Option<String>);
+pub struct HolderQuorum(Holding);
 
 impl HolderQuorum {
     /// What a quorum read of the Lease returned (readers only).
     pub(crate) fn of(lease: Option<&LeaderElectionLease>) -> HolderQuorum {
-        HolderQuorum(lease.map(|l| l.spec.as_ref().and_then(|s| s.holder_identity.clone()).unwrap_or_default()))
+        HolderQuorum(Holding::of(lease))
     }
 
     /// The Lease's `holderIdentity` (`""`: nobody), `None` when there is no such Lease.
     pub fn holder(&self) -> Option<&str> {
-        self.0.as_deref()
+        self.0.holder.as_deref()
+    }
+
+    /// Who held `lease` at this read, for an admitted write's answer.
+    pub fn held(&self, lease: LeaseRef<'_>) -> Held {
+        self.0.held(lease)
     }
 }
 
 /// A fenced controller's leader-election Lease as a quorum read returned it: `None` when there is
-/// no such Lease, else its `holderIdentity` (`""` when released or never held).
+/// no such Lease, else its `holderIdentity` (`""` when released or never held), and the
+/// resourceVersion read.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WriterQuorum(Option<String>);
+pub struct WriterQuorum(Holding);
 
 impl WriterQuorum {
     /// What a quorum read of the Lease returned (readers only).
     pub(crate) fn of(lease: Option<&LeaderElectionLease>) -> WriterQuorum {
-        WriterQuorum(lease.map(|l| l.spec.as_ref().and_then(|s| s.holder_identity.clone()).unwrap_or_default()))
+        WriterQuorum(Holding::of(lease))
     }
 
     /// The Lease's `holderIdentity` (`""`: nobody), `None` when there is no such Lease.
     pub fn holder(&self) -> Option<&str> {
-        self.0.as_deref()
+        self.0.holder.as_deref()
+    }
+
+    /// Who held `lease` at this read, for an admitted write's answer.
+    pub fn held(&self, lease: LeaseRef<'_>) -> Held {
+        self.0.held(lease)
+    }
+}
+
+/// What both holder reads keep of a leader-election Lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Holding {
+    holder: Option<String>,
+    resource_version: String,
+}
+
+impl Holding {
+    fn of(lease: Option<&LeaderElectionLease>) -> Holding {
+        Holding {
+            holder: lease.map(|l| l.spec.as_ref().and_then(|s| s.holder_identity.clone()).unwrap_or_default()),
+            resource_version: lease.and_then(|l| l.metadata.resource_version.clone()).unwrap_or_default(),
+        }
+    }
+
+    fn held(&self, lease: LeaseRef<'_>) -> Held {
+        Held { lease: lease.to_string(), holder: self.holder.clone().unwrap_or_default(), resource_version: self.resource_version.clone() }
     }
 }

@@ -123,7 +123,7 @@ impl<'r> WriterRead<'r> {
             };
         };
         if identity.holds(holder, pod) {
-            return Verdict::Allow { reason: Reason::Fenced };
+            return Verdict::AllowHeld { reason: Reason::Fenced, held: fresh.held(lease) };
         }
         let held = match fresh.holder() {
             None => "does not exist".to_string(),

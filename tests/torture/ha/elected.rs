@@ -172,10 +172,11 @@ const LED_OBJECTS: usize = 2;
 /// create admitted from a Pod that did not lead ([`creates_in_window`]).
 #[derive(Default)]
 pub struct Side {
-    /// Per created ConfigMap's resourceVersion: its `creationTimestamp` (set by the API server
-    /// just before validating admission calls the webhook), its name and what its writer said
-    /// (note, the fault in place when sent, through which API server).
-    created: BTreeMap<u64, (Timestamp, String, String)>,
+    /// Per created ConfigMap's resourceVersion: the create as its version says it.
+    created: BTreeMap<u64, Created>,
+    /// Per created ConfigMap's name: how the writer webhook judged its create, as the API servers'
+    /// audit logs keep it ([`Side::judged_by_audit`]).
+    judged: BTreeMap<String, Judged>,
     /// Per (Lease, token): the `acquireTime` of that acquisition, and the holder identity that wrote it.
     acquired: BTreeMap<(String, Token), (Timestamp, String)>,
     /// Holder identities whose Pod's clock was off ([`super::HaFault::ClientClockSkewed`]), by how
@@ -190,7 +191,73 @@ pub struct Side {
     writes_seen: BTreeMap<(String, u64), String>,
 }
 
+/// A created ConfigMap of the fenced controller, as its first version says.
+#[derive(Clone, Debug)]
+struct Created {
+    /// Its `creationTimestamp` (set by the API server just before validating admission calls the
+    /// webhook; whole seconds).
+    at: Timestamp,
+    name: String,
+    /// The holder identity its writer held (`<pod>_<term>`: one per acquisition).
+    identity: String,
+    /// What its writer said (note, the fault in place when sent, through which API server).
+    said: String,
+}
+
+/// How the writer webhook judged a create, as an API server's audit log keeps it: the holder
+/// and the Lease version the quorum read returned (the webhook's audit annotations), and the
+/// answer's code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Judged {
+    pub holder: String,
+    pub lease_version: u64,
+    pub code: u16,
+}
+
+/// The ConfigMap create one audit event records as judged by a kube-fence webhook for the
+/// Lease's holder: its name, and how it was judged. `None` for any other event (another verb or
+/// resource, no kube-fence annotations: not judged for a holder).
+pub fn judged_of(event: &serde_json::Value) -> Option<(String, Judged)> {
+    if event["verb"] != "create" || event["objectRef"]["resource"] != "configmaps" {
+        return None;
+    }
+    let name = event["objectRef"]["name"].as_str()?;
+    let annotation = |wanted: &str| {
+        event["annotations"].as_object()?.iter().find_map(|(key, value)| {
+            let (webhook, key) = key.split_once('/')?;
+            (webhook.ends_with(".kubefence.io") && key == wanted).then(|| value.as_str()).flatten()
+        })
+    };
+    let judged = Judged {
+        holder: annotation("holder")?.to_string(),
+        lease_version: annotation("lease-resource-version")?.parse().ok()?,
+        code: event["responseStatus"]["code"].as_u64().and_then(|c| u16::try_from(c).ok()).unwrap_or(0),
+    };
+    Some((name.to_string(), judged))
+}
+
 impl Side {
+    /// Reads an API server's audit log (JSON lines; a line cut short by a kill is skipped) for
+    /// how the writer webhook judged each create. Of several records of one name (a retried
+    /// create) the committed one (201) is kept, else the one judged at the newest Lease version
+    /// (the one least likely to be before a takeover).
+    pub fn judged_by_audit(&mut self, log: &std::path::Path) {
+        let Ok(text) = std::fs::read_to_string(log) else { return };
+        for event in text.lines().filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok()) {
+            let Some((name, judged)) = judged_of(&event) else { continue };
+            let keep = |old: &Judged| (old.code == 201, old.lease_version) >= (judged.code == 201, judged.lease_version);
+            if !self.judged.get(&name).is_some_and(keep) {
+                self.judged.insert(name, judged);
+            }
+        }
+    }
+
+    /// Of the created ConfigMaps the watches saw, how many have an audit record of their
+    /// judgement, and how many there are.
+    pub fn audited_creates(&self) -> (usize, usize) {
+        (self.created.values().filter(|c| self.judged.contains_key(&c.name)).count(), self.created.len())
+    }
+
     /// Per Lease, the acquisitions no watch delivered: tokens are consecutive (one more
     /// `leaseTransitions` per acquisition), so a token missing between the first and the last
     /// seen is one. A write attributed past such a gap may be attributed to an older grant of its
@@ -254,6 +321,15 @@ impl Side {
         for ((_, rv), said) in &versions[at.saturating_sub(6)..(at + 2).min(versions.len())] {
             text += &format!("\n      {rv}: {said}");
         }
+        if let Some(created) = self.created.get(resource_version) {
+            text += &match self.judged.get(&created.name) {
+                Some(j) => format!(
+                    "\n    the audit log: its create was judged for holder {} at Lease version {} (answer {})",
+                    j.holder, j.lease_version, j.code
+                ),
+                None => format!("\n    the audit logs keep no judgement of the create of {}", created.name),
+            };
+        }
         Some(text)
     }
 }
@@ -278,16 +354,46 @@ pub struct InWindow {
     /// The created object, and what its writer said.
     pub object: String,
     pub said: String,
-    /// How long before the next acquisition of the Lease the API server took the create in.
-    pub before_takeover: Duration,
+    /// What shows it was judged before the takeover.
+    pub shown_by: Shown,
 }
 
-/// Splits the checker's findings: a [`Violation::StaleHolderWriteAccepted`] on [`MADE`] whose
-/// create the API server took in (its `creationTimestamp`, second-granular, so rounded up by a
-/// second) before the next acquisition after the writer's grant (that acquisition's
-/// `acquireTime`) was judged while its writer still held the Lease — the webhook admitted it
-/// correctly and the commit came after the takeover: §6b's window, which a create has because it
-/// has no stored object to swap against. Anything else stays a violation.
+/// What shows a create was judged before the next acquisition of its Lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Shown {
+    /// The API server's audit log: the writer webhook admitted it reading a version of the Lease
+    /// (`read`) held by the create's own writer identity (one per acquisition), older than the
+    /// first version seen of any later acquisition (`takeover`; `None`: none was seen).
+    Audit { read: u64, takeover: Option<u64> },
+    /// The API server took it in (its `creationTimestamp`) this long before the next
+    /// acquisition's `acquireTime` (no audit record of it).
+    Timestamps(Duration),
+}
+
+impl std::fmt::Display for Shown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Shown::Audit { read, takeover: Some(takeover) } => {
+                write!(f, "the audit log: judged for its own holder at Lease version {read}, before the takeover at {takeover}")
+            }
+            Shown::Audit { read, takeover: None } => write!(f, "the audit log: judged for its own holder at Lease version {read}"),
+            Shown::Timestamps(before) => {
+                write!(f, "the API server took it in {:.1} s before the next acquisition", before.as_secs_f64())
+            }
+        }
+    }
+}
+
+/// Splits the checker's findings: a [`Violation::StaleHolderWriteAccepted`] on [`MADE`] that
+/// was judged while its writer still held the Lease — the webhook admitted it correctly and the
+/// commit came after the takeover: §6b's window, which a create has because it has no stored
+/// object to swap against. Anything else stays a violation. What shows it ([`Shown`]):
+/// - with an audit record of the create ([`Side::judged_by_audit`]), that record alone: the
+///   webhook's quorum read returned the Lease held by the create's own writer identity (a fresh
+///   one per acquisition, so no successor had taken it yet), at a version older than any later
+///   acquisition seen;
+/// - without one, the create's `creationTimestamp` (second-granular, so rounded up by a second)
+///   no later than the next acquisition's `acquireTime` (corrected for a skewed clock).
 pub fn creates_in_window(violations: Vec<Violation>, side: &Mutex<Side>) -> (Vec<Violation>, Vec<InWindow>) {
     let Ok(side) = side.lock() else { return (violations, Vec::new()) };
     let key = Path::FencedController.key();
@@ -295,29 +401,36 @@ pub fn creates_in_window(violations: Vec<Violation>, side: &Mutex<Side>) -> (Vec
     for v in violations {
         let found = match &v {
             Violation::StaleHolderWriteAccepted { object, grant, resource_version, .. } if object == MADE => {
-                let created = side.created.get(resource_version);
-                let next = side.acquired.range((key.clone(), *grant)..).find(|((l, t), _)| *l == key && t > grant).map(|(_, (at, who))| {
-                    let off = side.clocks.get(who).copied().unwrap_or(SignedDuration::ZERO);
-                    at.saturating_sub(off).unwrap_or(*at)
-                });
-                match (created, next) {
-                    (Some((created, name, said)), Some(next)) => {
-                        let taken_in_by = created.saturating_add(SignedDuration::from_secs(1)).unwrap_or(*created);
-                        (taken_in_by <= next).then(|| (name.clone(), said.clone(), next.duration_since(*created)))
-                    }
-                    _ => None,
-                }
+                side.created.get(resource_version).and_then(|created| Some((created, side.judged_before_takeover(&key, *grant, created)?)))
             }
             _ => None,
         };
         match found {
-            Some((object, said, before)) => {
-                window.push(InWindow { violation: v, object, said, before_takeover: before.try_into().unwrap_or_default() })
+            Some((created, shown_by)) => {
+                window.push(InWindow { violation: v, object: created.name.clone(), said: created.said.clone(), shown_by })
             }
             None => kept.push(v),
         }
     }
     (kept, window)
+}
+
+impl Side {
+    /// What shows that `created`, written under `grant` of Lease `key`, was judged before the next
+    /// acquisition ([`creates_in_window`]); `None` when nothing does.
+    fn judged_before_takeover(&self, key: &str, grant: Token, created: &Created) -> Option<Shown> {
+        if let Some(judged) = self.judged.get(&created.name) {
+            let takeover = self.grants_seen.iter().filter(|((l, _), (_, t, _))| l == key && *t > grant).map(|((_, rv), _)| *rv).min();
+            let before = judged.holder == created.identity && takeover.is_none_or(|t| judged.lease_version < t);
+            return before.then_some(Shown::Audit { read: judged.lease_version, takeover });
+        }
+        let next = self.acquired.range((key.to_string(), grant)..).find(|((l, t), _)| l == key && *t > grant).map(|(_, (at, who))| {
+            let off = self.clocks.get(who).copied().unwrap_or(SignedDuration::ZERO);
+            at.saturating_sub(off).unwrap_or(*at)
+        })?;
+        let taken_in_by = created.at.saturating_add(SignedDuration::from_secs(1)).unwrap_or(created.at);
+        (taken_in_by <= next).then(|| Shown::Timestamps(next.duration_since(created.at).try_into().unwrap_or_default()))
+    }
 }
 
 /// What one write of a cycle does.
@@ -1094,7 +1207,8 @@ pub fn record(
                         let data = cm.data.clone().unwrap_or_default();
                         let field = |k: &str| data.get(k).cloned().unwrap_or_default();
                         let said = format!("{}, sent through {} during {}", field("note"), field("via"), field("during"));
-                        seen.created.insert(resource_version, (created.0, cm.name_any(), said));
+                        let created = Created { at: created.0, name: cm.name_any(), identity: field("identity"), said };
+                        seen.created.insert(resource_version, created);
                     }
                     let object = logical.map(str::to_string).unwrap_or_else(|| cm.name_any());
                     if let Ok(mut seen) = seen.lock() {
@@ -1147,4 +1261,84 @@ fn acquisitions_the_watches_missed_are_counted_and_shown_around_a_violation() {
     let other =
         Violation::StaleHolderWriteAccepted { object: "ha-0-0".into(), holder: "w".into(), grant: t(1), newer: t(2), resource_version: 1 };
     assert!(side.explain(&other).is_none(), "kube-fence's own leases' objects are not this path's");
+}
+
+/// An audit event of a create the writer webhook admitted for the holder, as kube-apiserver
+/// writes it (JSON lines, `Metadata` level; the webhook's keys prefixed by its name).
+#[cfg(test)]
+fn audit_event(name: &str, holder: &str, version: &str, code: u16) -> String {
+    serde_json::json!({
+        "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "Metadata", "stage": "ResponseComplete",
+        "verb": "create", "user": {"username": "system:serviceaccount:t:ctl"},
+        "objectRef": {"resource": "configmaps", "namespace": "t", "name": name, "apiVersion": "v1"},
+        "responseStatus": {"metadata": {}, "code": code},
+        "annotations": {
+            "authorization.k8s.io/decision": "allow",
+            "writers.kubefence.io/lease": "t/ctl",
+            "writers.kubefence.io/holder": holder,
+            "writers.kubefence.io/lease-resource-version": version,
+        }
+    })
+    .to_string()
+}
+
+/// The audit log is read as the API server writes it: a line cut short, another verb, an event
+/// without kube-fence's annotations and a look-alike annotation are skipped; of a retried create
+/// the committed record is kept.
+#[test]
+fn the_audit_log_says_how_each_create_was_judged() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let log = dir.path().join("audit.log");
+    let unjudged = serde_json::json!({"verb": "create", "objectRef": {"resource": "configmaps", "name": "plain"}, "annotations": {}});
+    let look_alike = audit_event("other", "ctl-0_1", "5", 201).replace("writers.kubefence.io/", "writers.example.io/");
+    let lines = [
+        audit_event("made-1", "ctl-1_7", "40", 201),
+        audit_event("made-2", "ctl-2_8", "61", 201),
+        audit_event("made-2", "ctl-2_8", "70", 409),
+        audit_event("made-3", "ctl-0_9", "80", 504).replace("\"create\"", "\"update\""),
+        unjudged.to_string(),
+        look_alike,
+        audit_event("made-4", "ctl-0_9", "90", 201)[..40].to_string(),
+    ];
+    std::fs::write(&log, lines.join("\n")).expect("write the log");
+    let mut side = Side::default();
+    side.judged_by_audit(&log);
+    let judged = |holder: &str, lease_version, code| Judged { holder: holder.into(), lease_version, code };
+    assert_eq!(
+        side.judged,
+        BTreeMap::from([("made-1".to_string(), judged("ctl-1_7", 40, 201)), ("made-2".to_string(), judged("ctl-2_8", 61, 201))])
+    );
+}
+
+/// A create committed after a successor's acquisition is §6b's window only when something shows
+/// it was judged before that acquisition: the audit record (its own holder identity, a version
+/// before the takeover), or, with no record, the timestamps. Threat case: the honest but stale
+/// writer (a create held in flight past a takeover); a row judged after the takeover is what a
+/// fence failure would look like, and stays a violation.
+#[rstest::rstest]
+#[case::audit_before_takeover(Some(("ctl-1_7", 95)), 0, Some(Shown::Audit { read: 95, takeover: Some(100) }))]
+#[case::audit_names_the_successor(Some(("ctl-2_8", 101)), 0, None)]
+#[case::audit_names_another_term_of_its_pod(Some(("ctl-1_6", 45)), 0, None)]
+#[case::audit_own_holder_at_the_takeover(Some(("ctl-1_7", 100)), 0, None)]
+#[case::audit_outweighs_timestamps(Some(("ctl-2_8", 101)), 10, None)]
+#[case::timestamps_well_before(None, 10, Some(Shown::Timestamps(Duration::from_secs(10))))]
+#[case::timestamps_too_close(None, 0, None)]
+fn a_late_create_is_in_the_window_only_when_shown(
+    #[case] judged: Option<(&str, u64)>,
+    #[case] seconds_before: i64,
+    #[case] expect: Option<Shown>,
+) {
+    let key = Path::FencedController.key();
+    let t = |n: u64| Token::new(n).expect("a token");
+    let takeover_at: Timestamp = "2026-12-07T01:00:00Z".parse().expect("a time");
+    let mut side = Side::default();
+    side.grants_seen.insert((key.clone(), 50), ("ctl-1_7".into(), t(1), BTreeSet::from(['a'])));
+    side.grants_seen.insert((key.clone(), 100), ("ctl-2_8".into(), t(2), BTreeSet::from(['a'])));
+    side.acquired.insert((key.clone(), t(2)), (takeover_at, "ctl-2_8".into()));
+    let at = takeover_at.checked_sub(SignedDuration::from_secs(seconds_before)).expect("a time");
+    let created = Created { at, name: "made-1".into(), identity: "ctl-1_7".into(), said: String::new() };
+    if let Some((holder, lease_version)) = judged {
+        side.judged.insert("made-1".into(), Judged { holder: holder.into(), lease_version, code: 201 });
+    }
+    assert_eq!(side.judged_before_takeover(&key, t(1), &created), expect);
 }

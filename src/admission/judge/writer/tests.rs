@@ -8,6 +8,7 @@ use crate::admission::judge::facts::{GroupResource, Operation, PodIdentity};
 use crate::admission::judge::fake::{self, FakeLeases};
 use crate::admission::judge::fence::Mode;
 use crate::admission::judge::pipeline::{self, Judging, Sent};
+use crate::admission::judge::verdict::Held;
 
 const NS: &str = "team";
 const CTL: &str = "system:serviceaccount:team:ctl";
@@ -67,6 +68,16 @@ fn who_may_write(#[case] req: Request, #[case] holder: Option<&str>, #[case] exp
     }
 }
 
+/// What the answer tells the API server's audit log: the Lease, its holder and the version the
+/// quorum read returned (docs/design.md §6b: a create committed after a takeover was judged
+/// before it exactly when that version is older than the takeover).
+#[test]
+fn an_admission_names_the_lease_the_holder_and_the_version_read() {
+    let v = judge(&by(CTL, Some("ctl-0")), Some("ctl-0_1a2b"));
+    let held = Held { lease: "team/ctl".into(), holder: "ctl-0_1a2b".into(), resource_version: fake::LEADER_LEASE_VERSION.into() };
+    assert_eq!(v, Verdict::AllowHeld { reason: Reason::Fenced, held });
+}
+
 #[test]
 fn a_refusal_names_the_lease_the_fence_the_holder_and_the_requester() {
     let v = judge(&by(CTL, Some("ctl-1")), Some("ctl-0_1a2b"));
@@ -91,7 +102,8 @@ fn an_audit_fence_warns_where_an_enforced_one_refuses() {
         matches!(&v, Verdict::AllowWithWarning { reason: Reason::NotHolder, message } if message.starts_with("kube-fence (audit mode) would deny this write: write by Pod ctl-1 denied")),
         "{v:?}"
     );
-    assert_eq!(judge_in(Mode::Audit, &by(CTL, Some("ctl-0")), Some("ctl-0_1a2b")), Verdict::Allow { reason: Reason::Fenced });
+    let leader = judge_in(Mode::Audit, &by(CTL, Some("ctl-0")), Some("ctl-0_1a2b"));
+    assert!(matches!(leader, Verdict::AllowHeld { reason: Reason::Fenced, .. }), "{leader:?}");
 }
 
 /// Two fences of one ServiceAccount (two admins fenced it): an Enforce fence's refusal stands
@@ -107,4 +119,23 @@ fn of_two_fences_either_may_refuse() {
     let v = run(&writing("", "configmaps", "team", "x", "ctl-1"));
     assert!(matches!(&v, Verdict::Deny { code: 409, reason: Reason::NotHolder, .. }), "{v:?}");
     assert_eq!(run(&writing("", "configmaps", "team", "x", "ctl-0")).reason(), Reason::Fenced);
+}
+
+/// Of two fences, one exempting the write: whichever is judged first, the holder's write is
+/// admitted naming the Lease of the fence that judged it by its holder.
+#[test]
+fn an_exemption_of_one_fence_keeps_the_holder_the_other_read() {
+    let exempting = || fake::fence(NS, "ctl", &["ctl"], &["configmaps"], Mode::Enforce);
+    let holding = || fake::fence(NS, "other", &["ctl"], &[], Mode::Enforce);
+    for (first, second) in [(exempting(), holding()), (holding(), exempting())] {
+        let leases = FakeLeases::default().with_fence(first).with_fence(second).with_leader_lease(
+            NS,
+            "other",
+            fake::leader_lease(NS, "other", &[], &[], Some("ctl-0_1")),
+        );
+        let v = pipeline::judge(&writing("", "configmaps", "team", "x", "ctl-0"), &Judging::default(), Sent::Writer, &leases)
+            .now_or_never()
+            .expect("at once");
+        assert!(matches!(&v, Verdict::AllowHeld { held, .. } if held.lease == "team/other" && held.holder == "ctl-0_1"), "{v:?}");
+    }
 }
