@@ -91,6 +91,11 @@ pub struct ChunkResult {
     /// answers, so nothing else saw any of them).
     #[serde(default)]
     pub unseen_by_nothing: Option<BTreeMap<String, Vec<u64>>>,
+    /// The fenced controller's creates the audit logs say were judged for the holder, and the
+    /// creates the watches saw (`None`: the chunk ran without audit logs, chunks 1–17, so a
+    /// late create could be shown in §6b's window only by timestamps).
+    #[serde(default)]
+    pub audited_creates: Option<[u64; 2]>,
 }
 
 /// The main workers' leases, in [`ChunkResult::paths`].
@@ -156,6 +161,7 @@ impl ChunkResult {
             explained: report.explained.clone(),
             unseen_grants: report.unseen_grants.iter().map(|(l, u)| (l.clone(), u.by_no_watch.clone())).collect(),
             unseen_by_nothing: Some(report.unseen_grants.iter().map(|(l, u)| (l.clone(), u.by_nothing.clone())).collect()),
+            audited_creates: Some([report.audited_creates.0 as u64, report.audited_creates.1 as u64]),
         }
     }
 
