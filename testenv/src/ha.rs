@@ -172,27 +172,11 @@ pub struct HaCluster {
     /// Host loopback ports the webhook replica for A and for B must listen on; the API servers
     /// call `https://127.0.0.1:`[`WEBHOOK_PORT`] in their namespaces and reach them there.
     pub webhook_ports: [u16; 2],
-    /// The audit logs of API server A and B (JSON lines, [`AUDIT_POLICY`]).
+    /// The audit logs of API server A and B (JSON lines, [`crate::AUDIT_POLICY`]).
     pub audit_logs: [PathBuf; 2],
     pub bin_dir: PathBuf,
     _lock: Option<std::os::unix::net::UnixListener>,
 }
-
-/// What the API servers' audit logs keep: every ConfigMap create, at `Metadata` (who, what, the
-/// answer's code, and the admission webhooks' audit annotations — kube-fence's writer fence names
-/// the Lease's holder and the Lease version it read); nothing else. A torture run tells a create
-/// that commits after a takeover but was judged before it (docs/design.md §6b) by these.
-pub const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: [RequestReceived]
-rules:
-  - level: Metadata
-    verbs: [create]
-    resources:
-      - group: \"\"
-        resources: [configmaps]
-  - level: None
-";
 
 fn say(verbose: bool, msg: &str) {
     if verbose {
@@ -423,10 +407,9 @@ impl HaCluster {
 
         let etcd_servers: Vec<String> = (0..3).map(|i| format!("http://{}:2379", Place::Etcd(i).ip())).collect();
         let etcd_servers = etcd_servers.join(",");
-        let policy = self.base.dir.join("audit-policy.yaml");
-        fs::write(&policy, AUDIT_POLICY).with_context(|| format!("writing {}", policy.display()))?;
         for i in 0..2 {
             let advertise = Place::Api(i).ip().to_string();
+            let audit_log = self.audit_logs[i].display().to_string();
             let flags = ApiServerFlags {
                 etcd: &etcd_servers,
                 bind: "0.0.0.0",
@@ -436,10 +419,9 @@ impl HaCluster {
                 service_cidr: "10.96.0.0/24",
                 // Each API server keeps its own address in default/kubernetes, as in production.
                 endpoint_reconciler: "lease",
+                audit_log: &audit_log,
             };
-            let (policy, log) = (policy.display().to_string(), self.audit_logs[i].display().to_string());
-            let audit = ["--audit-policy-file", &policy, "--audit-log-path", &log, "--audit-log-format", "json"];
-            let args = self.base.apiserver_args(&flags, &audit);
+            let args = self.base.apiserver_args(&flags, &[]);
             say(opts.verbose, &format!("starting kube-apiserver {} on {advertise}:{API_PORT}", api_letter(i).to_ascii_uppercase()));
             let kas = self.bin_dir.join("kube-apiserver");
             self.spawn(&format!("kube-apiserver-{}", api_letter(i)), Some(Place::Api(i)), &kas, args)?;

@@ -109,6 +109,27 @@ impl Default for Options {
     }
 }
 
+const AUDIT_POLICY_FILE: &str = "audit-policy.yaml";
+/// The audit log's name, in the state directory beside the kubeconfig.
+pub const AUDIT_LOG_FILE: &str = "audit.log";
+
+/// What every API server started here keeps in its audit log: every ConfigMap write, at
+/// `Metadata` (who, what, the answer's code, and the admission webhooks' audit annotations —
+/// kube-fence names the Lease's holder and the Lease version it read when it admits a write for
+/// the holder); nothing else. The HA torture run tells by them a create that commits after a
+/// takeover but was judged before it (docs/design.md §6b).
+pub const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+    resources:
+      - group: \"\"
+        resources: [configmaps]
+  - level: None
+";
+
 /// The kube-apiserver flags that differ between plain and node mode.
 pub(crate) struct ApiServerFlags<'a> {
     pub etcd: &'a str,
@@ -118,6 +139,8 @@ pub(crate) struct ApiServerFlags<'a> {
     pub issuer: &'a str,
     pub service_cidr: &'a str,
     pub endpoint_reconciler: &'a str,
+    /// Where the API server writes its audit log ([`AUDIT_POLICY`]).
+    pub audit_log: &'a str,
 }
 
 struct Component {
@@ -272,8 +295,15 @@ impl ControlPlane {
             &self.dir.join("tokens.csv"),
             &format!("{token},admin,admin,system:masters\n{kcm_token},system:kube-controller-manager,system:kube-controller-manager\n"),
         )?;
+        write_private(&self.dir.join(AUDIT_POLICY_FILE), AUDIT_POLICY)?;
         self.ca_pem = pki.ca_cert_pem.clone();
         Ok((token, kcm_token))
+    }
+
+    /// The audit log of the API server of a plain or node control plane ([`AUDIT_POLICY`]; JSON
+    /// lines).
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join(AUDIT_LOG_FILE)
     }
 
     /// kube-controller-manager's flags, the same in plain and node mode but for `controllers`
@@ -338,6 +368,7 @@ impl ControlPlane {
     pub(crate) fn apiserver_args(&self, flags: &ApiServerFlags<'_>, extra: &[&str]) -> Vec<String> {
         let p = |n: &str| self.dir.join(n).display().to_string();
         let port = flags.port.to_string();
+        let policy = p(AUDIT_POLICY_FILE);
         let args = [
             "--etcd-servers",
             flags.etcd,
@@ -367,6 +398,12 @@ impl ControlPlane {
             flags.service_cidr,
             "--endpoint-reconciler-type",
             flags.endpoint_reconciler,
+            "--audit-policy-file",
+            &policy,
+            "--audit-log-path",
+            flags.audit_log,
+            "--audit-log-format",
+            "json",
         ];
         let tail = ["--allow-privileged=true", "--v", "0"];
         args.iter().copied().chain(extra.iter().copied()).chain(tail).map(str::to_string).collect()
@@ -408,6 +445,7 @@ impl ControlPlane {
                         // Required on 1.37 with a loopback advertise address: with the default
                         // reconciler the API server refuses to start ("may not be in the loopback range").
                         endpoint_reconciler: "none",
+                        audit_log: &self.audit_log().display().to_string(),
                     },
                     &[],
                 ))

@@ -66,3 +66,46 @@ pub fn entries<'a>(config: &'a mut serde_json::Value, list: &str, field: &str) -
         .filter_map(|entry| entry.get_mut(field).and_then(|v| v.as_object_mut()))
         .collect()
 }
+
+/// The shared cluster's API server audit log (`kube_fence_testenv::AUDIT_POLICY`: every
+/// ConfigMap write, JSON lines), beside its kubeconfig when kube-fence-testenv started it. Panics,
+/// saying why, for a cluster whose audit log is not on this machine.
+pub async fn audit_log() -> PathBuf {
+    let kubeconfig = kubeconfig().await;
+    let log = kubeconfig.parent().map(|dir| dir.join(kube_fence_testenv::AUDIT_LOG_FILE));
+    log.filter(|log| log.is_file()).unwrap_or_else(|| {
+        panic!(
+            "no audit log beside {}: this test reads the API server's audit log, which the local control plane (hack/test.sh without KUBECONFIG) keeps",
+            kubeconfig.display()
+        )
+    })
+}
+
+/// The audit events of writes to ConfigMap `ns/name`, in the order the API server logged them,
+/// once `enough` says they are all there (the API server writes an event as the request
+/// completes; at most 30 s).
+pub async fn audit_events(log: &Path, ns: &str, name: &str, enough: impl Fn(&[serde_json::Value]) -> bool) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_else(|e| panic!("reading {}: {e}", log.display()));
+        let events: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|e| e["objectRef"]["namespace"] == ns && e["objectRef"]["name"] == name)
+            .collect();
+        if enough(&events) {
+            return events;
+        }
+        assert!(Instant::now() < deadline, "the audit log {} has not the events wanted of {ns}/{name}: {events:#?}", log.display());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A kube-fence webhook's audit annotation `key` on an audit event (the API server prefixes it
+/// with the webhook's name, `<…>.kubefence.io/<key>`).
+pub fn kube_fence_annotation<'a>(event: &'a serde_json::Value, key: &str) -> Option<&'a str> {
+    event["annotations"].as_object()?.iter().find_map(|(k, v)| {
+        let (webhook, k) = k.split_once('/')?;
+        (webhook.ends_with(".kubefence.io") && k == key).then(|| v.as_str()).flatten()
+    })
+}

@@ -215,6 +215,46 @@ async fn only_the_pod_holding_the_leader_lease_writes() {
     f.stop().await;
 }
 
+/// Who let each write through, in the API server's audit log: the holder's admitted writes carry
+/// the Lease, the holder and the Lease's resourceVersion the webhook read (the version the
+/// holder's claim made); the refused write of the Pod that lost the Lease carries none.
+/// Stale-but-honest writer: p1 writes again after p2 took the Lease over.
+#[tokio::test]
+async fn the_audit_log_names_the_holder_that_let_each_write_through() {
+    let log = common::audit_log().await;
+    let f = Fixture::new("leader-audit").await;
+    let (p1, p2) = opted_in_pods(&f).await;
+    let version = |lease: LeaderLease| lease.metadata.resource_version.expect("a resourceVersion");
+    let first = version(elect(&p1, &f.ns, "ctl", "p1_1111", "2026-12-03T09:00:01.000000Z", 1).await.expect("p1 acquires"));
+    let cms = |c: &Client| Api::<ConfigMap>::namespaced(c.clone(), &f.ns);
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "audited", "labels": {LEADER_LEASE_LABEL: "ctl"}}, "data": {"writer": "p1"}}))
+            .unwrap();
+    common::accepted(cms(&p1).create(&PostParams::default(), &cm).await);
+    let second = version(elect(&p2, &f.ns, "ctl", "p2_2222", "2026-12-03T09:00:10.000000Z", 2).await.expect("p2 takes over"));
+    let pp = PatchParams::default();
+    common::accepted(cms(&p2).patch("audited", &pp, &Patch::Merge(&json!({"data": {"writer": "p2"}}))).await);
+    not_holder(cms(&p1).patch("audited", &pp, &Patch::Merge(&json!({"data": {"writer": "p1-stale"}}))).await, "p2_2222", "p1");
+
+    let events = common::audit_events(&log, &f.ns, "audited", |events| events.len() >= 3).await;
+    let lease = format!("{}/ctl", f.ns);
+    let judged = |e: &serde_json::Value| {
+        ["lease", "holder", "lease-resource-version"].map(|key| common::kube_fence_annotation(e, key).map(str::to_string))
+    };
+    let said: Vec<_> =
+        events.iter().map(|e| (e["verb"].as_str().unwrap_or_default(), e["responseStatus"]["code"].as_u64(), judged(e))).collect();
+    let named = |holder: &str, version: &str| [Some(lease.clone()), Some(holder.to_string()), Some(version.to_string())];
+    assert_eq!(
+        said,
+        vec![
+            ("create", Some(201), named("p1_1111", &first)),
+            ("patch", Some(200), named("p2_2222", &second)),
+            ("patch", Some(409), [None, None, None]),
+        ]
+    );
+    f.stop().await;
+}
+
 /// Worker with ordinary RBAC (any Pod of the controller's ServiceAccount can update its Lease):
 /// on an opted-in Lease, naming another Pod as holder, renewing another's hold, releasing it or
 /// dropping the opt-in label is refused (403) by the API server itself; a token bound to no Pod

@@ -100,6 +100,7 @@ impl ControlPlane {
     fn start_node_apiserver(&mut self, opts: &Options) -> Result<()> {
         say(opts, &format!("starting kube-apiserver (in the namespace on {NODE_IP}:{API_PORT})"));
         let (kubelet_cert, kubelet_key) = (self.state_path("kubelet-client.crt"), self.state_path("kubelet-client.key"));
+        let audit_log = self.audit_log().display().to_string();
         let flags = ApiServerFlags {
             etcd: "http://127.0.0.1:2379",
             // 0.0.0.0 of the node's namespace: loopback, the node IP and the CNI gateway only.
@@ -110,6 +111,7 @@ impl ControlPlane {
             service_cidr: SERVICE_CIDR,
             // The apiserver itself keeps default/kubernetes -> 10.99.0.1:6443.
             endpoint_reconciler: "lease",
+            audit_log: &audit_log,
         };
         let args = self.apiserver_args(
             &flags,
