@@ -214,6 +214,20 @@ async fn audit_then_enforce_then_roll_back_by_deleting_the_fence() {
     );
     let (status, warnings) = patch_namespace_label(&p1, &f.ns, "p1").await;
     assert!(status.is_success() && warnings.is_empty(), "the leader writes without a warning: {status} {warnings:?}");
+    // The audit log keeps every write Enforce would refuse (Events are rate-limited), and who let
+    // the leader's through.
+    let cms = |c: &Client| Api::<ConfigMap>::namespaced(c.clone(), &f.ns);
+    common::accepted(cms(&p2).create(&PostParams::default(), &fresh_configmap("audited-follower")).await);
+    common::accepted(cms(&p1).create(&PostParams::default(), &fresh_configmap("audited-leader")).await);
+    let log = common::audit_log().await;
+    let annotated = async |name: &str, key: &str| {
+        let events = common::audit_events(&log, &f.ns, name, |e| !e.is_empty()).await;
+        common::kube_fence_annotation(&events[0], key).map(str::to_string)
+    };
+    assert_eq!(annotated("audited-follower", "would-deny").await.as_deref(), Some("NotHolder"));
+    assert_eq!(annotated("audited-follower", "holder").await, None);
+    assert_eq!(annotated("audited-leader", "holder").await.as_deref(), Some("p1_1111"));
+    assert_eq!(annotated("audited-leader", "would-deny").await, None);
     let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(f.client.clone(), &f.ns);
     until("a WouldRefuse Event on the FencedController", Duration::from_secs(30), async || {
         events.list(&ListParams::default()).await.is_ok_and(|l| {
@@ -229,7 +243,6 @@ async fn audit_then_enforce_then_roll_back_by_deleting_the_fence() {
     let enforce = Patch::Merge(json!({"spec": {"mode": "Enforce"}}));
     fences(&f).patch(LEASE, &PatchParams::default(), &enforce).await.expect("the admin switches to Enforce");
     wait_writer_fenced(&f, &p2).await;
-    let cms = |c: &Client| Api::<ConfigMap>::namespaced(c.clone(), &f.ns);
     not_holder(cms(&p2).create(&PostParams::default(), &fresh_configmap("by-the-follower")).await, "p1_1111", "p2");
     common::accepted(cms(&p1).create(&PostParams::default(), &fresh_configmap("by-the-leader")).await);
 

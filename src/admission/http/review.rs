@@ -208,8 +208,10 @@ impl<'a> Answer<'a> {
 }
 
 /// The AdmissionResponse that carries `verdict`; a denial's facts go to `status.details`
-/// ([`denial::status`]), and who held the Lease a write was admitted for to `auditAnnotations`
-/// ([`Held::annotations`](crate::admission::judge::verdict::Held::annotations)).
+/// ([`denial::status`]); who held the Lease a write was admitted for goes to `auditAnnotations`
+/// ([`Held::annotations`](crate::admission::judge::verdict::Held::annotations)), and so does
+/// why a write admitted with a warning (Audit, `Warn`) would have been denied (`would-deny`,
+/// the denial's reason), so the audit log keeps every one, however many Events were dropped.
 pub fn response<'a>(request: &'a Admission<'_>, verdict: &'a Verdict) -> Answer<'a> {
     match verdict {
         Verdict::Allow { .. } => Answer::new(&request.uid, true, None, &[]),
@@ -218,7 +220,11 @@ pub fn response<'a>(request: &'a Admission<'_>, verdict: &'a Verdict) -> Answer<
             answer.response.audit_annotations.extend(held.annotations());
             answer
         }
-        Verdict::AllowWithWarning { message, .. } => Answer::new(&request.uid, true, None, std::slice::from_ref(message)),
+        Verdict::AllowWithWarning { reason, message } => {
+            let mut answer = Answer::new(&request.uid, true, None, std::slice::from_ref(message));
+            answer.response.audit_annotations.insert("would-deny", reason.as_str());
+            answer
+        }
         Verdict::Deny { code, reason, message, facts } => {
             Answer::new(&request.uid, false, Some(denial::status(*code, *reason, message, facts)), &[])
         }
@@ -485,6 +491,24 @@ mod tests {
 
     /// The borrowed request reads what the API server sends for a Pod's ServiceAccount: the
     /// bound Pod among the other `extra` keys, a DELETE's precondition, and strings with escapes.
+    /// A write admitted with a warning (an Audit fence, a `Warn` lease): the answer says why
+    /// Enforce would deny it, for the audit log, beside the warning.
+    #[test]
+    fn an_admission_with_a_warning_says_what_would_deny_it() {
+        let body = review(
+            "CREATE",
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}),
+            serde_json::Value::Null,
+        );
+        let request = decode(&body).map_err(|e| format!("{e:?}")).unwrap();
+        let verdict = Verdict::AllowWithWarning { reason: Reason::NotHolder, message: "would deny".into() };
+        let json: serde_json::Value = serde_json::from_slice(&response(&request, &verdict).to_vec()).unwrap_or_default();
+        assert_eq!(
+            json["response"],
+            serde_json::json!({"uid": "u-1", "allowed": true, "warnings": ["would deny"], "auditAnnotations": {"would-deny": "NotHolder"}})
+        );
+    }
+
     /// A write admitted for a Lease's holder: the answer names the Lease, the holder and the
     /// Lease's version read, for the API server's audit log (no warning, no status).
     #[test]
