@@ -489,49 +489,37 @@ mod tests {
         );
     }
 
+    /// What the answer tells the API server's audit log: a write admitted for a Lease's holder
+    /// names the Lease, the holder and the Lease's version read; one admitted with a warning (an
+    /// Audit fence, a `Warn` lease) says why Enforce would deny it, beside the warning; a plain
+    /// admission says nothing.
+    #[rstest::rstest]
+    #[case::held(
+        Verdict::AllowHeld {
+            reason: Reason::Fenced,
+            held: crate::admission::judge::verdict::Held {
+                lease: "team/ctl".into(),
+                holder: "ctl-0_1a2b".into(),
+                resource_version: "3100".into(),
+            },
+        },
+        serde_json::json!({"uid": "u-1", "allowed": true, "auditAnnotations": {"lease": "team/ctl", "holder": "ctl-0_1a2b", "lease-resource-version": "3100"}})
+    )]
+    #[case::warned(
+        Verdict::AllowWithWarning { reason: Reason::NotHolder, message: "would deny".into() },
+        serde_json::json!({"uid": "u-1", "allowed": true, "warnings": ["would deny"], "auditAnnotations": {"would-deny": "NotHolder"}})
+    )]
+    #[case::plain(Verdict::Allow { reason: Reason::Exempt }, serde_json::json!({"uid": "u-1", "allowed": true}))]
+    fn an_admission_tells_the_audit_log_who_or_what_would_deny(#[case] verdict: Verdict, #[case] expect: serde_json::Value) {
+        let object = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}});
+        let body = review("CREATE", object, serde_json::Value::Null);
+        let request = decode(&body).map_err(|e| format!("{e:?}")).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&response(&request, &verdict).to_vec()).unwrap_or_default();
+        assert_eq!(json["response"], expect);
+    }
+
     /// The borrowed request reads what the API server sends for a Pod's ServiceAccount: the
     /// bound Pod among the other `extra` keys, a DELETE's precondition, and strings with escapes.
-    /// A write admitted with a warning (an Audit fence, a `Warn` lease): the answer says why
-    /// Enforce would deny it, for the audit log, beside the warning.
-    #[test]
-    fn an_admission_with_a_warning_says_what_would_deny_it() {
-        let body = review(
-            "CREATE",
-            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}),
-            serde_json::Value::Null,
-        );
-        let request = decode(&body).map_err(|e| format!("{e:?}")).unwrap();
-        let verdict = Verdict::AllowWithWarning { reason: Reason::NotHolder, message: "would deny".into() };
-        let json: serde_json::Value = serde_json::from_slice(&response(&request, &verdict).to_vec()).unwrap_or_default();
-        assert_eq!(
-            json["response"],
-            serde_json::json!({"uid": "u-1", "allowed": true, "warnings": ["would deny"], "auditAnnotations": {"would-deny": "NotHolder"}})
-        );
-    }
-
-    /// A write admitted for a Lease's holder: the answer names the Lease, the holder and the
-    /// Lease's version read, for the API server's audit log (no warning, no status).
-    #[test]
-    fn an_admission_for_the_holder_carries_audit_annotations() {
-        let body = review(
-            "CREATE",
-            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}),
-            serde_json::Value::Null,
-        );
-        let request = decode(&body).map_err(|e| format!("{e:?}")).unwrap();
-        let held = crate::admission::judge::verdict::Held {
-            lease: "team/ctl".into(),
-            holder: "ctl-0_1a2b".into(),
-            resource_version: "3100".into(),
-        };
-        let verdict = Verdict::AllowHeld { reason: Reason::Fenced, held };
-        let json: serde_json::Value = serde_json::from_slice(&response(&request, &verdict).to_vec()).unwrap_or_default();
-        assert_eq!(
-            json["response"],
-            serde_json::json!({"uid": "u-1", "allowed": true, "auditAnnotations": {"lease": "team/ctl", "holder": "ctl-0_1a2b", "lease-resource-version": "3100"}})
-        );
-    }
-
     #[test]
     fn decode_reads_the_pod_the_precondition_and_escaped_strings() {
         let body = br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":"u-\u0031","kind":{"group":"apps","version":"v1","kind":"Deployment"},"resource":{"group":"apps","version":"v1","resource":"deployments"},"name":"we\"b","namespace":"ns","operation":"DELETE","userInfo":{"username":"system:serviceaccount:ns:worker","groups":["system:serviceaccounts"],"extra":{"authentication.kubernetes.io/credential-id":["JTI=1"],"authentication.kubernetes.io/pod-name":["worker-0"],"authentication.kubernetes.io/pod-uid":["9"]}},"oldObject":{"kind":"Deployment","metadata":{"name":"we\"b"}},"options":{"kind":"DeleteOptions","apiVersion":"meta.k8s.io/v1","preconditions":{"resourceVersion":"42"}}}}"#;
