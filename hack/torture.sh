@@ -66,6 +66,8 @@ fi
 
 if $ha; then
   [[ $(id -u) -eq 0 ]] || { echo "torture.sh: --ha needs root (network namespaces)" >&2; exit 1; }
+  # The host programs the topology runs (socat, ip, ...): installed when missing, once a boot.
+  hack/node-prereqs.sh
   export KF_TORTURE_REPORT="${KF_TORTURE_REPORT:-${TMPDIR:-/tmp}/kube-fence-torture-ha.md}"
   started=$(date +%s)
   if [[ -n $chunk ]]; then
