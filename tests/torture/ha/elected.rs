@@ -363,8 +363,10 @@ pub struct InWindow {
 pub enum Shown {
     /// The API server's audit log: the writer webhook admitted it reading a version of the Lease
     /// (`read`) held by the create's own writer identity (one per acquisition), older than the
-    /// first version seen of any later acquisition (`takeover`; `None`: none was seen).
-    Audit { read: u64, takeover: Option<u64> },
+    /// first version seen of any later acquisition (`takeover`; `None`: none was seen); and
+    /// whether the timestamps alone would have shown it too (how often they could not, where the
+    /// record can: what a chunk without the record missed).
+    Audit { read: u64, takeover: Option<u64>, by_timestamps: bool },
     /// The API server took it in (its `creationTimestamp`) this long before the next
     /// acquisition's `acquireTime` (no audit record of it).
     Timestamps(Duration),
@@ -373,10 +375,14 @@ pub enum Shown {
 impl std::fmt::Display for Shown {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Shown::Audit { read, takeover: Some(takeover) } => {
-                write!(f, "the audit log: judged for its own holder at Lease version {read}, before the takeover at {takeover}")
+            Shown::Audit { read, takeover, by_timestamps } => {
+                write!(f, "the audit log: judged for its own holder at Lease version {read}")?;
+                if let Some(takeover) = takeover {
+                    write!(f, ", before the takeover at {takeover}")?;
+                }
+                let timestamps = if *by_timestamps { "would have shown it too" } else { "could not have shown it" };
+                write!(f, "; the timestamps alone {timestamps}")
             }
-            Shown::Audit { read, takeover: None } => write!(f, "the audit log: judged for its own holder at Lease version {read}"),
             Shown::Timestamps(before) => {
                 write!(f, "the API server took it in {:.1} s before the next acquisition", before.as_secs_f64())
             }
@@ -419,17 +425,25 @@ impl Side {
     /// What shows that `created`, written under `grant` of Lease `key`, was judged before the next
     /// acquisition ([`creates_in_window`]); `None` when nothing does.
     fn judged_before_takeover(&self, key: &str, grant: Token, created: &Created) -> Option<Shown> {
+        let by_timestamps = self.by_timestamps(key, grant, created);
         if let Some(judged) = self.judged.get(&created.name) {
             let takeover = self.grants_seen.iter().filter(|((l, _), (_, t, _))| l == key && *t > grant).map(|((_, rv), _)| *rv).min();
             let before = judged.holder == created.identity && takeover.is_none_or(|t| judged.lease_version < t);
-            return before.then_some(Shown::Audit { read: judged.lease_version, takeover });
+            return before.then_some(Shown::Audit { read: judged.lease_version, takeover, by_timestamps: by_timestamps.is_some() });
         }
+        by_timestamps.map(Shown::Timestamps)
+    }
+
+    /// How long before the next acquisition's `acquireTime` (corrected for a skewed clock) the API
+    /// server took `created` in, when its `creationTimestamp` (whole seconds, so rounded up by a
+    /// second) shows it was before; `None` when it does not.
+    fn by_timestamps(&self, key: &str, grant: Token, created: &Created) -> Option<Duration> {
         let next = self.acquired.range((key.to_string(), grant)..).find(|((l, t), _)| l == key && *t > grant).map(|(_, (at, who))| {
             let off = self.clocks.get(who).copied().unwrap_or(SignedDuration::ZERO);
             at.saturating_sub(off).unwrap_or(*at)
         })?;
         let taken_in_by = created.at.saturating_add(SignedDuration::from_secs(1)).unwrap_or(created.at);
-        (taken_in_by <= next).then(|| Shown::Timestamps(next.duration_since(created.at).try_into().unwrap_or_default()))
+        (taken_in_by <= next).then(|| next.duration_since(created.at).try_into().unwrap_or_default())
     }
 }
 
@@ -1316,7 +1330,8 @@ fn the_audit_log_says_how_each_create_was_judged() {
 /// writer (a create held in flight past a takeover); a row judged after the takeover is what a
 /// fence failure would look like, and stays a violation.
 #[rstest::rstest]
-#[case::audit_before_takeover(Some(("ctl-1_7", 95)), 0, Some(Shown::Audit { read: 95, takeover: Some(100) }))]
+#[case::audit_before_takeover(Some(("ctl-1_7", 95)), 0, Some(Shown::Audit { read: 95, takeover: Some(100), by_timestamps: false }))]
+#[case::audit_and_timestamps(Some(("ctl-1_7", 95)), 10, Some(Shown::Audit { read: 95, takeover: Some(100), by_timestamps: true }))]
 #[case::audit_names_the_successor(Some(("ctl-2_8", 101)), 0, None)]
 #[case::audit_names_another_term_of_its_pod(Some(("ctl-1_6", 45)), 0, None)]
 #[case::audit_own_holder_at_the_takeover(Some(("ctl-1_7", 100)), 0, None)]
