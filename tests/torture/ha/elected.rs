@@ -358,48 +358,40 @@ pub struct InWindow {
     pub shown_by: Shown,
 }
 
-/// What shows a create was judged before the next acquisition of its Lease.
+/// What shows a create was judged before the next acquisition of its Lease: the API server's
+/// audit log, in which the writer webhook admitted it reading a version of the Lease (`read`) held
+/// by the create's own writer identity (one per acquisition), older than the first version seen
+/// of any later acquisition (`takeover`; `None`: none was seen). Beside it, whether the timestamps
+/// alone would have shown it (`creationTimestamp`, whole seconds, plus a second, no later than the
+/// next acquisition's `acquireTime`), as the chunks before the audit record judged: how often
+/// they could not, and so what those chunks could not place.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Shown {
-    /// The API server's audit log: the writer webhook admitted it reading a version of the Lease
-    /// (`read`) held by the create's own writer identity (one per acquisition), older than the
-    /// first version seen of any later acquisition (`takeover`; `None`: none was seen); and
-    /// whether the timestamps alone would have shown it too (how often they could not, where the
-    /// record can: what a chunk without the record missed).
-    Audit { read: u64, takeover: Option<u64>, by_timestamps: bool },
-    /// The API server took it in (its `creationTimestamp`) this long before the next
-    /// acquisition's `acquireTime` (no audit record of it).
-    Timestamps(Duration),
+pub struct Shown {
+    pub read: u64,
+    pub takeover: Option<u64>,
+    pub by_timestamps: bool,
 }
 
 impl std::fmt::Display for Shown {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Shown::Audit { read, takeover, by_timestamps } => {
-                write!(f, "the audit log: judged for its own holder at Lease version {read}")?;
-                if let Some(takeover) = takeover {
-                    write!(f, ", before the takeover at {takeover}")?;
-                }
-                let timestamps = if *by_timestamps { "would have shown it too" } else { "could not have shown it" };
-                write!(f, "; the timestamps alone {timestamps}")
-            }
-            Shown::Timestamps(before) => {
-                write!(f, "the API server took it in {:.1} s before the next acquisition", before.as_secs_f64())
-            }
+        write!(f, "the audit log: judged for its own holder at Lease version {}", self.read)?;
+        if let Some(takeover) = self.takeover {
+            write!(f, ", before the takeover at {takeover}")?;
         }
+        let timestamps = if self.by_timestamps { "would have shown it too" } else { "could not have shown it" };
+        write!(f, "; the timestamps alone {timestamps}")
     }
 }
 
 /// Splits the checker's findings: a [`Violation::StaleHolderWriteAccepted`] on [`MADE`] that
 /// was judged while its writer still held the Lease — the webhook admitted it correctly and the
 /// commit came after the takeover: §6b's window, which a create has because it has no stored
-/// object to swap against. Anything else stays a violation. What shows it ([`Shown`]):
-/// - with an audit record of the create ([`Side::judged_by_audit`]), that record alone: the
-///   webhook's quorum read returned the Lease held by the create's own writer identity (a fresh
-///   one per acquisition, so no successor had taken it yet), at a version older than any later
-///   acquisition seen;
-/// - without one, the create's `creationTimestamp` (second-granular, so rounded up by a second)
-///   no later than the next acquisition's `acquireTime` (corrected for a skewed clock).
+/// object to swap against. Only the create's audit record shows it ([`Side::judged_by_audit`],
+/// [`Shown`]): the webhook's quorum read returned the Lease held by the create's own writer
+/// identity (a fresh one per acquisition, so no successor had taken it yet), at a version older
+/// than any later acquisition seen. Timestamps do not: the API server sets `creationTimestamp`
+/// before it calls the webhook, and the call may come after the takeover. Anything else — no
+/// record, or a record that says otherwise — stays a violation.
 pub fn creates_in_window(violations: Vec<Violation>, side: &Mutex<Side>) -> (Vec<Violation>, Vec<InWindow>) {
     let Ok(side) = side.lock() else { return (violations, Vec::new()) };
     let key = Path::FencedController.key();
@@ -425,25 +417,22 @@ impl Side {
     /// What shows that `created`, written under `grant` of Lease `key`, was judged before the next
     /// acquisition ([`creates_in_window`]); `None` when nothing does.
     fn judged_before_takeover(&self, key: &str, grant: Token, created: &Created) -> Option<Shown> {
-        let by_timestamps = self.by_timestamps(key, grant, created);
-        if let Some(judged) = self.judged.get(&created.name) {
-            let takeover = self.grants_seen.iter().filter(|((l, _), (_, t, _))| l == key && *t > grant).map(|((_, rv), _)| *rv).min();
-            let before = judged.holder == created.identity && takeover.is_none_or(|t| judged.lease_version < t);
-            return before.then_some(Shown::Audit { read: judged.lease_version, takeover, by_timestamps: by_timestamps.is_some() });
-        }
-        by_timestamps.map(Shown::Timestamps)
+        let judged = self.judged.get(&created.name)?;
+        let takeover = self.grants_seen.iter().filter(|((l, _), (_, t, _))| l == key && *t > grant).map(|((_, rv), _)| *rv).min();
+        let before = judged.holder == created.identity && takeover.is_none_or(|t| judged.lease_version < t);
+        before.then(|| Shown { read: judged.lease_version, takeover, by_timestamps: self.by_timestamps(key, grant, created) })
     }
 
-    /// How long before the next acquisition's `acquireTime` (corrected for a skewed clock) the API
-    /// server took `created` in, when its `creationTimestamp` (whole seconds, so rounded up by a
-    /// second) shows it was before; `None` when it does not.
-    fn by_timestamps(&self, key: &str, grant: Token, created: &Created) -> Option<Duration> {
+    /// Whether `created`'s `creationTimestamp` (whole seconds, so rounded up by a second) is no
+    /// later than the next acquisition's `acquireTime` (corrected for a skewed clock): the rule
+    /// the chunks before the audit record placed a late create by.
+    fn by_timestamps(&self, key: &str, grant: Token, created: &Created) -> bool {
         let next = self.acquired.range((key.to_string(), grant)..).find(|((l, t), _)| l == key && *t > grant).map(|(_, (at, who))| {
             let off = self.clocks.get(who).copied().unwrap_or(SignedDuration::ZERO);
             at.saturating_sub(off).unwrap_or(*at)
-        })?;
+        });
         let taken_in_by = created.at.saturating_add(SignedDuration::from_secs(1)).unwrap_or(created.at);
-        (taken_in_by <= next).then(|| next.duration_since(created.at).try_into().unwrap_or_default())
+        next.is_some_and(|next| taken_in_by <= next)
     }
 }
 
@@ -1330,14 +1319,14 @@ fn the_audit_log_says_how_each_create_was_judged() {
 /// writer (a create held in flight past a takeover); a row judged after the takeover is what a
 /// fence failure would look like, and stays a violation.
 #[rstest::rstest]
-#[case::audit_before_takeover(Some(("ctl-1_7", 95)), 0, Some(Shown::Audit { read: 95, takeover: Some(100), by_timestamps: false }))]
-#[case::audit_and_timestamps(Some(("ctl-1_7", 95)), 10, Some(Shown::Audit { read: 95, takeover: Some(100), by_timestamps: true }))]
+#[case::audit_before_takeover(Some(("ctl-1_7", 95)), 0, Some(Shown { read: 95, takeover: Some(100), by_timestamps: false }))]
+#[case::audit_and_timestamps(Some(("ctl-1_7", 95)), 10, Some(Shown { read: 95, takeover: Some(100), by_timestamps: true }))]
 #[case::audit_names_the_successor(Some(("ctl-2_8", 101)), 0, None)]
 #[case::audit_names_another_term_of_its_pod(Some(("ctl-1_6", 45)), 0, None)]
 #[case::audit_own_holder_at_the_takeover(Some(("ctl-1_7", 100)), 0, None)]
 #[case::audit_outweighs_timestamps(Some(("ctl-2_8", 101)), 10, None)]
-#[case::timestamps_well_before(None, 10, Some(Shown::Timestamps(Duration::from_secs(10))))]
-#[case::timestamps_too_close(None, 0, None)]
+#[case::no_record_timestamps_well_before(None, 10, None)]
+#[case::no_record_timestamps_too_close(None, 0, None)]
 fn a_late_create_is_in_the_window_only_when_shown(
     #[case] judged: Option<(&str, u64)>,
     #[case] seconds_before: i64,
