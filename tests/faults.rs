@@ -162,7 +162,7 @@ fn faults_ha_sum() {
     };
     for (pass, what) in [
         (Pass::First, "The first pass (records that could miss an acquisition; not counted)"),
-        (Pass::Second, "The second pass (late creates shown in §6b's window by timestamps only; not counted)"),
+        (Pass::Second, "The second pass (no record of when the webhook judged each create; not counted)"),
     ] {
         let earlier = read(pass);
         if !earlier.chunks.is_empty() {

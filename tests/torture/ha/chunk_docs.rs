@@ -209,9 +209,9 @@ guess. How it runs, each chunk and every path: [docs/proof.md](docs/proof.md) an
 {}
 Not counted in it ([docs/proof/ha-runs](docs/proof/ha-runs/README.md) says why): a first pass
 ({}) whose record could miss an acquisition of a Lease, so that a write under it was taken for a
-stale one; and a second pass ({}) with a complete record, in which a create committed after a
-takeover could be shown judged before it (§6b's CREATE window) only by timestamps, which left
-what it reported [not explained](docs/proof/ha-runs/README.md#violations).
+stale one; and a second pass ({}) with a complete record but none of when the webhook judged each
+create, so that a create committed after a takeover could not be shown judged before it (§6b's
+CREATE window), which left what it reported [not explained](docs/proof/ha-runs/README.md#violations).
 ",
         capitalized(&how_far(long)),
         thousands(long.observations),
@@ -235,8 +235,8 @@ Before it, two passes, not counted. A first pass ({};
 acquisitions of a Lease that no watch delivered ([proof/ha-runs](proof/ha-runs/README.md), \"The
 first pass\"). A second pass ({}; [second-pass.md](proof/ha-runs/second-pass.md)), with a
 complete record: what it reported is not explained ([proof/ha-runs](proof/ha-runs/README.md#violations)),
-because its record could show a create committed after a takeover judged before it only by
-timestamps. The second pass's figures of availability stand:
+because nothing in its record showed when the webhook judged a create that committed after a
+takeover. The second pass's figures of availability stand:
 
 {}
 {}",

@@ -92,8 +92,8 @@ pub struct ChunkResult {
     #[serde(default)]
     pub unseen_by_nothing: Option<BTreeMap<String, Vec<u64>>>,
     /// The fenced controller's creates the audit logs say were judged for the holder, and the
-    /// creates the watches saw (`None`: the chunk ran without audit logs, chunks 1–17, so a
-    /// late create could be shown in §6b's window only by timestamps).
+    /// creates the watches saw (`None`: the chunk ran without audit logs, chunks 1–17, so
+    /// nothing showed when the webhook judged a late create).
     #[serde(default)]
     pub audited_creates: Option<[u64; 2]>,
 }
@@ -194,8 +194,8 @@ pub enum Pass {
     /// for a stale one.
     #[default]
     First,
-    /// A complete record, but a create committed after a takeover could be shown judged before it
-    /// only by timestamps (chunks 8–17): one such create stayed unexplained.
+    /// A complete record, but none of when the webhook judged each create (chunks 8–17): a create
+    /// committed after a takeover could not be shown judged before it; one stayed unexplained.
     Second,
     /// A complete record, and the audit logs' record of how each create was judged.
     Long,
