@@ -222,12 +222,7 @@ pub fn judged_of(event: &serde_json::Value) -> Option<(String, Judged)> {
         return None;
     }
     let name = event["objectRef"]["name"].as_str()?;
-    let annotation = |wanted: &str| {
-        event["annotations"].as_object()?.iter().find_map(|(key, value)| {
-            let (webhook, key) = key.split_once('/')?;
-            (webhook.ends_with(".kubefence.io") && key == wanted).then(|| value.as_str()).flatten()
-        })
-    };
+    let annotation = |wanted: &str| crate::common::kube_fence_annotation(event, wanted);
     let judged = Judged {
         holder: annotation("holder")?.to_string(),
         lease_version: annotation("lease-resource-version")?.parse().ok()?,
