@@ -339,6 +339,8 @@ pub struct HaReport {
     /// Of the fenced controller's creates the watches saw, how many the audit logs say were
     /// judged for the holder, and how many there were ([`elected::Side::audited_creates`]).
     pub audited_creates: (usize, usize),
+    /// The fenced controller's creates with no audit record ([`elected::Side::unaudited_creates`]).
+    pub unaudited_creates: Vec<String>,
     /// What the watches saw around each violation on a client-go Lease path
     /// ([`elected::Side::explain`]).
     pub explained: Vec<String>,
@@ -586,6 +588,9 @@ impl fmt::Display for HaReport {
         }
         for w in &self.creates_in_window {
             writeln!(f, "- CREATE window: {} ({}; shown by {}): {}", w.object, w.said, w.shown_by, w.violation)?;
+        }
+        for c in self.unaudited_creates.iter().take(20) {
+            writeln!(f, "- create with no audit record of its judgement: {c}")?;
         }
         Ok(())
     }
@@ -1466,9 +1471,14 @@ pub async fn run(config: HaConfig) -> HaReport {
         }
     }
     let (violations, creates_in_window) = elected::creates_in_window(history::check(&observations, |_| false), &side);
-    let (explained, unseen_grants, audited_creates) = match side.lock() {
-        Ok(side) => (violations.iter().filter_map(|v| side.explain(v)).take(10).collect(), side.unseen_grants(), side.audited_creates()),
-        Err(_) => (Vec::new(), BTreeMap::new(), (0, 0)),
+    let (explained, unseen_grants, audited_creates, unaudited_creates) = match side.lock() {
+        Ok(side) => (
+            violations.iter().filter_map(|v| side.explain(v)).take(10).collect(),
+            side.unseen_grants(),
+            side.audited_creates(),
+            side.unaudited_creates(),
+        ),
+        Err(_) => (Vec::new(), BTreeMap::new(), (0, 0), Vec::new()),
     };
     let mut writes = HashSet::new();
     let mut grants = HashSet::new();
@@ -1526,6 +1536,7 @@ pub async fn run(config: HaConfig) -> HaReport {
         path_planted,
         creates_in_window,
         audited_creates,
+        unaudited_creates,
         explained,
         unseen_grants,
         skewed_heartbeats: s.skewed_heartbeats.load(Ordering::Relaxed),

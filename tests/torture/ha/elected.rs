@@ -253,6 +253,16 @@ impl Side {
         (self.created.values().filter(|c| self.judged.contains_key(&c.name)).count(), self.created.len())
     }
 
+    /// The created ConfigMaps the audit logs have no judgement for, each with what its writer
+    /// said when it sent it (the fault in place, the API server): where a record is missing
+    /// (an API server killed between the commit and its audit line, say), the run names it.
+    pub fn unaudited_creates(&self) -> Vec<String> {
+        let mut missing: Vec<String> =
+            self.created.values().filter(|c| !self.judged.contains_key(&c.name)).map(|c| format!("{} ({})", c.name, c.said)).collect();
+        missing.sort();
+        missing
+    }
+
     /// Per Lease, the acquisitions no watch delivered: tokens are consecutive (one more
     /// `leaseTransitions` per acquisition), so a token missing between the first and the last
     /// seen is one. A write attributed past such a gap may be attributed to an older grant of its
@@ -1306,6 +1316,15 @@ fn the_audit_log_says_how_each_create_was_judged() {
         side.judged,
         BTreeMap::from([("made-1".to_string(), judged("ctl-1_7", 40, 201)), ("made-2".to_string(), judged("ctl-2_8", 61, 201))])
     );
+    // A create the watches saw with no record (its API server killed before the audit line,
+    // say) is counted and named with what its writer said.
+    let made =
+        |name: &str, said: &str| Created { at: Timestamp::UNIX_EPOCH, name: name.into(), identity: String::new(), said: said.into() };
+    side.created.insert(41, made("made-1", ""));
+    side.created.insert(62, made("made-2", ""));
+    side.created.insert(91, made("made-4", "sent through b during an API server killed"));
+    assert_eq!(side.audited_creates(), (2, 3));
+    assert_eq!(side.unaudited_creates(), ["made-4 (sent through b during an API server killed)"]);
 }
 
 /// A create committed after a successor's acquisition is §6b's window only when something shows
