@@ -862,11 +862,31 @@ fn cause_of(e: Option<&fence::Error>) -> String {
     }
 }
 
-/// The head of an API error's message, with numbers (tokens, versions) blanked so that equal
-/// causes count together.
+/// An API error's message in at most 240 characters (its head and its tail, where the cause
+/// of a wrapped error is), with numbers (tokens, versions) blanked so that equal causes count
+/// together.
 fn short(message: &str) -> String {
-    let head: String = message.chars().take(140).collect();
-    head.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect()
+    let chars: Vec<char> = message.chars().collect();
+    let kept: String = match chars.len() {
+        n if n <= 240 => chars.iter().collect(),
+        n => chars[..100].iter().chain(['…'].iter()).chain(chars[n - 139..].iter()).collect(),
+    };
+    kept.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect()
+}
+
+/// A cause is counted by its message's head and tail: a wrapped error's cause (at the end) is
+/// kept, numbers are blanked.
+#[test]
+fn a_long_cause_keeps_its_head_and_its_tail() {
+    let message = format!(
+        "configmaps \"ha-state-1-0\" is forbidden: {} failed to find resource referenced by paramKind: 'kubefence.io/v1alpha1, Kind=LeaseTokens'",
+        "x".repeat(300)
+    );
+    let kept = short(&message);
+    assert!(kept.starts_with("configmaps \"ha-state-#-#\" is forbidden"), "{kept}");
+    assert!(kept.ends_with("paramKind: 'kubefence.io/v#alpha#, Kind=LeaseTokens'"), "{kept}");
+    assert_eq!(kept.chars().count(), 240);
+    assert_eq!(short("HTTP 409 at 12"), "HTTP ### at ##");
 }
 
 fn read_cause(r: Option<Result<ConfigMap, kube::Error>>) -> String {
