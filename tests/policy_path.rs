@@ -538,3 +538,69 @@ async fn a_local_run_without_the_policy_path_removes_a_crashed_ones_policy() {
     assert!(Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).get_opt(&policy).await.expect("get").is_none());
     hook.stop(&client).await.expect("remove the registration");
 }
+
+/// While an API server cannot resolve the policy path's `paramKind` (a policy compiled before
+/// its CRD was discoverable: created with it, or any policy on an API server that has just
+/// started; kube-apiserver refreshes that mapping every 30 s), it fails fast-path writes closed
+/// with a fixed 422. The client library retries that answer like an unseen token, for at most
+/// its budget, and then returns it as the API server gave it. A policy of the policy path's
+/// shape whose `paramKind` no API server serves stands in for that moment (the CRD cannot be
+/// taken from the shared control plane); the answer is a real kube-apiserver's, so a change of
+/// its wording fails here. Threat case: none (availability: a genuine write is held, never
+/// admitted without a judgement).
+#[tokio::test]
+async fn an_unresolved_parameter_kind_fails_closed_and_is_retried_for_the_budget() {
+    let client = common::client().await;
+    let ns = common::namespace(&client, "pp-kind").await;
+    let name = format!("kf-{ns}{}", kube_fence_api::policy_path::POLICY_SUFFIX);
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "paramKind": {"apiVersion": "unserved.kubefence.io/v1", "kind": "LeaseTokens"},
+            "matchConstraints": {
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["configmaps"]}],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            },
+            "validations": [{"expression": "true"}],
+        }
+    }))
+    .expect("a policy");
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"], "paramRef": {"name": PARAMS_NAME, "parameterNotFoundAction": "Deny"}},
+    }))
+    .expect("a binding");
+    let (policies, bindings) =
+        (Api::<ValidatingAdmissionPolicy>::all(client.clone()), Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()));
+    policies.create(&PostParams::default(), &policy).await.expect("create the policy");
+    bindings.create(&PostParams::default(), &binding).await.expect("create the binding");
+
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let dry = PostParams { dry_run: true, ..Default::default() };
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "made"}})).expect("a ConfigMap");
+    // The API server loads the policy from its informer: wait until it judges with it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let unresolved = loop {
+        match cms.create(&dry, &cm).await {
+            Err(kube::Error::Api(status)) if kube_fence_api::policy_path::params_kind_unresolved(&status) => break status,
+            other => assert!(std::time::Instant::now() < deadline, "the policy is not in force after 30 s: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(unresolved.code, 422, "{unresolved:?}");
+
+    let attempts = std::sync::atomic::AtomicU32::new(0);
+    let answer = fence::retry_unseen_token(|| {
+        attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        cms.create(&dry, &cm)
+    })
+    .await;
+    match answer {
+        Err(kube::Error::Api(status)) => assert_eq!(status.message, unresolved.message, "returned as the API server gave it"),
+        other => panic!("a write no API server can judge is never admitted: {other:?}"),
+    }
+    assert!(attempts.into_inner() > 1, "the answer was not retried");
+    bindings.delete(&name, &DeleteParams::default()).await.expect("delete the binding");
+    policies.delete(&name, &DeleteParams::default()).await.expect("delete the policy");
+}

@@ -37,6 +37,23 @@ pub fn params_missing(status: &kube::core::Status) -> bool {
 /// How the names of the policy path's policy and binding end (`<registration>-policy-path`).
 pub const POLICY_SUFFIX: &str = "-policy-path";
 
+/// What the API server says while it cannot map the policy's `paramKind` (`LeaseTokens`) to a
+/// resource (answered 422 Invalid): it resolves a policy's `paramKind` through a discovery cache
+/// it refreshes every 30 s, so a policy compiled before the CRD was discoverable — one created
+/// with the CRD, or any, on an API server that has just started — fails every fast-path write
+/// closed until that refresh (docs/design.md §10a).
+pub const PARAMS_KIND_UNRESOLVED: &str = "failed to find resource referenced by paramKind";
+
+/// Whether `status` is the API server's denial of a fast-path write because it cannot resolve the
+/// policy path's `paramKind` yet ([`PARAMS_KIND_UNRESOLVED`]). A fixed message and no details,
+/// as for [`params_missing`]; the policy's name tells it from another policy's.
+pub fn params_kind_unresolved(status: &kube::core::Status) -> bool {
+    status.code == 422
+        && status.message.contains(PARAMS_KIND_UNRESOLVED)
+        && status.message.contains(&format!("{POLICY_SUFFIX}' denied request"))
+        && status.message.contains(&format!("Kind={}'", <crate::LeaseTokens as kube::Resource>::kind(&())))
+}
+
 impl PolicyDenial {
     /// The policy's denial in `status`, or `None` when it is something else.
     pub fn from_status(status: &kube::core::Status) -> Option<PolicyDenial> {
@@ -81,5 +98,32 @@ mod tests {
         let none = format!("{DENIAL_HEAD} team/orders presented=57 issued=none: x");
         assert_eq!(PolicyDenial::parse(&none).and_then(|d| d.issued), None);
         assert_eq!(PolicyDenial::parse("admission webhook \"fence.kubefence.io\" denied the request: stale"), None);
+    }
+
+    /// The API server's answers while the policy path cannot be judged, as kube-apiserver
+    /// words them, told apart from each other and from another policy's.
+    #[test]
+    fn the_api_servers_answers_without_a_judgement() {
+        let missing = "ValidatingAdmissionPolicy 'kf-policy-path' with binding 'kf-policy-path' denied request: failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction";
+        let unresolved = "configmaps \"c\" is forbidden: ValidatingAdmissionPolicy 'kf-policy-path' denied request: failed to configure policy: failed to find resource referenced by paramKind: 'kubefence.io/v1alpha1, Kind=LeaseTokens'";
+        let table: [(&str, u16, String, (bool, bool)); 6] = [
+            ("params missing", 422, missing.into(), (true, false)),
+            ("kind unresolved", 422, unresolved.into(), (false, true)),
+            (
+                "another policy's kind",
+                422,
+                unresolved
+                    .replace("'kf-policy-path'", "'probe'")
+                    .replace("kubefence.io/v1alpha1, Kind=LeaseTokens", "probe.example.io/v1, Kind=Probe"),
+                (false, false),
+            ),
+            ("another kind, a look-alike name", 422, unresolved.replace("Kind=LeaseTokens", "Kind=Probe"), (false, false)),
+            ("another policy's params", 422, missing.replace("kf-policy-path", "probe"), (false, false)),
+            ("not 422", 403, unresolved.into(), (false, false)),
+        ];
+        for (case, code, message, expected) in table {
+            let status = kube::core::Status::failure(&message, "Invalid").with_code(code);
+            assert_eq!((params_missing(&status), params_kind_unresolved(&status)), expected, "{case}");
+        }
     }
 }

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use super::{Error, Grant};
 use kube_fence_api::denial::{Denial, Reason};
 use kube_fence_api::names::{LEASE_LABEL, TOKEN_ANNOTATION, WRITE_ANNOTATION};
-use kube_fence_api::policy_path::{PolicyDenial, params_missing};
+use kube_fence_api::policy_path::{PolicyDenial, params_kind_unresolved, params_missing};
 use kube_fence_api::token::Token;
 
 /// Stamps `obj` with the grant's lease label and token annotation.
@@ -48,9 +48,12 @@ pub const UNSEEN_TOKEN_BUDGET: std::time::Duration = std::time::Duration::from_s
 
 /// Runs `write` and, while the policy path denies it because the API server's parameter cache
 /// has not seen its token yet — or has no parameters for the namespace yet (they are written
-/// after the namespace's first Lease, and re-created at once when deleted) — runs it again
+/// after the namespace's first Lease, and re-created at once when deleted), or the API server
+/// cannot resolve the parameters' kind yet (`policy_path::params_kind_unresolved`: for up to
+/// 30 s after it started, or after the policy was created with its CRD) — runs it again
 /// (25 ms, doubling to 400 ms, for at most [`UNSEEN_TOKEN_BUDGET`]). The same request each time:
-/// admitted later is what admitted now would have been. Any other outcome is returned as it is.
+/// admitted later is what admitted now would have been. Any other outcome, and the last of
+/// these once the budget is spent, is returned as it is.
 pub async fn retry_unseen_token<T, F, Fut>(mut write: F) -> Result<T, kube::Error>
 where
     F: FnMut() -> Fut,
@@ -61,7 +64,7 @@ where
     loop {
         match write().await {
             Err(kube::Error::Api(status))
-                if (PolicyDenial::from_status(&status).is_some() || params_missing(&status))
+                if (PolicyDenial::from_status(&status).is_some() || params_missing(&status) || params_kind_unresolved(&status))
                     && tokio::time::Instant::now() + pause < deadline =>
             {
                 tokio::time::sleep(pause).await;
