@@ -49,8 +49,9 @@ pub const UNSEEN_TOKEN_BUDGET: std::time::Duration = std::time::Duration::from_s
 /// Runs `write` and, while the policy path denies it because the API server's parameter cache
 /// has not seen its token yet — or has no parameters for the namespace yet (they are written
 /// after the namespace's first Lease, and re-created at once when deleted), or the API server
-/// cannot resolve the parameters' kind yet (`policy_path::params_kind_unresolved`: for up to
-/// 30 s after it started, or after the policy was created with its CRD) — runs it again
+/// cannot resolve the parameters' kind yet (`policy_path::params_kind_unresolved`: until its
+/// discovery refresh, at most 30 s, after it started or after the policy came with its CRD) —
+/// runs it again
 /// (25 ms, doubling to 400 ms, for at most [`UNSEEN_TOKEN_BUDGET`]). The same request each time:
 /// admitted later is what admitted now would have been. Any other outcome, and the last of
 /// these once the budget is spent, is returned as it is.
