@@ -250,7 +250,7 @@ impl Side {
     /// Of the created ConfigMaps the watches saw, how many have an audit record of their
     /// judgement, and how many there are.
     pub fn audited_creates(&self) -> (usize, usize) {
-        (self.created.values().filter(|c| self.judged.contains_key(&c.name)).count(), self.created.len())
+        (self.created.len() - self.unaudited_creates().len(), self.created.len())
     }
 
     /// The created ConfigMaps the audit logs have no judgement for, each with what its writer
