@@ -344,6 +344,65 @@ async fn a_thousand_fences_at_once_are_routed_and_a_fence_made_meanwhile_is_enfo
     f.stop().await;
 }
 
+/// Two replicas keep the writer webhook in step, each from its own view of the FencedControllers;
+/// one whose view is older (its watch lagging behind its API server, its apply delayed past the
+/// other's) must not put an older set of fences back. Here the older view is a list taken before
+/// the fence was made (and one taken before it was deleted), applied after the running webhook
+/// routed the newer one: refused as superseded each time, and the routing stays as the newer list
+/// says. Threat case: kube-fence's own replica, stale but honest (it never loosens a fence).
+#[tokio::test]
+async fn a_replica_with_an_older_view_of_the_fences_never_routes_an_older_set() {
+    let f = Fixture::new("writers-monotonic").await;
+    let (_p1, p2, _) = running_controller(&f).await;
+    let scope = routing_scope(&f);
+    let configs = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(f.client.clone());
+    let name = routing::configuration_name(&scope.configuration_name);
+    let ctl = format!("system:serviceaccount:{}:ctl", f.ns);
+    let routed = async |want: bool| {
+        until("the writers configuration routes ctl as the newest list says", Duration::from_secs(30), async || {
+            configs.get_opt(&name).await.expect("read the writers configuration").is_some_and(|c| routing::routes_in(&c, &ctl)) == want
+        })
+        .await;
+    };
+
+    let before = routing::list(&f.client, &scope).await.expect("a list before the fence");
+    assert!(!before.routes.routes(&ctl));
+    fences(&f).create(&PostParams::default(), &fence(&f, &[], FenceMode::Enforce)).await.expect("the admin fences the controller");
+    routed(true).await;
+    wait_writer_fenced(&f, &p2).await;
+    let applied = configs.get(&name).await.expect("the writers configuration");
+    let recorded = routing::recorded_revision(&applied).expect("the configuration records its list's revision");
+    assert!(recorded > before.revision, "recorded {recorded}, the older list's {}", before.revision);
+    match routing::apply(&f.client, &scope, &before).await.expect("apply the older list") {
+        routing::Applied::Superseded { recorded: r } => assert!(r > before.revision),
+        other => panic!("an older list was not refused: {other:?}"),
+    }
+    assert!(routing::routes_in(&configs.get(&name).await.expect("read back"), &ctl), "the fence stays routed");
+    wait_writer_fenced(&f, &p2).await;
+
+    // The other way: a list that still has the fence, applied after it was deleted.
+    let with = routing::list(&f.client, &scope).await.expect("a list with the fence");
+    assert!(with.routes.routes(&ctl));
+    fences(&f).delete(LEASE, &DeleteParams::default()).await.expect("the admin deletes the fence");
+    routed(false).await;
+    assert!(
+        matches!(routing::apply(&f.client, &scope, &with).await, Ok(routing::Applied::Superseded { .. })),
+        "a deleted fence is not put back"
+    );
+    assert!(!routing::routes_in(&configs.get(&name).await.expect("read back"), &ctl), "the fence stays gone");
+    // A list as new as the one applied is applied (the resync re-applies its own).
+    let now = routing::list(&f.client, &scope).await.expect("a current list");
+    assert_eq!(routing::apply(&f.client, &scope, &now).await.expect("apply the current list"), routing::Applied::InStep);
+    f.stop().await;
+}
+
+/// The routing scope of the fixture's webhook (`Fixture::new`: its configuration, its namespace).
+fn routing_scope(f: &Fixture) -> kube_fence::admission::registration::scope::Scope {
+    let mut scope = kube_fence::admission::registration::scope::Scope::new(format!("kf-test-{}", f.ns));
+    scope.only_namespaces = Some(vec![f.ns.clone()]);
+    scope
+}
+
 /// `spec.exempt` names what the controller writes whether it leads or not: a follower's
 /// ConfigMap writes pass, its other writes are still fenced (stale-but-honest writer).
 #[tokio::test]

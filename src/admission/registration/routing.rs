@@ -19,11 +19,16 @@
 //! exemptions); fences are routed oldest first, and one that would not fit is left out (its
 //! status says `NotRouted`) without touching the others.
 //!
-//! [`keep_in_step`] watches the FencedControllers and applies the configuration (server-side apply,
-//! one field manager) once a burst of changes has settled ([`SETTLE`], at most [`MAX_DELAY`] after
-//! the first), only when its content changed, and every [`RESYNC`] in any case (the CA bundle of
-//! kube-fence's own configuration may rotate). Several replicas apply the same content from the
-//! same FencedControllers.
+//! [`keep_in_step`] watches the FencedControllers and, once a burst of changes has settled
+//! ([`SETTLE`], at most [`MAX_DELAY`] after the first) and every [`RESYNC`] in any case (the CA
+//! bundle of kube-fence's own configuration may rotate), lists them by a consistent read and
+//! applies the configuration for that list (server-side apply, one field manager).
+//!
+//! Monotonic across replicas: the configuration records the revision of the list it was made
+//! from ([`REVISION_ANNOTATION`]), and a replica applies only a list at least as new, with the
+//! configuration's `resourceVersion` as a precondition. So a replica whose view is older (its
+//! watch lagging, its apply delayed past another's) never puts an older set of fences back: a new
+//! fence, once routed, stays routed, and a deleted one stays gone (docs/design.md §10a).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -33,7 +38,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube_fence_api::FencedController;
 use tokio::time::Instant;
@@ -70,6 +75,9 @@ pub const WEBHOOK_NAME: &str = "writers.kubefence.io";
 /// The name of the writer webhook's match condition.
 pub const CONDITION_NAME: &str = "fenced-writer";
 const FIELD_MANAGER: &str = "kube-fence-writers";
+/// The writers configuration's annotation that records the revision (the list's
+/// `resourceVersion`) of the FencedControllers it was made from.
+pub const REVISION_ANNOTATION: &str = "kubefence.io/fences-revision";
 
 /// The writers configuration that goes with kube-fence's configuration `configuration`.
 pub fn configuration_name(configuration: &str) -> String {
@@ -289,9 +297,48 @@ pub fn routes_in_scope<'f>(scope: &Scope, fences: impl IntoIterator<Item = &'f F
     Routes::of(fences.into_iter().filter(|f| scope.includes(f.metadata.namespace.as_deref().unwrap_or_default())))
 }
 
+/// The FencedControllers of a scope as one consistent read returned them: their routes, and the
+/// revision the read was at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub routes: Routes,
+    pub revision: u64,
+}
+
+/// What an [`apply`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// The configuration now routes the list.
+    InStep,
+    /// The configuration records a newer list (`recorded`) than this one: left as it is.
+    Superseded { recorded: u64 },
+    /// Another replica changed the configuration between this one's read and its apply: nothing
+    /// applied; list again.
+    Raced,
+    /// The configuration was absent and is now made from the list; look once more (another
+    /// replica's create, from an older list, may have landed over it).
+    Created,
+}
+
+/// Whether a list at `revision` may replace a configuration made from the list at `recorded`
+/// (pure): only when it is at least as new. A configuration that records none (made before
+/// the annotation, or by hand) is replaced.
+pub fn supersedes(revision: u64, recorded: Option<u64>) -> bool {
+    recorded.is_none_or(|recorded| revision >= recorded)
+}
+
+/// The revision `found` records (`None`: none, or not a number).
+pub fn recorded_revision(found: &ValidatingWebhookConfiguration) -> Option<u64> {
+    found.metadata.annotations.as_ref()?.get(REVISION_ANNOTATION)?.parse().ok()
+}
+
 /// Why the writers configuration could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub enum RoutingError {
+    #[error("listing the FencedControllers (a consistent read)")]
+    ListFences(#[source] kube::Error),
+    #[error("the FencedControllers' list has resourceVersion {0:?}, not a revision")]
+    ListRevision(String),
     #[error("reading ValidatingWebhookConfiguration {0} (whose client configuration the writer webhook uses)")]
     ReadConfiguration(String, #[source] kube::Error),
     #[error("ValidatingWebhookConfiguration {0} has no webhook to take the client configuration from")]
@@ -300,8 +347,20 @@ pub enum RoutingError {
     Apply(String, #[source] kube::Error),
 }
 
-/// Applies the writers configuration of `scope` for `routes` once.
-pub async fn apply(client: &kube::Client, scope: &Scope, routes: &Routes) -> Result<(), RoutingError> {
+/// Lists the FencedControllers of `scope` by a consistent read (every namespace, then the
+/// scope's): the routes [`apply`] applies and the revision it records.
+pub async fn list(client: &kube::Client, scope: &Scope) -> Result<Listed, RoutingError> {
+    let listed = Api::<FencedController>::all(client.clone()).list(&ListParams::default()).await.map_err(RoutingError::ListFences)?;
+    let version = listed.metadata.resource_version.unwrap_or_default();
+    let revision = version.parse().map_err(|_| RoutingError::ListRevision(version))?;
+    Ok(Listed { routes: routes_in_scope(scope, &listed.items), revision })
+}
+
+/// Applies the writers configuration of `scope` for `listed` once, unless the configuration was
+/// made from a newer list ([`Applied::Superseded`]) or changed since it was read
+/// ([`Applied::Raced`], the `resourceVersion` precondition). Absent (the chart makes it; local
+/// mode does not), it is created ([`Applied::Created`]).
+pub async fn apply(client: &kube::Client, scope: &Scope, listed: &Listed) -> Result<Applied, RoutingError> {
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let main = &scope.configuration_name;
     let found = api.get(main).await.map_err(|e| RoutingError::ReadConfiguration(main.to_string(), e))?;
@@ -310,42 +369,54 @@ pub async fn apply(client: &kube::Client, scope: &Scope, routes: &Routes) -> Res
         .and_then(|w| w.into_iter().next())
         .map(|w| w.client_config)
         .ok_or_else(|| RoutingError::NoTemplate(main.to_string()))?;
-    let desired = desired(scope, &template, routes);
     let name = configuration_name(main);
-    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired))
-        .await
-        .map(|_| ())
-        .map_err(|e| RoutingError::Apply(name, e))
+    let current = api.get_opt(&name).await.map_err(|e| RoutingError::ReadConfiguration(name.clone(), e))?;
+    let mut desired = desired(scope, &template, &listed.routes);
+    desired.metadata.annotations = Some([(REVISION_ANNOTATION.to_string(), listed.revision.to_string())].into());
+    let created = current.is_none();
+    let written = match current {
+        Some(current) => {
+            if let Some(recorded) = recorded_revision(&current).filter(|r| !supersedes(listed.revision, Some(*r))) {
+                return Ok(Applied::Superseded { recorded });
+            }
+            desired.metadata.resource_version = current.metadata.resource_version;
+            api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await.map(|_| ())
+        }
+        // Absent (not made by the chart): applying creates it, with no precondition to give, so
+        // another replica's create may land over this one; [`Applied::Created`] looks once more.
+        None => api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await.map(|_| ()),
+    };
+    match (written, created) {
+        (Ok(()), false) => Ok(Applied::InStep),
+        (Ok(()), true) => Ok(Applied::Created),
+        (Err(kube::Error::Api(e)), _) if e.code == 409 => Ok(Applied::Raced),
+        (Err(e), _) => Err(RoutingError::Apply(name, e)),
+    }
 }
 
 /// Keeps `<configuration>-writers` of `scope` in step with the FencedControllers of `scope`'s
-/// namespaces, until `shutdown` resolves. Errors are logged and retried at the next change or
-/// resync: the configuration that was last applied keeps judging meanwhile (failing closed for
-/// the writers it names).
+/// namespaces, until `shutdown` resolves: the watch says when to look, and each look lists them
+/// by a consistent read and applies that list ([`list`], [`apply`]). Errors are logged and
+/// retried at the next change or resync; after a race with another replica, or a create, it looks
+/// again once [`SETTLE`] has passed. The configuration that was last applied keeps judging
+/// meanwhile (failing closed for the writers it names).
 pub async fn keep_in_step(client: kube::Client, scope: Scope, shutdown: impl std::future::Future<Output = ()>) {
     let api: Api<FencedController> = Api::all(client.clone());
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut resync = tokio::time::interval(RESYNC);
+    // What this replica last applied (to log only what changed).
     let mut last: Option<Routes> = None;
-    // The FencedControllers by namespace and name, once the first list is in (`None` before).
-    let mut fences: Option<BTreeMap<(String, String), FencedController>> = None;
-    let mut listing = BTreeMap::new();
     // When the pending change is applied: SETTLE after the latest event, MAX_DELAY after the first.
     let mut due: Option<(Instant, Instant)> = None;
-    let key = |f: &FencedController| (f.metadata.namespace.clone().unwrap_or_default(), f.metadata.name.clone().unwrap_or_default());
     loop {
         let deadline = due.map(|(settle, latest)| settle.min(latest));
         tokio::select! {
             _ = &mut shutdown => return,
             event = stream.next() => {
                 match event {
-                    Some(Ok(watcher::Event::Init)) => listing = BTreeMap::new(),
-                    Some(Ok(watcher::Event::InitApply(f))) => { listing.insert(key(&f), f); }
-                    Some(Ok(watcher::Event::InitDone)) => fences = Some(std::mem::take(&mut listing)),
-                    Some(Ok(watcher::Event::Apply(f))) => { if let Some(known) = fences.as_mut() { known.insert(key(&f), f); } }
-                    Some(Ok(watcher::Event::Delete(f))) => { if let Some(known) = fences.as_mut() { known.remove(&key(&f)); } }
+                    Some(Ok(_)) => {}
                     Some(Err(err)) => { tracing::warn!(error = %Chain(&err), "watching FencedControllers"); continue }
                     None => return,
                 }
@@ -354,26 +425,42 @@ pub async fn keep_in_step(client: kube::Client, scope: Scope, shutdown: impl std
                 continue;
             }
             _ = async { if let Some(at) = deadline { tokio::time::sleep_until(at).await } else { std::future::pending::<()>().await } } => { due = None; }
-            _ = resync.tick() => { last = None; }
+            _ = resync.tick() => {}
         }
-        let Some(fences) = fences.as_ref() else { continue };
-        let routes = routes_in_scope(&scope, fences.values());
-        if last.as_ref() == Some(&routes) {
-            continue;
-        }
-        for ((namespace, name), err) in &routes.left_out {
-            tracing::warn!(namespace, name, error = %err, "the FencedController is not routed");
-        }
-        match apply(&client, &scope, &routes).await {
-            Ok(()) => {
-                if last.is_some() || !routes.routed.is_empty() {
-                    tracing::info!(
-                        configuration = configuration_name(&scope.configuration_name),
-                        fences = routes.routed.len(),
-                        "writer webhook in step"
-                    );
+        let listed = match list(&client, &scope).await {
+            Ok(listed) => listed,
+            Err(err) => {
+                tracing::warn!(error = %Chain(&err), "keeping the writer webhook in step");
+                continue;
+            }
+        };
+        match apply(&client, &scope, &listed).await {
+            Ok(applied @ (Applied::InStep | Applied::Created)) => {
+                if applied == Applied::Created {
+                    let now = Instant::now();
+                    due = Some((now + SETTLE, now + SETTLE));
                 }
-                last = Some(routes);
+                if last.as_ref() != Some(&listed.routes) {
+                    for ((namespace, name), err) in &listed.routes.left_out {
+                        tracing::warn!(namespace, name, error = %err, "the FencedController is not routed");
+                    }
+                    if last.is_some() || !listed.routes.routed.is_empty() {
+                        tracing::info!(
+                            configuration = configuration_name(&scope.configuration_name),
+                            fences = listed.routes.routed.len(),
+                            revision = listed.revision,
+                            "writer webhook in step"
+                        );
+                    }
+                }
+                last = Some(listed.routes);
+            }
+            Ok(Applied::Superseded { recorded }) => {
+                tracing::debug!(revision = listed.revision, recorded, "the writer webhook was applied from a newer list");
+            }
+            Ok(Applied::Raced) => {
+                let now = Instant::now();
+                due = Some((now + SETTLE, now + SETTLE));
             }
             Err(err) => tracing::warn!(error = %Chain(&err), "keeping the writer webhook in step"),
         }

@@ -149,3 +149,32 @@ fn the_scope_picks_the_namespaces() {
     let everywhere = Scope { only_namespaces: None, ..scope };
     assert_eq!(routes_in_scope(&everywhere, &fences).routed.len(), 2);
 }
+
+#[test]
+fn only_a_list_at_least_as_new_as_the_recorded_one_is_applied() {
+    for (revision, recorded, applies) in [
+        (10, None, true),
+        (10, Some(9), true),
+        (10, Some(10), true),
+        (10, Some(11), false),
+        (0, Some(1), false),
+        (u64::MAX, Some(u64::MAX), true),
+    ] {
+        assert_eq!(supersedes(revision, recorded), applies, "list at {revision}, recorded {recorded:?}");
+    }
+}
+
+#[test]
+fn the_recorded_revision_is_read_from_the_annotation() {
+    let with = |value: Option<&str>| ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            annotations: value.map(|v| [(REVISION_ANNOTATION.to_string(), v.to_string())].into()),
+            ..Default::default()
+        },
+        webhooks: None,
+    };
+    assert_eq!(recorded_revision(&with(Some("4711"))), Some(4711));
+    assert_eq!(recorded_revision(&with(None)), None, "made before the annotation, or by hand");
+    assert_eq!(recorded_revision(&with(Some("not-a-revision"))), None);
+    assert_eq!(recorded_revision(&with(Some("-3"))), None);
+}
