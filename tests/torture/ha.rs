@@ -35,19 +35,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::SignedDuration;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use kube_fence::admission::http::server::Metrics as WebhookMetrics;
 use kube_fence::admission::http::tls::SelfSigned;
 use kube_fence::admission::local::{LocalOptions, LocalWebhook};
 use kube_fence::client::{self as fence, AcquireOptions, Delegated, Grant, Leases};
 use kube_fence_api::names::{HOLDER_ONLY, LEASE_LABEL, WRITER_LABEL};
-use kube_fence_api::{HolderIdentity, Lease, LeaseSpec, Phase};
+use kube_fence_api::{HolderIdentity, Lease, LeaseSpec};
 use kube_fence_test_support::history::{self, Observation, Violation};
 use kube_fence_testenv::ha::{HaCluster, HaOptions, Partition, Source, WEBHOOK_PORT, api_letter};
 use prometheus_client::registry::Registry;
@@ -1056,39 +1053,11 @@ impl World {
     }
 }
 
-/// Records every Lease status showing a holder and every version of a guarded object, through `client`.
+/// Records every Lease status showing a holder and every version of a guarded object, through
+/// `client`: the single-API-server run's recorder, with watches that retry every 200 ms
+/// ([`Steady`]) and holder-only writes recorded as such ([`record_object`]).
 fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationToken) -> Vec<JoinHandle<()>> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let (r1, r2, s1, s2) = (recorder.clone(), recorder.clone(), stop.clone(), stop.clone());
-    let lease_task = tokio::spawn(async move {
-        let mut events = watcher::watcher(leases, watcher::Config::default()).backoff(Steady).boxed();
-        loop {
-            let event = tokio::select! { _ = s1.cancelled() => return, e = events.next() => e };
-            let Some(event) = event else { return };
-            if let Ok(Event::Apply(lease) | Event::InitApply(lease)) = event {
-                let status = lease.status.clone().unwrap_or_default();
-                let rv = version_of(&lease);
-                if let (Phase::Held, Some(holder), Some(token), Some(resource_version)) = (status.phase, status.holder, status.token, rv) {
-                    r1.push(Observation::Grant { lease: lease.name_any(), holder, token, resource_version });
-                }
-            }
-        }
-    });
-    let object_task = tokio::spawn(async move {
-        let mut events = watcher::watcher(cms, watcher::Config::default().labels(LEASE_LABEL)).backoff(Steady).boxed();
-        loop {
-            let event = tokio::select! { _ = s2.cancelled() => return, e = events.next() => e };
-            let Some(event) = event else { return };
-            if let Ok(Event::Apply(cm) | Event::InitApply(cm)) = event {
-                record_object(&r2, &cm);
-                if let Some(rv) = version_of(&cm) {
-                    r2.watched.fetch_max(rv, Ordering::Relaxed);
-                }
-            }
-        }
-    });
-    vec![lease_task, object_task]
+    super::record_with(client, ns, recorder, stop, || Steady, record_object)
 }
 
 /// Genuine writes sent so far under `fault`, per path (kube-fence's leases first, then [`Path::ALL`]).

@@ -464,11 +464,28 @@ impl Hook {
 
 /// Records every Lease status that shows a holder, and every version of a guarded object.
 fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationToken) -> Vec<JoinHandle<()>> {
+    record_with(client, ns, recorder, stop, watcher::DefaultBackoff::default, Recorder::write)
+}
+
+/// [`record`], with the watches' `backoff` (made for each watch) and what records a version of a
+/// guarded object (`object`; it then counts as watched): the HA run's recorder is this one with
+/// a steady backoff and holder-only writes recorded too.
+fn record_with<B>(
+    client: &Client,
+    ns: &str,
+    recorder: &Recorder,
+    stop: &CancellationToken,
+    backoff: fn() -> B,
+    object: fn(&Recorder, &ConfigMap),
+) -> Vec<JoinHandle<()>>
+where
+    B: kube::runtime::utils::Backoff + Send + 'static,
+{
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let (r1, r2, s1, s2) = (recorder.clone(), recorder.clone(), stop.clone(), stop.clone());
     let lease_task = tokio::spawn(async move {
-        let mut events = watcher::watcher(leases, watcher::Config::default()).default_backoff().boxed();
+        let mut events = watcher::watcher(leases, watcher::Config::default()).backoff(backoff()).boxed();
         loop {
             let event = tokio::select! { _ = s1.cancelled() => return, e = events.next() => e };
             let Some(event) = event else { return };
@@ -482,12 +499,12 @@ fn record(client: &Client, ns: &str, recorder: &Recorder, stop: &CancellationTok
         }
     });
     let object_task = tokio::spawn(async move {
-        let mut events = watcher::watcher(cms, watcher::Config::default().labels(LEASE_LABEL)).default_backoff().boxed();
+        let mut events = watcher::watcher(cms, watcher::Config::default().labels(LEASE_LABEL)).backoff(backoff()).boxed();
         loop {
             let event = tokio::select! { _ = s2.cancelled() => return, e = events.next() => e };
             let Some(event) = event else { return };
             if let Ok(Event::Apply(cm) | Event::InitApply(cm)) = event {
-                r2.write(&cm);
+                object(&r2, &cm);
                 if let Some(rv) = version_of(&cm) {
                     r2.watched.fetch_max(rv, Ordering::Relaxed);
                 }
