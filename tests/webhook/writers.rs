@@ -393,6 +393,14 @@ async fn a_replica_with_an_older_view_of_the_fences_never_routes_an_older_set() 
     // A list as new as the one applied is applied (the resync re-applies its own).
     let now = routing::list(&f.client, &scope).await.expect("a current list");
     assert_eq!(routing::apply(&f.client, &scope, &now).await.expect("apply the current list"), routing::Applied::InStep);
+    // A record copied from another cluster (a restored backup: far above this cluster's
+    // revisions) does not hold the routing: the next list is applied over it.
+    let copied = Patch::Merge(json!({"metadata": {"annotations": {routing::REVISION_ANNOTATION: u64::MAX.to_string()}}}));
+    configs.patch(&name, &PatchParams::default(), &copied).await.expect("an admin restores a copied record");
+    let next = routing::list(&f.client, &scope).await.expect("a current list");
+    assert_eq!(routing::apply(&f.client, &scope, &next).await.expect("apply over a copied record"), routing::Applied::InStep);
+    let restored = configs.get(&name).await.expect("read back");
+    assert_eq!(routing::recorded_revision(&restored), Some(next.revision), "the list's revision is recorded again");
     f.stop().await;
 }
 

@@ -327,9 +327,15 @@ pub fn supersedes(revision: u64, recorded: Option<u64>) -> bool {
     recorded.is_none_or(|recorded| revision >= recorded)
 }
 
-/// The revision `found` records (`None`: none, or not a number).
+/// The revision `found` records (`None`: none, or not a number, or not from this cluster). The
+/// list is read before the configuration is written, so a genuine record is below the
+/// configuration's own `resourceVersion`; one that is not was copied from elsewhere (a backup of
+/// another cluster restored here) and is ignored, or it would hold the routing until this
+/// cluster's revisions passed it.
 pub fn recorded_revision(found: &ValidatingWebhookConfiguration) -> Option<u64> {
-    found.metadata.annotations.as_ref()?.get(REVISION_ANNOTATION)?.parse().ok()
+    let recorded: u64 = found.metadata.annotations.as_ref()?.get(REVISION_ANNOTATION)?.parse().ok()?;
+    let written: u64 = found.metadata.resource_version.as_deref()?.parse().ok()?;
+    (recorded < written).then_some(recorded)
 }
 
 /// Why the writers configuration could not be applied.

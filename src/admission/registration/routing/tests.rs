@@ -165,16 +165,21 @@ fn only_a_list_at_least_as_new_as_the_recorded_one_is_applied() {
 }
 
 #[test]
-fn the_recorded_revision_is_read_from_the_annotation() {
-    let with = |value: Option<&str>| ValidatingWebhookConfiguration {
+fn the_recorded_revision_is_read_from_the_annotation_below_the_objects_own_version() {
+    let with = |value: Option<&str>, written: Option<&str>| ValidatingWebhookConfiguration {
         metadata: ObjectMeta {
             annotations: value.map(|v| [(REVISION_ANNOTATION.to_string(), v.to_string())].into()),
+            resource_version: written.map(str::to_string),
             ..Default::default()
         },
         webhooks: None,
     };
-    assert_eq!(recorded_revision(&with(Some("4711"))), Some(4711));
-    assert_eq!(recorded_revision(&with(None)), None, "made before the annotation, or by hand");
-    assert_eq!(recorded_revision(&with(Some("not-a-revision"))), None);
-    assert_eq!(recorded_revision(&with(Some("-3"))), None);
+    assert_eq!(recorded_revision(&with(Some("4711"), Some("4712"))), Some(4711));
+    assert_eq!(recorded_revision(&with(None, Some("4712"))), None, "made before the annotation, or by hand");
+    assert_eq!(recorded_revision(&with(Some("not-a-revision"), Some("4712"))), None);
+    assert_eq!(recorded_revision(&with(Some("-3"), Some("4712"))), None);
+    // Copied from another cluster (a restored backup): not below the object's own version here.
+    assert_eq!(recorded_revision(&with(Some("900000"), Some("4712"))), None);
+    assert_eq!(recorded_revision(&with(Some("4712"), Some("4712"))), None);
+    assert_eq!(recorded_revision(&with(Some("4711"), None)), None, "an object never written");
 }
