@@ -434,7 +434,7 @@ impl fmt::Display for HaReport {
         writeln!(f)?;
         writeln!(
             f,
-            "Genuine writes on the other paths (a writer that believes its holder holds: read then write; leader Lease: a Pod's labelled ConfigMaps; fenced controller: an unlabelled ConfigMap patched and a ConfigMap created; delegated grants: a consumer's token-guarded ConfigMaps, its parent holding; PostgreSQL arbiter: an effect committed per resource, through no API server):"
+            "Genuine writes on the other paths (a writer that believes its holder holds: read then write; leader Lease: a Pod's labelled ConfigMaps; fenced controller: an unlabelled ConfigMap patched, a ConfigMap created and a cluster-scoped Namespace patched; delegated grants: a consumer's token-guarded ConfigMaps, its parent holding; PostgreSQL arbiter: an effect committed per resource, through no API server):"
         )?;
         writeln!(f)?;
         let mut head = String::from("| fault | injected |");
@@ -886,7 +886,7 @@ fn a_long_cause_keeps_its_head_and_its_tail() {
     assert_eq!(short("HTTP 409 at 12"), "HTTP ### at ##");
 }
 
-fn read_cause(r: Option<Result<ConfigMap, kube::Error>>) -> String {
+fn read_cause<K>(r: Option<Result<K, kube::Error>>) -> String {
     match r {
         None => "read: client timeout (8 s)".into(),
         Some(Err(kube::Error::Api(s))) => format!("read: HTTP {} {}: {}", s.code, s.reason, short(&s.message)),

@@ -5,8 +5,9 @@
 //!   binding by `kubefence.io/holder-identity: Pod`) and ConfigMaps labelled
 //!   `kubefence.io/leader-lease: <lease>`, judged by `admission::judge::leader` (§6a);
 //! - [`Path::FencedController`]: a `FencedController` (Enforce) naming another such Lease (no
-//!   kube-fence label) and its ServiceAccount `ctl`, whose Pods patch an unlabelled ConfigMap and
-//!   create new ones, judged by the writer webhook at `/writer` (§6b).
+//!   kube-fence label) and its ServiceAccount `ctl`, whose Pods patch an unlabelled ConfigMap,
+//!   create new ones and patch a cluster-scoped object (a Namespace's annotations), judged by the
+//!   writer webhook at `/writer` (§6b).
 //!
 //! Each path's workers are Pods (never scheduled: each authenticates with a ServiceAccount token
 //! bound to its Pod, as the kubelet would mount it) that campaign as client-go's `LeaseLock` does:
@@ -24,7 +25,8 @@
 //! an answer is a committed version, not a belief — [`Answers`]): each Lease version naming a
 //! holder is a grant of the Pod it names (`<pod>_…`, the identity rule the webhook applies), its token
 //! the Lease's `leaseTransitions` + 1 (one per acquisition, the same across renewals); each
-//! admitted version of a guarded object is a holder-only write by the Pod in its `data.writer`.
+//! admitted version of a guarded object is a holder-only write by the Pod in its `data.writer`
+//! (the Namespace's: in its annotation `ha.kubefence.io/writer`).
 //! The created ConfigMaps are one logical object ([`MADE`]). The checker's holder-only rule
 //! (`history::check`) then says: per object, no write is attributed to an older grant than one
 //! already written under — no write of a Pod that lost the Lease is admitted after the
@@ -41,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease as LeaderLease, LeaseSpec as LeaderLeaseSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -68,7 +70,8 @@ use crate::torture::{Recorder, Rng, version_of};
 pub enum Path {
     /// Objects labelled `kubefence.io/leader-lease`, written by the Lease's holder Pod.
     LeaderLease,
-    /// Every write of a fenced ServiceAccount's Pods (an unlabelled ConfigMap, created ConfigMaps).
+    /// Every write of a fenced ServiceAccount's Pods (an unlabelled ConfigMap, created ConfigMaps,
+    /// a cluster-scoped Namespace).
     FencedController,
     /// Token-guarded objects written by a consumer the holder handed its grant to (a Job's Pod).
     Delegated,
@@ -130,7 +133,7 @@ impl Path {
     fn of_object(object: &str) -> Option<Path> {
         if object.starts_with(LED_PREFIX) {
             Some(Path::LeaderLease)
-        } else if object == STATE || object == MADE {
+        } else if object == STATE || object == MADE || object == CLUSTER {
             Some(Path::FencedController)
         } else if object.starts_with(super::delegated::PREFIX) {
             Some(Path::Delegated)
@@ -164,6 +167,24 @@ const MADE_LABEL: &str = "ha-made";
 /// The logical object the created ConfigMaps are, for the checker: a create of a Pod that lost
 /// the Lease committed after one of its successor's is a stale write like any other.
 pub const MADE: &str = "configmaps/ha-made";
+
+/// The cluster-scoped object the fenced controller's leader patches (its annotations): the
+/// Namespace `<the run's namespace>-ctl`, recorded as this object.
+pub const CLUSTER: &str = "namespaces/ha-ctl";
+/// The annotations the fenced controller writes on [`CLUSTER`] (what a ConfigMap keeps in `data`):
+/// `<prefix>writer`, `<prefix>seq`, ….
+const CLUSTER_ANNOTATIONS: &str = "ha.kubefence.io/";
+
+/// The name of [`CLUSTER`] for the run's namespace `ns`.
+fn cluster_object(ns: &str) -> String {
+    format!("{ns}-ctl")
+}
+
+/// What a version of [`CLUSTER`] says, as a ConfigMap's `data` would (its annotations with the
+/// prefix taken off).
+fn cluster_fields(object: &Namespace) -> BTreeMap<String, String> {
+    object.annotations().iter().filter_map(|(k, v)| Some((k.strip_prefix(CLUSTER_ANNOTATIONS)?.to_string(), v.clone()))).collect()
+}
 
 /// Labelled ConfigMaps of the leader-Lease path.
 const LED_OBJECTS: usize = 2;
@@ -448,6 +469,8 @@ enum Step {
     Patch(String),
     /// Create a new ConfigMap (the fenced controller's made objects).
     Create,
+    /// Read, then patch the annotations of [`CLUSTER`], a cluster-scoped object.
+    PatchCluster,
 }
 
 /// Genuine writes, delayed writes and acquisitions on the client-go Lease paths.
@@ -574,6 +597,26 @@ async fn controller_rbac(admin: &Client, ns: &str, account: &str) {
     Api::<RoleBinding>::namespaced(admin.clone(), ns).patch(account, &pp, &Patch::Apply(&binding)).await.expect("role binding");
 }
 
+/// The cluster-scoped object of the fenced controller ([`CLUSTER`], a Namespace of its own made
+/// by the admin), and a ClusterRole that lets ServiceAccount `account` of `ns` read and patch it,
+/// and nothing else cluster-wide.
+async fn cluster_object_rbac(admin: &Client, ns: &str, account: &str) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let name = cluster_object(ns);
+    let object: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("a literal");
+    Api::<Namespace>::all(admin.clone()).create(&PostParams::default(), &object).await.expect("create the cluster-scoped object");
+    let pp = PatchParams::apply("kube-fence-tests").force();
+    let role: ClusterRole = serde_json::from_value(json!({"metadata": {"name": name},
+        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": [name], "verbs": ["get", "patch"]}]}))
+    .expect("a literal");
+    Api::<ClusterRole>::all(admin.clone()).patch(&name, &pp, &Patch::Apply(&role)).await.expect("cluster role");
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}]}))
+    .expect("a literal");
+    Api::<ClusterRoleBinding>::all(admin.clone()).patch(&name, &pp, &Patch::Apply(&binding)).await.expect("cluster role binding");
+}
+
 /// Sets both paths up (before the watches start, so the probes below leave nothing in the
 /// recorded history): ServiceAccounts, Pods, their clients, the Leases and the objects, the
 /// FencedController; with `fenced`, waits until both API servers send each path's writes to
@@ -633,6 +676,15 @@ pub async fn setup(admin: &[Client; 2], kubeconfigs: &[PathBuf; 2], ns: &str, po
         .await
         .expect("a controller Pod creates its Lease");
     cms.create(&PostParams::default(), &configmap(STATE, BTreeMap::new())).await.expect("create the controller's ConfigMap");
+    cluster_object_rbac(&admin[0], ns, ctl.account()).await;
+    for api in 0..2 {
+        let namespaces = paths[1].namespaces(0, api);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !matches!(bounded(namespaces.get(&cluster_object(ns))).await, Some(Ok(_))) {
+            assert!(Instant::now() < deadline, "the controller may read its cluster-scoped object through API server {api} within 30 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let mut fence = FencedController::new(
         ctl.lease(),
         FencedControllerSpec {
@@ -663,7 +715,7 @@ fn not_holder(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409 && s.reason == Reason::NotHolder.as_str())
 }
 
-fn wrote(r: Option<Result<ConfigMap, kube::Error>>) -> Wrote {
+fn wrote<K>(r: Option<Result<K, kube::Error>>) -> Wrote {
     match r {
         Some(Ok(_)) => Wrote::Accepted,
         Some(Err(e)) if not_holder(&e) => Wrote::Stale,
@@ -690,11 +742,14 @@ impl Pods {
     fn cms(&self, me: usize, api: usize) -> Api<ConfigMap> {
         Api::namespaced(self.clients[me][api].clone(), &self.ns)
     }
+    fn namespaces(&self, me: usize, api: usize) -> Api<Namespace> {
+        Api::all(self.clients[me][api].clone())
+    }
     /// The objects a leader writes in a cycle.
     fn steps(&self) -> Vec<Step> {
         match self.path {
             Path::LeaderLease => (0..LED_OBJECTS).map(|j| Step::Patch(format!("{LED_PREFIX}{j}"))).collect(),
-            _ => vec![Step::Patch(STATE.to_string()), Step::Create],
+            _ => vec![Step::Patch(STATE.to_string()), Step::Create, Step::PatchCluster],
         }
     }
 
@@ -815,10 +870,19 @@ impl Pods {
     /// object it is recorded as, for the created ConfigMaps).
     fn answered_write(&self, written: &Option<Result<ConfigMap, kube::Error>>, pod: &str, logical: Option<&str>) {
         let Some(Ok(cm)) = written else { return };
-        let rv = version_of(cm);
+        let object = logical.map_or_else(|| cm.name_any(), str::to_string);
+        self.answered(object, version_of(cm), pod, said_of(pod, &cm.data.clone().unwrap_or_default(), &cm.name_any()));
+    }
+
+    /// Notes a version of [`CLUSTER`] the API server committed and answered with.
+    fn answered_cluster(&self, written: &Option<Result<Namespace, kube::Error>>, pod: &str) {
+        let Some(Ok(object)) = written else { return };
+        self.answered(CLUSTER.to_string(), version_of(object), pod, said_of(pod, &cluster_fields(object), &object.name_any()));
+    }
+
+    fn answered(&self, object: String, rv: Option<u64>, pod: &str, said: String) {
         if let (Some(rv), Ok(mut answers)) = (rv, self.answers.lock()) {
-            let object = logical.map_or_else(|| cm.name_any(), str::to_string);
-            answers.writes.push((object, rv, pod.to_string(), said_of(pod, cm)));
+            answers.writes.push((object, rv, pod.to_string(), said));
         }
     }
 
@@ -839,21 +903,12 @@ impl Pods {
     /// One write of `step` by Pod `me` through API server `api`, naming itself as the writer
     /// (what the checker attributes the version to). A patch has no resourceVersion
     /// precondition: kube-fence alone decides. `(note, during)`: what the write is, and the fault in place.
-    async fn write(
-        &self,
-        me: usize,
-        api: usize,
-        step: &Step,
-        read: Option<&ConfigMap>,
-        identity: &str,
-        (note, during): (&str, &str),
-    ) -> Wrote {
+    async fn write(&self, me: usize, api: usize, step: &Step, read: Option<u64>, identity: &str, (note, during): (&str, &str)) -> Wrote {
         let pod = &self.names[me];
         let via = super::api_letter(api).to_string();
+        let seq = read.unwrap_or(0) + 1;
         match step {
             Step::Patch(object) => {
-                let seq =
-                    read.and_then(|r| r.data.as_ref()).and_then(|d| d.get("seq")).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0) + 1;
                 let patch = json!({"data": {"seq": seq.to_string(), "writer": pod, "identity": identity, "note": note, "via": via, "during": during}});
                 let written = bounded(self.cms(me, api).patch(object, &PatchParams::default(), &Patch::Merge(patch))).await;
                 self.answered_write(&written, pod, None);
@@ -868,15 +923,39 @@ impl Pods {
                 self.answered_write(&written, pod, Some(MADE));
                 wrote(written)
             }
+            Step::PatchCluster => {
+                let fields = [
+                    ("seq", seq.to_string().as_str()),
+                    ("writer", pod),
+                    ("identity", identity),
+                    ("note", note),
+                    ("via", &via),
+                    ("during", during),
+                ]
+                .map(|(k, v)| (format!("{CLUSTER_ANNOTATIONS}{k}"), v.to_string()));
+                let patch = json!({"metadata": {"annotations": BTreeMap::from(fields)}});
+                let written =
+                    bounded(self.namespaces(me, api).patch(&cluster_object(&self.ns), &PatchParams::default(), &Patch::Merge(patch))).await;
+                self.answered_cluster(&written, pod);
+                wrote(written)
+            }
         }
     }
 
-    /// A read before a patch (`Ok(None)` for a create, which reads nothing).
-    async fn read(&self, me: usize, api: usize, step: &Step) -> Result<Option<ConfigMap>, String> {
-        let Step::Patch(object) = step else { return Ok(None) };
-        match bounded(self.cms(me, api).get(object)).await {
-            Some(Ok(cm)) => Ok(Some(cm)),
-            other => Err(super::read_cause(other)),
+    /// A read before a patch: the sequence number the object's last write left (`Ok(None)` for a
+    /// create, which reads nothing).
+    async fn read(&self, me: usize, api: usize, step: &Step) -> Result<Option<u64>, String> {
+        let seq = |fields: Option<&BTreeMap<String, String>>| fields.and_then(|f| f.get("seq")).and_then(|s| s.parse::<u64>().ok());
+        match step {
+            Step::Create => Ok(None),
+            Step::Patch(object) => match bounded(self.cms(me, api).get(object)).await {
+                Some(Ok(cm)) => Ok(Some(seq(cm.data.as_ref()).unwrap_or(0))),
+                other => Err(super::read_cause(other)),
+            },
+            Step::PatchCluster => match bounded(self.namespaces(me, api).get(&cluster_object(&self.ns))).await {
+                Some(Ok(object)) => Ok(Some(seq(Some(&cluster_fields(&object))).unwrap_or(0))),
+                other => Err(super::read_cause(other)),
+            },
         }
     }
 }
@@ -971,7 +1050,7 @@ pub async fn worker(world: Arc<World>, path: usize, me: usize) {
             if let Ok(read) = pods.read(me, via_write, step).await {
                 tokio::time::sleep(Duration::from_secs(u64::from(lease_seconds)) + rng.millis(300, 1_500)).await;
                 let during = during_of(&world);
-                let outcome = match pods.write(me, via_write, step, read.as_ref(), &identity, ("delayed", &during)).await {
+                let outcome = match pods.write(me, via_write, step, read, &identity, ("delayed", &during)).await {
                     Wrote::Accepted => "accepted",
                     Wrote::Stale => "refused",
                     Wrote::Failed(_) => "failed",
@@ -998,7 +1077,7 @@ pub async fn worker(world: Arc<World>, path: usize, me: usize) {
                         break;
                     }
                 };
-                let wrote = pods.write(me, via_write, step, read.as_ref(), &identity, ("normal", &during_of(&world))).await;
+                let wrote = pods.write(me, via_write, step, read, &identity, ("normal", &during_of(&world))).await;
                 stats.via(p, during, via_write, matches!(wrote, Wrote::Failed(_)));
                 match wrote {
                     Wrote::Accepted => {
@@ -1063,7 +1142,7 @@ pub async fn planted(plane: &Plane, world: &World, path: usize) -> Option<bool> 
         }
         for step in &steps {
             let read = pods.read(1, 1, step).await.ok()?;
-            if !matches!(pods.write(1, 1, step, read.as_ref(), &new, ("planted-successor", "the scripted cut")).await, Wrote::Accepted) {
+            if !matches!(pods.write(1, 1, step, read, &new, ("planted-successor", "the scripted cut")).await, Wrote::Accepted) {
                 return None;
             }
         }
@@ -1076,7 +1155,7 @@ pub async fn planted(plane: &Plane, world: &World, path: usize) -> Option<bool> 
     successor?;
     let mut accepted = false;
     for (step, read) in steps.iter().zip(&reads) {
-        match pods.write(0, 0, step, read.as_ref(), &old, ("planted-stale", "after the scripted cut")).await {
+        match pods.write(0, 0, step, *read, &old, ("planted-stale", "after the scripted cut")).await {
             Wrote::Accepted => accepted = true,
             Wrote::Stale => {}
             Wrote::Failed(_) => return None,
@@ -1101,17 +1180,9 @@ fn skewed(clock: SignedDuration) -> Timestamp {
 
 /// What a version of a path's object says of its write, beside its writer's name: the identity
 /// it held, the API server it went through, the fault in place and the kind of write.
-fn said_of(holder: &str, cm: &ConfigMap) -> String {
-    let data = cm.data.clone().unwrap_or_default();
+fn said_of(holder: &str, data: &BTreeMap<String, String>, name: &str) -> String {
     let field = |k: &str| data.get(k).cloned().unwrap_or_default();
-    format!(
-        "{holder} as {}, sent through {} during {} ({}), {}",
-        field("identity"),
-        field("via"),
-        field("during"),
-        field("note"),
-        cm.name_any()
-    )
+    format!("{holder} as {}, sent through {} during {} ({}), {name}", field("identity"), field("via"), field("during"), field("note"))
 }
 
 /// Every answer the Pods of `paths` got (see [`Answers`]), as observations, noted in `side` as
@@ -1220,7 +1291,10 @@ pub fn record(
                     }
                     let object = logical.map(str::to_string).unwrap_or_else(|| cm.name_any());
                     if let Ok(mut seen) = seen.lock() {
-                        seen.writes_seen.insert((object.clone(), resource_version), said_of(&holder, &cm));
+                        seen.writes_seen.insert(
+                            (object.clone(), resource_version),
+                            said_of(&holder, &cm.data.clone().unwrap_or_default(), &cm.name_any()),
+                        );
                     }
                     r.push(Observation::HolderWrite { object, lease: path.key(), holder, resource_version });
                     r.watched.fetch_max(resource_version, Ordering::Relaxed);
@@ -1228,6 +1302,26 @@ pub fn record(
             }
         }));
     }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let (r, s, seen) = (recorder.clone(), stop.clone(), side.clone());
+    let selector = watcher::Config::default().fields(&format!("metadata.name={}", cluster_object(ns)));
+    tasks.push(tokio::spawn(async move {
+        let mut events = watcher::watcher(namespaces, selector).backoff(super::Steady).boxed();
+        loop {
+            let event = tokio::select! { _ = s.cancelled() => return, e = events.next() => e };
+            let Some(event) = event else { return };
+            let Ok(Event::Apply(object) | Event::InitApply(object)) = event else { continue };
+            let fields = cluster_fields(&object);
+            if let (Some(holder), Some(resource_version)) = (fields.get("writer").cloned(), version_of(&object)) {
+                if let Ok(mut seen) = seen.lock() {
+                    seen.writes_seen.insert((CLUSTER.to_string(), resource_version), said_of(&holder, &fields, &object.name_any()));
+                }
+                let path = Path::FencedController;
+                r.push(Observation::HolderWrite { object: CLUSTER.to_string(), lease: path.key(), holder, resource_version });
+                r.watched.fetch_max(resource_version, Ordering::Relaxed);
+            }
+        }
+    }));
     tasks
 }
 
