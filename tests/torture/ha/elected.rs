@@ -1454,3 +1454,22 @@ fn a_late_create_is_in_the_window_only_when_shown(
     }
     assert_eq!(side.judged_before_takeover(&key, t(1), &created), expect);
 }
+
+/// Every object a path's Pods write is counted on that path (a violation on the cluster-scoped
+/// object is the fenced controller's, not kube-fence's own leases').
+#[test]
+fn each_recorded_object_is_on_the_path_that_writes_it() {
+    for object in [STATE, MADE, CLUSTER] {
+        assert_eq!(Path::of_object(object), Some(Path::FencedController), "{object}");
+    }
+    assert_eq!(Path::of_object(&format!("{LED_PREFIX}0")), Some(Path::LeaderLease));
+    assert_eq!(Path::of_object("ha-state-0-1"), None, "kube-fence's own leases' objects");
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            annotations: Some([("ha.kubefence.io/writer".to_string(), "ctl-0".to_string()), ("other".to_string(), "x".to_string())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert_eq!(cluster_fields(&ns), [("writer".to_string(), "ctl-0".to_string())].into());
+}
