@@ -287,11 +287,17 @@ pub fn violations(seen: &Seen) -> (Vec<kube_fence_test_support::history::Violati
 /// Lets ServiceAccount `account` of `ns` patch the Namespace `ns` itself (a cluster-scoped
 /// write), as a controller that annotates its namespace may.
 pub async fn may_patch_namespace(admin: &Client, ns: &str, account: &str) {
+    may_patch_a_namespace(admin, ns, account, ns).await;
+}
+
+/// Lets ServiceAccount `account` of `ns` read and patch the Namespace `target` (a cluster-scoped
+/// object), and nothing else cluster-wide.
+pub async fn may_patch_a_namespace(admin: &Client, ns: &str, account: &str, target: &str) {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     let pp = PatchParams::apply("kube-fence-tests").force();
-    let name = format!("{account}-{ns}");
+    let name = format!("{account}-{target}");
     let role: ClusterRole = serde_json::from_value(json!({"metadata": {"name": name},
-        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": [ns], "verbs": ["get", "patch"]}]}))
+        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": [target], "verbs": ["get", "patch"]}]}))
     .expect("a literal");
     Api::<ClusterRole>::all(admin.clone()).patch(&name, &pp, &Patch::Apply(&role)).await.expect("cluster role");
     let binding: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": name},

@@ -598,23 +598,13 @@ async fn controller_rbac(admin: &Client, ns: &str, account: &str) {
 }
 
 /// The cluster-scoped object of the fenced controller ([`CLUSTER`], a Namespace of its own made
-/// by the admin), and a ClusterRole that lets ServiceAccount `account` of `ns` read and patch it,
-/// and nothing else cluster-wide.
+/// by the admin), which ServiceAccount `account` of `ns` may read and patch, and nothing else
+/// cluster-wide.
 async fn cluster_object_rbac(admin: &Client, ns: &str, account: &str) {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     let name = cluster_object(ns);
     let object: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("a literal");
     Api::<Namespace>::all(admin.clone()).create(&PostParams::default(), &object).await.expect("create the cluster-scoped object");
-    let pp = PatchParams::apply("kube-fence-tests").force();
-    let role: ClusterRole = serde_json::from_value(json!({"metadata": {"name": name},
-        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": [name], "verbs": ["get", "patch"]}]}))
-    .expect("a literal");
-    Api::<ClusterRole>::all(admin.clone()).patch(&name, &pp, &Patch::Apply(&role)).await.expect("cluster role");
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}]}))
-    .expect("a literal");
-    Api::<ClusterRoleBinding>::all(admin.clone()).patch(&name, &pp, &Patch::Apply(&binding)).await.expect("cluster role binding");
+    crate::common::leader::may_patch_a_namespace(admin, ns, account, &name).await;
 }
 
 /// Sets both paths up (before the watches start, so the probes below leave nothing in the
